@@ -1,0 +1,7 @@
+// FlashDSA public C++ API: include this one header.
+#pragma once
+
+#include "flashdsa/ops.h"
+#include "flashdsa/ranges.h"
+#include "flashdsa/status.h"
+#include "flashdsa/types.h"

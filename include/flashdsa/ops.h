@@ -1,0 +1,216 @@
+// FlashDSA: the DSA operators (see docs/architecture.md and DSA_SPEC §3-§6).
+//
+// Conventions shared by every op:
+//  - One flat params struct per op. Pointers carry a shape comment; strides are in elements and
+//    only the listed ones may differ from the contiguous value (the last dimension is always
+//    contiguous). Outputs are contiguous.
+//  - "act" = the activation dtype `dtype` (bf16 in production; fp32/fp64 on the CPU backend only).
+//    "stat" = stat_dtype(dtype): fp64 when dtype is fp64, else fp32.
+//  - Key ranges: query row t may see key rows s with k_start[t] <= s < k_end[t] (int32 [T]).
+//  - Top-k indices: int32 [T, K]; any entry outside [0, T_kv) (e.g. -1) is an empty slot and is
+//    never read.
+//  - Every entry point validates its params on the host first and returns kInvalidArgument with
+//    a message naming the offending field. Then it runs on `device` (on `stream` for CUDA) and
+//    returns; CUDA calls are asynchronous.
+//  - Outputs are fully written by the op (no need to zero them first).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flashdsa/status.h"
+#include "flashdsa/types.h"
+
+namespace flashdsa {
+
+// Supported sizes (host validation enforces them on every backend, so code is portable).
+constexpr int kDqk = 576;  // latent key width (512 latent + 64 RoPE)
+constexpr int kDv = 512;   // value width = first kDv columns of kv
+constexpr int kMaxTopK = 8192;
+constexpr int kTopKMultiple = 64;
+bool is_supported_heads(int h);          // H   in {16, 32, 64, 128}
+bool is_supported_indexer_heads(int h);  // H_I in {32, 64}; the CPU backend also takes 1..128
+bool is_supported_indexer_dim(int d);    // D_I in {64, 128}
+
+// Fields present in every params struct.
+struct CallContext {
+  Device device = Device::kCPU;
+  void* stream = nullptr;  // cudaStream_t for kCUDA (nullptr = default stream); ignored on CPU
+  // For kCUDA: copy k_start/k_end to the host and check them (synchronizes the stream).
+  // Callers that built the ranges themselves (the PyTorch layer) may turn this off.
+  bool check_ranges = true;
+};
+
+// ---------------------------------------------------------------------------------------------
+// §3 Lightning indexer + top-k.
+//   score(t, s) = sum_h weights[t,h] * f(q_idx[t,h] . k_idx[s]),  f = relu if relu else identity
+// for s in [k_start[t], k_end[t]); keeps the K largest. Order inside a row is unspecified;
+// rows with fewer than K visible keys hold all of them followed by -1 (score -inf).
+struct IndexerTopkParams : CallContext {
+  DType dtype = DType::kBF16;    // of q_idx, k_idx
+  const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
+  const void* k_idx = nullptr;   // [T_kv, D_I] act; stride k_idx_stride_t
+  const void* weights = nullptr; // [T, H_I] stat; stride weights_stride_t
+  const int32_t* k_start = nullptr;  // [T]
+  const int32_t* k_end = nullptr;    // [T]
+  int32_t* indices = nullptr;    // [T, K] out
+  void* scores = nullptr;        // [T, K] stat out, optional (nullptr = not written)
+  int64_t T = 0, T_kv = 0;
+  int H_I = 0, D_I = 0, K = 0;
+  bool relu = true;
+  int64_t q_idx_stride_t = 0, q_idx_stride_h = 0, k_idx_stride_t = 0, weights_stride_t = 0;
+  void* workspace = nullptr;     // CUDA only: indexer_topk_workspace_size() bytes
+  size_t workspace_bytes = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// §4 Sparse MLA forward.
+//   s_j = scale * q[t,h] . kv[idx_j];  lse = log sum_j exp(s_j);  out = sum_j exp(s_j - lse) V[idx_j]
+// Rows with no valid index: out = 0, lse = -inf.
+struct SparseMlaFwdParams : CallContext {
+  DType dtype = DType::kBF16;    // of q, kv, out
+  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
+  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
+  const int32_t* indices = nullptr;  // [T, K]; stride indices_stride_t
+  float scale = 0.f;
+  void* out = nullptr;           // [T, H, D_v] act out
+  void* lse = nullptr;           // [T, H] stat out (natural log)
+  int64_t T = 0, T_kv = 0;
+  int H = 0, K = 0;
+  int D_qk = kDqk, D_v = kDv;
+  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0, indices_stride_t = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// §5 Sparse MLA backward. With P_j = exp(s_j - lse), Delta = rowsum(dout*out),
+// dS_j = P_j (dout . V[idx_j] - Delta):
+//   dq[t,h] = scale sum_j dS_j kv[idx_j];  dkv[idx_j] += scale dS_j q[t,h];  dkv[idx_j,:D_v] += P_j dout
+struct SparseMlaBwdParams : CallContext {
+  DType dtype = DType::kBF16;    // of q, kv, out, dout, dq
+  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
+  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
+  const int32_t* indices = nullptr;  // [T, K]; stride indices_stride_t
+  float scale = 0.f;
+  const void* out = nullptr;     // [T, H, D_v] act, contiguous (the forward's output)
+  const void* lse = nullptr;     // [T, H] stat, contiguous (the forward's lse)
+  const void* dout = nullptr;    // [T, H, D_v] act, contiguous
+  void* dq = nullptr;            // [T, H, D_qk] act out
+  void* dkv = nullptr;           // [T_kv, D_qk] stat out (rows never selected are 0)
+  int64_t T = 0, T_kv = 0;
+  int H = 0, K = 0;
+  int D_qk = kDqk, D_v = kDv;
+  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0, indices_stride_t = 0;
+  bool deterministic = false;    // bitwise-reproducible dkv (the CPU backend always is)
+  void* workspace = nullptr;     // CUDA only: sparse_mla_bwd_workspace_size() bytes
+  size_t workspace_bytes = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// §6 Attention mass (sparse KL target, unnormalized):
+//   mass[t,j] = sum_h exp(scale q[t,h] . kv[idx_j] - lse[t,h]);  0 for empty slots
+struct AttnMassParams : CallContext {
+  DType dtype = DType::kBF16;    // of q, kv
+  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
+  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
+  const int32_t* indices = nullptr;  // [T, K]; stride indices_stride_t
+  const void* lse = nullptr;     // [T, H] stat, contiguous
+  float scale = 0.f;
+  void* mass = nullptr;          // [T, K] stat out
+  int64_t T = 0, T_kv = 0;
+  int H = 0, K = 0;
+  int D_qk = kDqk;
+  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0, indices_stride_t = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// §6 Sparse indexer KL loss. Support of row t = its valid top-k slots.
+//   target = mass / sum_j mass;  p_I = softmax_j score(t, idx_j);
+//   loss_rows[t] = sum_j target (log target - log p_I)   (0 log 0 = 0; 0 for an empty support)
+// Backward: d score(t, idx_j) = grad_rows[t] * (p_I - target), propagated to q_idx, k_idx, weights.
+// The caller reduces: loss = coeff * mean over rows with a non-empty support, so it passes
+// grad_rows[t] = grad_loss * coeff / N (or a constant via grad_scale, see below).
+struct SparseKlParams : CallContext {
+  DType dtype = DType::kBF16;    // of q_idx, k_idx, dq_idx
+  const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
+  const void* k_idx = nullptr;   // [T_kv, D_I] act; stride k_idx_stride_t
+  const void* weights = nullptr; // [T, H_I] stat; stride weights_stride_t
+  const int32_t* indices = nullptr;  // [T, K]; stride indices_stride_t
+  const void* mass = nullptr;    // [T, K] stat, contiguous: unnormalized target (attention mass)
+  int64_t T = 0, T_kv = 0;
+  int H_I = 0, D_I = 0, K = 0;
+  bool relu = true;
+  int64_t q_idx_stride_t = 0, q_idx_stride_h = 0, k_idx_stride_t = 0, weights_stride_t = 0,
+          indices_stride_t = 0;
+  // forward output
+  void* loss_rows = nullptr;     // [T] stat out (fwd)
+  // backward: per-row upstream gradient, d total / d loss_rows[t] = grad_scale * (grad_rows ? grad_rows[t] : 1)
+  double grad_scale = 1.0;
+  const void* grad_rows = nullptr;  // [T] stat, optional
+  void* dq_idx = nullptr;        // [T, H_I, D_I] act out (bwd)
+  void* dk_idx = nullptr;        // [T_kv, D_I] stat out (bwd; deterministic on every backend)
+  void* dweights = nullptr;      // [T, H_I] stat out (bwd)
+};
+
+// ---------------------------------------------------------------------------------------------
+// §6 Dense indexer KL loss (warm-up stage). Support = all visible keys [k_start, k_end).
+//   target[t,s] = (1/H) sum_h softmax_s(scale q[t,h] . kv[s])  (dense main attention, head-mean)
+//   p_I[t,s] = softmax_s score(t, s);  loss_rows[t] = sum_s target (log target - log p_I)
+// Same backward as the sparse formulation, over the dense support. Nothing T x T is stored.
+struct DenseKlParams : CallContext {
+  DType dtype = DType::kBF16;    // of q, kv, q_idx, k_idx, dq_idx
+  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
+  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
+  float scale = 0.f;
+  int H = 0, D_qk = kDqk;
+  const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
+  const void* k_idx = nullptr;   // [T_kv, D_I] act; stride k_idx_stride_t
+  const void* weights = nullptr; // [T, H_I] stat; stride weights_stride_t
+  const int32_t* k_start = nullptr;  // [T]
+  const int32_t* k_end = nullptr;    // [T]
+  int64_t T = 0, T_kv = 0;
+  int H_I = 0, D_I = 0;
+  bool relu = true;
+  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0;
+  int64_t q_idx_stride_t = 0, q_idx_stride_h = 0, k_idx_stride_t = 0, weights_stride_t = 0;
+  void* loss_rows = nullptr;     // [T] stat out (fwd)
+  double grad_scale = 1.0;       // as in SparseKlParams
+  const void* grad_rows = nullptr;  // [T] stat, optional
+  void* dq_idx = nullptr;        // [T, H_I, D_I] act out (bwd)
+  void* dk_idx = nullptr;        // [T_kv, D_I] stat out (bwd)
+  void* dweights = nullptr;      // [T, H_I] stat out (bwd)
+};
+
+// ---------------------------------------------------------------------------------------------
+// Validation (host side; what every entry point runs first). Exposed for tests and bindings.
+Status validate(const IndexerTopkParams& p);
+Status validate(const SparseMlaFwdParams& p);
+Status validate(const SparseMlaBwdParams& p);
+Status validate(const AttnMassParams& p);
+Status validate_fwd(const SparseKlParams& p);
+Status validate_bwd(const SparseKlParams& p);
+Status validate_fwd(const DenseKlParams& p);
+Status validate_bwd(const DenseKlParams& p);
+
+// Entry points.
+Status run_indexer_topk(const IndexerTopkParams& p);
+Status run_sparse_mla_fwd(const SparseMlaFwdParams& p);
+Status run_sparse_mla_bwd(const SparseMlaBwdParams& p);
+Status run_attention_mass(const AttnMassParams& p);
+Status run_sparse_kl_fwd(const SparseKlParams& p);
+Status run_sparse_kl_bwd(const SparseKlParams& p);
+Status run_dense_kl_fwd(const DenseKlParams& p);
+Status run_dense_kl_bwd(const DenseKlParams& p);
+
+// Workspace (bytes) a CUDA call needs; 0 on the CPU.
+size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
+size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p);
+
+// Which ops a backend of this build implements (CUDA kernels land op by op).
+enum class OpKind : int {
+  kIndexerTopk = 0, kSparseMlaFwd, kSparseMlaBwd, kAttentionMass, kSparseKlFwd, kSparseKlBwd,
+  kDenseKlFwd, kDenseKlBwd,
+};
+bool backend_implements(Device device, OpKind op);
+bool built_with_cuda();
+
+}  // namespace flashdsa
