@@ -1,0 +1,180 @@
+// Internal: Hopper (sm_90a) primitives shared by every FlashDSA kernel: shared-memory layouts with
+// the 128-byte swizzle, wgmma descriptors and synchronization, mbarriers, cp.async gathers, named
+// barriers, register reallocation. Checked on the GPU by tests/cuda/hopper_primitives_check.cu.
+//
+// Tile layout used throughout ("SW128 tile"): a [rows x 64] bf16 block, one 128-byte row per row,
+// rows grouped by 8 into 1024-byte swizzle atoms; inside a row the 16-byte chunk c is stored at
+// chunk c ^ (row % 8). A wider matrix [rows x 64*nb] is stored as nb such blocks one after another
+// (block b holds columns [64b, 64b+64)). Tiles must be 1024-byte aligned.
+//
+// wgmma accumulator layout (m64nN, f32): warp w of the warpgroup owns rows 16w..16w+15; for
+// n-chunk j in [0, N/8): d[4j+0], d[4j+1] are (row 16w + lane/4,     col 8j + 2(lane%4) + {0,1}),
+//                         d[4j+2], d[4j+3] are (row 16w + lane/4 + 8, same cols).
+// RS A-fragment (m64k16, bf16 pairs): a[0] = (r, c..c+1), a[1] = (r+8, c..c+1), a[2] = (r, c+8..c+9),
+// a[3] = (r+8, c+8..c+9) with r = 16w + lane/4, c = 2(lane%4): so accumulator chunks 2kk and 2kk+1
+// of an m64n* result convert directly into the A operand of k-step kk (see acc_to_a_frag).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "sm90/common/wgmma_ops.cuh"
+
+namespace flashdsa::sm90::hw {
+
+constexpr int kSw128RowBytes = 128;
+constexpr int kSw128AtomBytes = 1024;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Byte offset of (row, 16-byte chunk) inside one SW128 block of 64 bf16 columns.
+__host__ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kSw128RowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// Byte offset of element (row, col) in a SW128 tile of `rows` rows and any number of 64-col blocks.
+__host__ __device__ __forceinline__ uint32_t sw128_elem_offset(int rows, int row, int col) {
+  return static_cast<uint32_t>((col >> 6) * rows * kSw128RowBytes) + sw128_offset(row, (col & 63) >> 3) +
+         static_cast<uint32_t>((col & 7) * 2);
+}
+
+// ---- wgmma descriptors ---------------------------------------------------------------------------
+// Layout of the 64-bit descriptor: [0,14) start address >> 4, [16,30) leading byte offset >> 4,
+// [32,46) stride byte offset >> 4, [49,52) base offset (0: tiles are 1024-aligned), [62,64) swizzle
+// mode (1 = 128B).
+__device__ __forceinline__ uint64_t make_desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_u32(smem) & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+// K-major operand (rows = M or N, K contiguous), k-step `ks` (16 columns) of a SW128 tile with
+// `rows` rows. Columns [16ks, 16ks+16) lie in block ks/4 at byte 32*(ks%4) of each row.
+__device__ __forceinline__ uint64_t desc_k_major(const void* tile, int rows, int ks) {
+  const char* base = static_cast<const char*>(tile) + (ks >> 2) * rows * kSw128RowBytes + (ks & 3) * 32;
+  return make_desc_sw128(base, 16, kSw128AtomBytes);
+}
+
+// MN-major operand (rows = K, M/N contiguous): the tile stores K rows of the matrix, each row being
+// M/N values split into 64-column blocks (so a [keys x D] tile read as B = V with K = keys, N = D).
+// k-step `ks` covers rows [16ks, 16ks+16); `n_block0` selects the first 64-col block of this operand.
+// LBO = distance between 64-wide blocks along M/N, SBO = distance between 8-row groups along K.
+__device__ __forceinline__ uint64_t desc_mn_major(const void* tile, int rows, int ks, int n_block0) {
+  const char* base = static_cast<const char*>(tile) + n_block0 * rows * kSw128RowBytes + ks * 16 * kSw128RowBytes;
+  return make_desc_sw128(base, static_cast<uint32_t>(rows * kSw128RowBytes), kSw128AtomBytes);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Accumulator chunks 2kk, 2kk+1 (16 columns) of an m64n* f32 result -> RS A-fragment for k-step kk.
+template <int NACC>
+__device__ __forceinline__ void acc_to_a_frag(const float (&d)[NACC], int kk, uint32_t (&a)[4]) {
+  const int b = 8 * kk;
+  a[0] = pack_bf16(d[b + 0], d[b + 1]);
+  a[1] = pack_bf16(d[b + 2], d[b + 3]);
+  a[2] = pack_bf16(d[b + 4], d[b + 5]);
+  a[3] = pack_bf16(d[b + 6], d[b + 7]);
+}
+
+// ---- proxies, barriers, registers ----------------------------------------------------------------
+// Generic-proxy smem writes (st.shared, stmatrix) that wgmma or TMA read next need this fence.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int R>
+__device__ __forceinline__ void reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+// ---- mbarrier ------------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Makes mbarrier.init visible to the async proxy (TMA / cp.async arrivals).
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Blocks until the phase with the given parity (0/1) has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- cp.async (16-byte gathers) ------------------------------------------------------------------
+// Copies 16 bytes global -> shared; when `valid` is false nothing is read and the destination is
+// zero-filled (src-size 0), so out-of-range rows are never touched.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(gmem_src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+// Same, with an L2 cache-policy hint (e.g. from make_l2_evict_last()).
+__device__ __forceinline__ void cp_async_16_hint(void* smem_dst, const void* gmem_src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(smem_dst)),
+               "l"(gmem_src), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ uint64_t make_l2_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// The mbarrier receives one arrival when all of this thread's prior cp.async ops have completed
+// (the barrier's expected count must include one arrival per calling thread).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// ---- bulk copies (TMA, 1-D) ----------------------------------------------------------------------
+// Contiguous global -> shared copy of `bytes` (multiple of 16, both addresses 16-aligned), completing
+// on `bar` as transaction bytes (pair with mbar_arrive_expect_tx).
+__device__ __forceinline__ void bulk_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(smem_dst)),
+               "l"(gmem_src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+}  // namespace flashdsa::sm90::hw
