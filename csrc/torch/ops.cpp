@@ -1,0 +1,310 @@
+// The torch ops of FlashDSA (torch.ops.flashdsa.*): schemas, and one implementation per op that
+// checks the tensors, fills the op's params struct and calls the flashdsa entry point. The same
+// function is registered for CPU and CUDA; the backend is picked from the inputs' device.
+// Contract: docs/python-api.md. Fake (meta) kernels and autograd live in python/flashdsa/ops.py.
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#include "flashdsa/ops.h"
+#include "torch/tensor_utils.h"
+
+namespace flashdsa::torch_binding {
+namespace {
+
+using at::Tensor;
+
+// D_v: the value is the first columns of the latent key; the last kDqk - kDv columns are the RoPE part.
+int value_width(int d_qk) {
+  constexpr int kRopeWidth = kDqk - kDv;
+  TORCH_CHECK_VALUE(d_qk > kRopeWidth, "D_qk (q.size(2)) must exceed the RoPE width ", kRopeWidth, ", got ", d_qk);
+  return d_qk - kRopeWidth;
+}
+
+std::tuple<Tensor, Tensor> indexer_topk(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights,
+                                        const Tensor& k_start, const Tensor& k_end, int64_t topk, bool relu) {
+  const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
+  const Tensor starts = key_range(k_start, q_idx, in.T, "k_start");
+  const Tensor ends = key_range(k_end, q_idx, in.T, "k_end");
+  const int K = to_int(topk, "topk");
+  const CallScope scope(q_idx);
+
+  Tensor indices = at::empty({in.T, K}, q_idx.options().dtype(at::kInt));
+  Tensor scores = at::empty({in.T, K}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
+  IndexerTopkParams p;
+  scope.fill(p);
+  fill_indexer(p, in);
+  p.dtype = in.dtype;
+  p.k_start = starts.data_ptr<int32_t>();
+  p.k_end = ends.data_ptr<int32_t>();
+  p.indices = indices.data_ptr<int32_t>();
+  p.scores = scores.data_ptr();
+  p.K = K;
+  p.relu = relu;
+  // The workspace size is only defined for valid params.
+  throw_if_error(validate(p), "indexer_topk");
+  const Tensor workspace = scope.workspace(indexer_topk_workspace_size(p));
+  p.workspace = workspace.data_ptr();
+  p.workspace_bytes = static_cast<size_t>(workspace.numel());
+  throw_if_error(run_indexer_topk(p), "indexer_topk");
+  return {indices, scores};
+}
+
+std::tuple<Tensor, Tensor> sparse_mla_fwd(const Tensor& q, const Tensor& kv, const Tensor& indices, double scale) {
+  const AttentionInputs a = attention_inputs(q, kv);
+  const Tensor idx = topk_indices(indices, q, a.T);
+  const CallScope scope(q);
+
+  SparseMlaFwdParams p;
+  scope.fill(p);
+  fill_attention(p, a);
+  p.D_v = value_width(a.D_qk);
+  p.indices = idx.data_ptr<int32_t>();
+  p.indices_stride_t = idx.stride(0);
+  p.K = to_int(idx.size(1), "K (indices.size(1))");
+  p.scale = static_cast<float>(scale);
+  Tensor out = at::empty({a.T, a.H, p.D_v}, q.options());
+  Tensor lse = at::empty({a.T, a.H}, q.options().dtype(stat_scalar_type(a.dtype)));
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr();
+  throw_if_error(run_sparse_mla_fwd(p), "sparse_mla_fwd");
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor> sparse_mla_bwd(const Tensor& q, const Tensor& kv, const Tensor& indices, double scale,
+                                          const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                          bool deterministic) {
+  const AttentionInputs a = attention_inputs(q, kv);
+  const Tensor idx = topk_indices(indices, q, a.T);
+  const int D_v = value_width(a.D_qk);
+  const Tensor out_c = activation_tensor(out, q, a.dtype, {a.T, a.H, D_v}, "out");
+  const Tensor dout_c = activation_tensor(dout, q, a.dtype, {a.T, a.H, D_v}, "dout");
+  const Tensor lse_c = stat_tensor(lse, q, a.dtype, {a.T, a.H}, "lse");
+  const CallScope scope(q);
+
+  SparseMlaBwdParams p;
+  scope.fill(p);
+  fill_attention(p, a);
+  p.D_v = D_v;
+  p.indices = idx.data_ptr<int32_t>();
+  p.indices_stride_t = idx.stride(0);
+  p.K = to_int(idx.size(1), "K (indices.size(1))");
+  p.scale = static_cast<float>(scale);
+  p.out = out_c.data_ptr();
+  p.lse = lse_c.data_ptr();
+  p.dout = dout_c.data_ptr();
+  p.deterministic = deterministic;
+  Tensor dq = at::empty({a.T, a.H, a.D_qk}, q.options());
+  Tensor dkv = at::empty({a.T_kv, a.D_qk}, q.options().dtype(stat_scalar_type(a.dtype)));
+  p.dq = dq.data_ptr();
+  p.dkv = dkv.data_ptr();
+  // The workspace size is only defined for valid params.
+  throw_if_error(validate(p), "sparse_mla_bwd");
+  const Tensor workspace = scope.workspace(sparse_mla_bwd_workspace_size(p));
+  p.workspace = workspace.data_ptr();
+  p.workspace_bytes = static_cast<size_t>(workspace.numel());
+  throw_if_error(run_sparse_mla_bwd(p), "sparse_mla_bwd");
+  return {dq, dkv};
+}
+
+Tensor attention_mass(const Tensor& q, const Tensor& kv, const Tensor& indices, const Tensor& lse, double scale) {
+  const AttentionInputs a = attention_inputs(q, kv);
+  const Tensor idx = topk_indices(indices, q, a.T);
+  const Tensor lse_c = stat_tensor(lse, q, a.dtype, {a.T, a.H}, "lse");
+  const CallScope scope(q);
+
+  AttnMassParams p;
+  scope.fill(p);
+  fill_attention(p, a);
+  p.indices = idx.data_ptr<int32_t>();
+  p.indices_stride_t = idx.stride(0);
+  p.K = to_int(idx.size(1), "K (indices.size(1))");
+  p.lse = lse_c.data_ptr();
+  p.scale = static_cast<float>(scale);
+  Tensor mass = at::empty({a.T, p.K}, q.options().dtype(stat_scalar_type(a.dtype)));
+  p.mass = mass.data_ptr();
+  throw_if_error(run_attention_mass(p), "attention_mass");
+  return mass;
+}
+
+// Sparse KL params shared by forward and backward; `mass_c` keeps the contiguous mass alive.
+SparseKlParams sparse_kl_params(const IndexerInputs& in, const Tensor& idx, const Tensor& mass_c, bool relu) {
+  SparseKlParams p;
+  fill_indexer(p, in);
+  p.dtype = in.dtype;
+  p.indices = idx.data_ptr<int32_t>();
+  p.indices_stride_t = idx.stride(0);
+  p.K = to_int(idx.size(1), "K (indices.size(1))");
+  p.mass = mass_c.data_ptr();
+  p.relu = relu;
+  return p;
+}
+
+Tensor sparse_kl_fwd(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights, const Tensor& indices,
+                     const Tensor& mass, bool relu) {
+  const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
+  const Tensor idx = topk_indices(indices, q_idx, in.T);
+  const Tensor mass_c = stat_tensor(mass, q_idx, in.dtype, {in.T, idx.size(1)}, "mass ([T, K] of indices)");
+  const CallScope scope(q_idx);
+
+  SparseKlParams p = sparse_kl_params(in, idx, mass_c, relu);
+  scope.fill(p);
+  Tensor loss_rows = at::empty({in.T}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
+  p.loss_rows = loss_rows.data_ptr();
+  throw_if_error(run_sparse_kl_fwd(p), "sparse_kl_fwd");
+  return loss_rows;
+}
+
+// Indexer gradients [dq_idx (act), dk_idx (stat), dweights (stat)], allocated and wired into `p`.
+template <class Params>
+std::tuple<Tensor, Tensor, Tensor> indexer_grads(Params& p, const IndexerInputs& in, const Tensor& ref) {
+  Tensor dq_idx = at::empty({in.T, in.H_I, in.D_I}, ref.options());
+  Tensor dk_idx = at::empty({in.T_kv, in.D_I}, ref.options().dtype(stat_scalar_type(in.dtype)));
+  Tensor dweights = at::empty({in.T, in.H_I}, ref.options().dtype(stat_scalar_type(in.dtype)));
+  p.dq_idx = dq_idx.data_ptr();
+  p.dk_idx = dk_idx.data_ptr();
+  p.dweights = dweights.data_ptr();
+  return {dq_idx, dk_idx, dweights};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sparse_kl_bwd(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights,
+                                                 const Tensor& indices, const Tensor& mass, bool relu,
+                                                 const Tensor& grad_rows) {
+  const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
+  const Tensor idx = topk_indices(indices, q_idx, in.T);
+  const Tensor mass_c = stat_tensor(mass, q_idx, in.dtype, {in.T, idx.size(1)}, "mass ([T, K] of indices)");
+  const Tensor grad_c = stat_tensor(grad_rows, q_idx, in.dtype, {in.T}, "grad_rows");
+  const CallScope scope(q_idx);
+
+  SparseKlParams p = sparse_kl_params(in, idx, mass_c, relu);
+  scope.fill(p);
+  p.grad_rows = grad_c.data_ptr();
+  auto grads = indexer_grads(p, in, q_idx);
+  throw_if_error(run_sparse_kl_bwd(p), "sparse_kl_bwd");
+  return grads;
+}
+
+// Dense KL params shared by forward and backward; the range tensors must outlive the call.
+DenseKlParams dense_kl_params(const AttentionInputs& a, double scale, const IndexerInputs& in,
+                              const Tensor& starts, const Tensor& ends, bool relu) {
+  check_same_device(in.q_idx, a.q, "q_idx");
+  TORCH_CHECK_VALUE(in.dtype == a.dtype, "q_idx and k_idx must have the dtype of q and kv (",
+                    scalar_type_of(a.dtype), "), got ", scalar_type_of(in.dtype));
+  TORCH_CHECK_VALUE(in.T == a.T, "q_idx has T = ", in.T, " rows but q has ", a.T);
+  TORCH_CHECK_VALUE(in.T_kv == a.T_kv, "k_idx has T_kv = ", in.T_kv, " rows but kv has ", a.T_kv);
+  DenseKlParams p;
+  fill_attention(p, a);
+  fill_indexer(p, in);
+  p.scale = static_cast<float>(scale);
+  p.k_start = starts.data_ptr<int32_t>();
+  p.k_end = ends.data_ptr<int32_t>();
+  p.relu = relu;
+  return p;
+}
+
+Tensor dense_kl_fwd(const Tensor& q, const Tensor& kv, double scale, const Tensor& q_idx, const Tensor& k_idx,
+                    const Tensor& weights, const Tensor& k_start, const Tensor& k_end, bool relu) {
+  const AttentionInputs a = attention_inputs(q, kv);
+  const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
+  const Tensor starts = key_range(k_start, q, a.T, "k_start");
+  const Tensor ends = key_range(k_end, q, a.T, "k_end");
+  const CallScope scope(q);
+
+  DenseKlParams p = dense_kl_params(a, scale, in, starts, ends, relu);
+  scope.fill(p);
+  Tensor loss_rows = at::empty({a.T}, q.options().dtype(stat_scalar_type(a.dtype)));
+  p.loss_rows = loss_rows.data_ptr();
+  throw_if_error(run_dense_kl_fwd(p), "dense_kl_fwd");
+  return loss_rows;
+}
+
+std::tuple<Tensor, Tensor, Tensor> dense_kl_bwd(const Tensor& q, const Tensor& kv, double scale, const Tensor& q_idx,
+                                                const Tensor& k_idx, const Tensor& weights, const Tensor& k_start,
+                                                const Tensor& k_end, bool relu, const Tensor& grad_rows) {
+  const AttentionInputs a = attention_inputs(q, kv);
+  const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
+  const Tensor starts = key_range(k_start, q, a.T, "k_start");
+  const Tensor ends = key_range(k_end, q, a.T, "k_end");
+  const Tensor grad_c = stat_tensor(grad_rows, q, a.dtype, {a.T}, "grad_rows");
+  const CallScope scope(q);
+
+  DenseKlParams p = dense_kl_params(a, scale, in, starts, ends, relu);
+  scope.fill(p);
+  p.grad_rows = grad_c.data_ptr();
+  auto grads = indexer_grads(p, in, q_idx);
+  throw_if_error(run_dense_kl_bwd(p), "dense_kl_bwd");
+  return grads;
+}
+
+// Op names as registered, with the OpKind each one runs.
+struct OpEntry {
+  const char* name;
+  OpKind kind;
+};
+constexpr OpEntry kOps[] = {
+    {"indexer_topk", OpKind::kIndexerTopk},     {"sparse_mla_fwd", OpKind::kSparseMlaFwd},
+    {"sparse_mla_bwd", OpKind::kSparseMlaBwd},  {"attention_mass", OpKind::kAttentionMass},
+    {"sparse_kl_fwd", OpKind::kSparseKlFwd},    {"sparse_kl_bwd", OpKind::kSparseKlBwd},
+    {"dense_kl_fwd", OpKind::kDenseKlFwd},      {"dense_kl_bwd", OpKind::kDenseKlBwd},
+};
+
+bool has_cuda_kernel(std::string name) {
+  for (const OpEntry& op : kOps) {
+    if (name == op.name) return backend_implements(Device::kCUDA, op.kind);
+  }
+  std::string known;
+  for (const OpEntry& op : kOps) known += std::string(known.empty() ? "" : ", ") + op.name;
+  TORCH_CHECK_VALUE(false, "flashdsa: unknown op '", name, "'; known ops: ", known);
+}
+
+bool built_with_cuda_op() { return built_with_cuda(); }
+
+bool set_range_checks_op(bool enabled) { return set_range_checks(enabled); }
+
+// The same kernels serve every device: the backend is chosen from the inputs' device.
+void register_kernels(torch::Library& m) {
+  m.impl("indexer_topk", TORCH_FN(indexer_topk));
+  m.impl("sparse_mla_fwd", TORCH_FN(sparse_mla_fwd));
+  m.impl("sparse_mla_bwd", TORCH_FN(sparse_mla_bwd));
+  m.impl("attention_mass", TORCH_FN(attention_mass));
+  m.impl("sparse_kl_fwd", TORCH_FN(sparse_kl_fwd));
+  m.impl("sparse_kl_bwd", TORCH_FN(sparse_kl_bwd));
+  m.impl("dense_kl_fwd", TORCH_FN(dense_kl_fwd));
+  m.impl("dense_kl_bwd", TORCH_FN(dense_kl_bwd));
+}
+
+}  // namespace
+}  // namespace flashdsa::torch_binding
+
+TORCH_LIBRARY(flashdsa, m) {
+  namespace tb = flashdsa::torch_binding;
+  // Fake kernels and autograd for these ops are registered by this Python module.
+  m.set_python_module("flashdsa.ops");
+  m.def("indexer_topk(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor k_start, Tensor k_end, int topk, "
+        "bool relu) -> (Tensor indices, Tensor scores)");
+  m.def("sparse_mla_fwd(Tensor q, Tensor kv, Tensor indices, float scale) -> (Tensor out, Tensor lse)");
+  m.def("sparse_mla_bwd(Tensor q, Tensor kv, Tensor indices, float scale, Tensor out, Tensor lse, Tensor dout, "
+        "bool deterministic) -> (Tensor dq, Tensor dkv)");
+  m.def("attention_mass(Tensor q, Tensor kv, Tensor indices, Tensor lse, float scale) -> Tensor mass");
+  m.def("sparse_kl_fwd(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor indices, Tensor mass, bool relu) "
+        "-> Tensor loss_rows");
+  m.def("sparse_kl_bwd(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor indices, Tensor mass, bool relu, "
+        "Tensor grad_rows) -> (Tensor dq_idx, Tensor dk_idx, Tensor dweights)");
+  m.def("dense_kl_fwd(Tensor q, Tensor kv, float scale, Tensor q_idx, Tensor k_idx, Tensor weights, "
+        "Tensor k_start, Tensor k_end, bool relu) -> Tensor loss_rows");
+  m.def("dense_kl_bwd(Tensor q, Tensor kv, float scale, Tensor q_idx, Tensor k_idx, Tensor weights, "
+        "Tensor k_start, Tensor k_end, bool relu, Tensor grad_rows) -> (Tensor dq_idx, Tensor dk_idx, "
+        "Tensor dweights)");
+  // Build and process settings (no tensors; used by python/flashdsa/ops.py at import and by the layer).
+  m.def("_has_cuda_kernel(str op) -> bool", &tb::has_cuda_kernel);
+  m.def("_built_with_cuda() -> bool", &tb::built_with_cuda_op);
+  m.def("_set_range_checks(bool enabled) -> bool", &tb::set_range_checks_op);
+}
+
+TORCH_LIBRARY_IMPL(flashdsa, CPU, m) { flashdsa::torch_binding::register_kernels(m); }
+
+#ifdef FLASHDSA_WITH_CUDA
+TORCH_LIBRARY_IMPL(flashdsa, CUDA, m) { flashdsa::torch_binding::register_kernels(m); }
+#endif

@@ -1,0 +1,204 @@
+// Input checks and tensor -> params helpers for the torch bindings (see tensor_utils.h).
+#include "torch/tensor_utils.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <climits>
+#include <vector>
+
+#ifdef FLASHDSA_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace flashdsa::torch_binding {
+namespace {
+
+std::atomic<bool> g_range_checks{true};
+
+// TMA descriptors need 16-byte aligned global addresses and strides.
+constexpr int64_t kRowAlignmentBytes = 16;
+
+}  // namespace
+
+bool range_checks_enabled() { return g_range_checks.load(std::memory_order_relaxed); }
+
+bool set_range_checks(bool enabled) { return g_range_checks.exchange(enabled); }
+
+DType activation_dtype(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return DType::kBF16;
+    case at::kFloat: return DType::kFP32;
+    case at::kDouble: return DType::kFP64;
+    default:
+      TORCH_CHECK_VALUE(false, name, " must be bfloat16, float32 or float64, got ", t.scalar_type());
+  }
+}
+
+at::ScalarType scalar_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return at::kBFloat16;
+    case DType::kFP32: return at::kFloat;
+    case DType::kFP64: return at::kDouble;
+  }
+  TORCH_CHECK(false, "flashdsa: unknown dtype");
+}
+
+at::ScalarType stat_scalar_type(DType activation) { return scalar_type_of(stat_dtype(activation)); }
+
+void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name) {
+  TORCH_CHECK(t.device() == ref.device(), name, " is on ", t.device(), " but the other inputs are on ",
+              ref.device(), "; all tensors of one call must be on the same device");
+}
+
+void check_dtype(const at::Tensor& t, at::ScalarType expected, const char* name) {
+  TORCH_CHECK_VALUE(t.scalar_type() == expected, name, " must be ", expected, ", got ", t.scalar_type());
+}
+
+void check_shape(const at::Tensor& t, std::initializer_list<int64_t> sizes, const char* name) {
+  bool ok = t.dim() == static_cast<int64_t>(sizes.size());
+  for (int64_t d = 0; ok && d < t.dim(); ++d) {
+    const int64_t want = sizes.begin()[d];
+    ok = want < 0 || t.size(d) == want;
+  }
+  if (ok) return;
+  // Readable expected shape, "-1" shown as "*".
+  std::string expected = "[";
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    const int64_t want = sizes.begin()[d];
+    expected += (d ? ", " : "") + (want < 0 ? std::string("*") : std::to_string(want));
+  }
+  expected += "]";
+  TORCH_CHECK_VALUE(false, name, " must have shape ", expected, ", got ", t.sizes());
+}
+
+int to_int(int64_t v, const char* what) {
+  TORCH_CHECK_VALUE(v >= 0 && v <= INT_MAX, what, " = ", v, " is out of range");
+  return static_cast<int>(v);
+}
+
+at::Tensor strided_rows(const at::Tensor& t) {
+  const int64_t ndim = t.dim();
+  const int64_t elem = static_cast<int64_t>(t.element_size());
+  bool usable = ndim > 0 && t.stride(ndim - 1) == 1 &&
+                reinterpret_cast<uintptr_t>(t.data_ptr()) % kRowAlignmentBytes == 0;
+  for (int64_t d = 0; usable && d + 1 < ndim; ++d) {
+    usable = t.size(d) == 1 || (t.stride(d) > 0 && (t.stride(d) * elem) % kRowAlignmentBytes == 0);
+  }
+  at::Tensor rows = usable || t.is_contiguous() ? t : t.contiguous();
+  // The stride of an extent-1 dimension never addresses memory but is read by the validation:
+  // give it the contiguous value.
+  std::vector<int64_t> strides(rows.strides().begin(), rows.strides().end());
+  bool renormalize = false;
+  for (int64_t d = ndim - 1; d >= 0; --d) {
+    if (rows.size(d) != 1) continue;
+    const int64_t contiguous = d + 1 < ndim ? strides[d + 1] * rows.size(d + 1) : 1;
+    renormalize |= strides[d] != contiguous;
+    strides[d] = contiguous;
+  }
+  return renormalize ? rows.as_strided(rows.sizes(), strides, rows.storage_offset()) : rows;
+}
+
+at::Tensor key_range(const at::Tensor& t, const at::Tensor& ref, int64_t T, const char* name) {
+  check_same_device(t, ref, name);
+  check_dtype(t, at::kInt, name);
+  check_shape(t, {T}, name);
+  return t.contiguous();
+}
+
+at::Tensor topk_indices(const at::Tensor& t, const at::Tensor& ref, int64_t T) {
+  check_same_device(t, ref, "indices");
+  check_dtype(t, at::kInt, "indices");
+  check_shape(t, {T, -1}, "indices");
+  return strided_rows(t);
+}
+
+at::Tensor stat_tensor(const at::Tensor& t, const at::Tensor& ref, DType activation,
+                       std::initializer_list<int64_t> sizes, const char* name) {
+  check_same_device(t, ref, name);
+  check_dtype(t, stat_scalar_type(activation), name);
+  check_shape(t, sizes, name);
+  return t.contiguous();
+}
+
+at::Tensor activation_tensor(const at::Tensor& t, const at::Tensor& ref, DType activation,
+                             std::initializer_list<int64_t> sizes, const char* name) {
+  check_same_device(t, ref, name);
+  check_dtype(t, scalar_type_of(activation), name);
+  check_shape(t, sizes, name);
+  return t.contiguous();
+}
+
+CallScope::CallScope(const at::Tensor& ref) : ref_(ref), device_(Device::kCPU) {
+  if (ref.device().is_cpu()) return;
+#ifdef FLASHDSA_WITH_CUDA
+  TORCH_CHECK(ref.is_cuda(), "flashdsa: tensors on ", ref.device(), " are not supported (CPU or CUDA only)");
+  guard_.reset_device(ref.device());
+  device_ = Device::kCUDA;
+  stream_ = at::cuda::getCurrentCUDAStream(ref.device().index()).stream();
+#else
+  TORCH_CHECK(false, "flashdsa: tensors on ", ref.device(), " are not supported by this build (CPU only; ",
+              "rebuild with a CUDA toolkit for CUDA tensors)");
+#endif
+}
+
+void CallScope::fill(CallContext& ctx) const {
+  ctx.device = device_;
+  ctx.stream = stream_;
+  ctx.check_ranges = range_checks_enabled();
+}
+
+at::Tensor CallScope::workspace(size_t bytes) const {
+  return at::empty({static_cast<int64_t>(bytes)}, ref_.options().dtype(at::kByte));
+}
+
+void throw_if_error(const Status& status, const char* op) {
+  if (status.ok()) return;
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+      TORCH_CHECK_VALUE(false, "flashdsa.", op, ": ", status.message());
+    case StatusCode::kNotSupported:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "flashdsa.", op, ": ", status.message());
+    default:
+      TORCH_CHECK(false, "flashdsa.", op, ": ", status.to_string());
+  }
+}
+
+AttentionInputs attention_inputs(const at::Tensor& q, const at::Tensor& kv) {
+  AttentionInputs a;
+  a.dtype = activation_dtype(q, "q");
+  check_same_device(kv, q, "kv");
+  check_dtype(kv, q.scalar_type(), "kv (the dtype of q)");
+  check_shape(q, {-1, -1, -1}, "q");
+  check_shape(kv, {-1, q.size(2)}, "kv (D_qk of q)");
+  a.q = strided_rows(q);
+  a.kv = strided_rows(kv);
+  a.T = q.size(0);
+  a.T_kv = kv.size(0);
+  a.H = to_int(q.size(1), "H (q.size(1))");
+  a.D_qk = to_int(q.size(2), "D_qk (q.size(2))");
+  return a;
+}
+
+IndexerInputs indexer_inputs(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& weights) {
+  IndexerInputs in;
+  in.dtype = activation_dtype(q_idx, "q_idx");
+  check_same_device(k_idx, q_idx, "k_idx");
+  check_same_device(weights, q_idx, "weights");
+  check_dtype(k_idx, q_idx.scalar_type(), "k_idx (the dtype of q_idx)");
+  check_dtype(weights, stat_scalar_type(in.dtype), "weights (float32 for bf16/fp32 activations, else float64)");
+  check_shape(q_idx, {-1, -1, -1}, "q_idx");
+  check_shape(k_idx, {-1, q_idx.size(2)}, "k_idx (D_I of q_idx)");
+  check_shape(weights, {q_idx.size(0), q_idx.size(1)}, "weights ([T, H_I] of q_idx)");
+  in.q_idx = strided_rows(q_idx);
+  in.k_idx = strided_rows(k_idx);
+  in.weights = strided_rows(weights);
+  in.T = q_idx.size(0);
+  in.T_kv = k_idx.size(0);
+  in.H_I = to_int(q_idx.size(1), "H_I (q_idx.size(1))");
+  in.D_I = to_int(q_idx.size(2), "D_I (q_idx.size(2))");
+  return in;
+}
+
+}  // namespace flashdsa::torch_binding

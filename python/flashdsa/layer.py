@@ -1,0 +1,347 @@
+"""The attention core of an absorbed-MLA DSA layer (DSA_SPEC §2–§8) on packed THD batches.
+
+One call does: key ranges from ``cu_seqlens`` (or from global positions under context
+parallelism) → indexer top-k (unless indices are given, e.g. by IndexShare) → sparse MLA →
+optional indexer KL loss, attached to the attention output like Megatron's
+``DSAIndexerLossAutoScaler``: the forward returns the output unchanged, and the backward of the
+model loss also back-propagates the KL loss (scaled by :func:`set_indexer_loss_scale`) into
+``q_idx``, ``k_idx`` and ``weights``. The KL target is detached, so ``q`` and ``kv`` get no
+gradient from the loss.
+
+Shapes (absorbed MLA): ``q [T, H, D_qk]``, ``kv [T_kv, D_qk]`` (``V = kv[:, :D_v]``),
+``q_idx [T, H_I, D_I]``, ``k_idx [T_kv, D_I]``, ``weights [T, H_I]`` fp32, ``indices [T, K]``
+int32. Activations bf16 on CUDA; bf16/fp32/fp64 on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from . import ops as _ops  # looked up at call time, so tests can count calls by patching it
+from .context_parallel import ZigzagLayout, all_reduce_sum, check_cp_agreement
+from .index_share import FULL, SHARED, IndexShareContext
+from .thd import causal_key_ranges, check_cu_seqlens
+
+__all__ = [
+    "DSAAttentionOutput",
+    "DSAIndexerLossAutoScaler",
+    "set_indexer_loss_scale",
+    "dsa_attention",
+    "DSAAttention",
+]
+
+_FORMULATIONS = ("sparse", "dense")
+
+
+class DSAAttentionOutput(NamedTuple):
+    """Result of :func:`dsa_attention` / :class:`DSAAttention`.
+
+    Attributes:
+        out: ``[T, H, D_v]``, q's dtype. Carries the KL loss's gradient hook when a loss was
+            computed with grad enabled.
+        indices: int32 ``[T, K]``: the top-k rows of the (under CP: gathered, global padded) keys
+            used by the attention; ``-1`` = empty slot.
+        indexer_loss: detached fp32/fp64 scalar (the global loss under CP), or None when no loss
+            was computed. For logging only; its gradient flows through ``out``.
+    """
+
+    out: torch.Tensor
+    indices: torch.Tensor
+    indexer_loss: Optional[torch.Tensor]
+
+
+class DSAIndexerLossAutoScaler(torch.autograd.Function):
+    """Attaches an auxiliary loss to an activation (Megatron's loss auto-scaler pattern).
+
+    ``forward(output, loss)`` returns ``output`` unchanged; ``backward`` passes the output's
+    gradient through and gives ``loss`` the gradient ``main_loss_backward_scale`` (default 1.0), as
+    if ``main_loss_backward_scale * loss`` had been added to the model loss. Set the scale with
+    :func:`set_indexer_loss_scale` (e.g. to ``1 / num_microbatches`` or the AMP loss scale); it is
+    read at backward time.
+    """
+
+    main_loss_backward_scale: Union[float, torch.Tensor] = 1.0
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(loss)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (loss,) = ctx.saved_tensors
+        scale = DSAIndexerLossAutoScaler.main_loss_backward_scale
+        return grad_output, torch.ones_like(loss) * scale
+
+
+def set_indexer_loss_scale(scale: Union[float, torch.Tensor]) -> None:
+    """Sets the factor applied to the indexer KL loss's gradient in backward (default 1.0)."""
+    DSAIndexerLossAutoScaler.main_loss_backward_scale = scale
+
+
+class _Geometry(NamedTuple):
+    """What the kernels need about the packing: ranges of the local queries and the key tensors."""
+
+    k_start: torch.Tensor  # int32 [T]
+    k_end: torch.Tensor  # int32 [T]
+    layout: Optional[ZigzagLayout]  # None without CP
+
+
+def _check_rows(name: str, t: Optional[torch.Tensor], expected: int, meaning: str) -> None:
+    if t is not None and t.shape[0] != expected:
+        raise ValueError(f"{name} has {t.shape[0]} rows but {meaning} is {expected}")
+
+
+def _thd_geometry(q, kv, q_idx, k_idx, weights, cu_seqlens) -> _Geometry:
+    """Key ranges without CP, after checking that cu_seqlens fits the tensors."""
+    host = check_cu_seqlens(cu_seqlens, q.shape[0], num_keys=kv.shape[0])
+    _check_rows("q_idx", q_idx, q.shape[0], "the number of query tokens (q rows)")
+    _check_rows("weights", weights, q.shape[0], "the number of query tokens (q rows)")
+    _check_rows("k_idx", k_idx, kv.shape[0], "the number of key rows (kv rows)")
+    k_start, k_end = causal_key_ranges(host, device=q.device)
+    return _Geometry(k_start, k_end, None)
+
+
+def _cp_geometry(q, kv, q_idx, k_idx, weights, indices, cu_seqlens, group) -> _Geometry:
+    """Zigzag layout and key ranges of this rank's queries, after the group agreed on sizes."""
+    check_cp_agreement(
+        group,
+        cu_seqlens,
+        {"q": q.shape, "kv": kv.shape, "q_idx": _shape(q_idx), "k_idx": _shape(k_idx),
+         "weights": _shape(weights), "indices": _shape(indices)},
+        q.device,
+    )
+    layout = ZigzagLayout.for_group(cu_seqlens, group, q.device)
+    local = layout.num_local_tokens
+    meaning = (
+        f"the zigzag share of one rank ({layout.num_padded_tokens} padded tokens of the global "
+        f"cu_seqlens / cp={layout.cp_size})"
+    )
+    for name, t in (("q", q), ("kv", kv), ("q_idx", q_idx), ("k_idx", k_idx), ("weights", weights)):
+        _check_rows(name, t, local, meaning)
+    k_start, k_end = layout.key_ranges()
+    return _Geometry(k_start, k_end, layout)
+
+
+def _shape(t: Optional[torch.Tensor]) -> Optional[torch.Size]:
+    return None if t is None else t.shape
+
+
+def _valid_rows(indices: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Number of rows with at least one index in ``[0, num_keys)`` (int64 scalar tensor)."""
+    return ((indices >= 0) & (indices < num_keys)).any(dim=1).sum()
+
+
+def dsa_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    q_idx: Optional[torch.Tensor],
+    k_idx: Optional[torch.Tensor],
+    weights: Optional[torch.Tensor],
+    cu_seqlens: torch.Tensor,
+    topk: int,
+    scale: float,
+    *,
+    relu: bool = True,
+    loss_coeff: Optional[float] = None,
+    loss_formulation: str = "sparse",
+    indices: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    cp_group: Optional[dist.ProcessGroup] = None,
+) -> DSAAttentionOutput:
+    """DSA attention core on a packed (THD) batch, optionally context-parallel.
+
+    Args:
+        q: ``[T, H, D_qk]`` queries (absorbed MLA), bf16 (fp32/fp64 on CPU).
+        kv: ``[T_kv, D_qk]`` latent keys; ``kv[:, :D_v]`` are the values. Same dtype as q.
+        q_idx: ``[T, H_I, D_I]`` indexer queries, or None when ``indices`` is given and no loss.
+        k_idx: ``[T_kv, D_I]`` indexer keys, or None likewise.
+        weights: ``[T, H_I]`` fp32 (fp64 with fp64 activations) indexer head weights (scale
+            factors folded in), or None likewise.
+        cu_seqlens: int ``[B+1]`` of the packed batch. Without CP: ``cu_seqlens[-1] == T`` and
+            ``<= T_kv``. With ``cp_group``: the *global, unpadded* batch, the same on every rank;
+            the local tensors hold this rank's zigzag share (see
+            :class:`flashdsa.context_parallel.ZigzagLayout`; ``T = T_kv = T_pad / cp``).
+        topk: ``K``, number of keys kept per query.
+        scale: softmax scale of the main attention (e.g. ``D_qk ** -0.5``).
+        relu: indexer activation ``f`` (ReLU if True, identity otherwise).
+        loss_coeff: if not None, the indexer KL loss is computed with this coefficient and attached
+            to ``out`` (see :class:`DSAIndexerLossAutoScaler`); needs q_idx, k_idx, weights.
+        loss_formulation: ``"sparse"`` (support = the top-k; GLM-5) or ``"dense"`` (support = all
+            visible keys; indexer warm-up).
+        indices: optional int32 ``[T, K]`` indices to reuse (IndexShare); skips the indexer.
+            Under CP they are global padded rows, as returned by a previous call.
+        deterministic: bitwise-reproducible ``dkv`` in the sparse MLA backward.
+        cp_group: process group for context parallelism (None = no CP).
+
+    Returns:
+        :class:`DSAAttentionOutput` ``(out [T, H, D_v], indices [T, K] int32, indexer_loss)``.
+        The loss is ``coeff · mean`` over rows with a non-empty support (globally under CP).
+
+    Raises:
+        ValueError: inconsistent ``cu_seqlens``, a sequence longer than the key tensor, row
+            mismatches, ranks of a CP group that disagree, or missing indexer inputs.
+    """
+    if loss_formulation not in _FORMULATIONS:
+        raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
+    needs_indexer_inputs = indices is None or loss_coeff is not None
+    if needs_indexer_inputs and (q_idx is None or k_idx is None or weights is None):
+        why = "indices is None (the indexer must run)" if indices is None else "loss_coeff is set"
+        raise ValueError(f"q_idx, k_idx and weights are required when {why}")
+    if q.dim() != 3 or kv.dim() != 2:
+        raise ValueError(f"q must be [T, H, D_qk] and kv [T_kv, D_qk], got {tuple(q.shape)} and {tuple(kv.shape)}")
+
+    if cp_group is None:
+        geo = _thd_geometry(q, kv, q_idx, k_idx, weights, cu_seqlens)
+        kv_all, k_idx_all = kv, k_idx
+    else:
+        geo = _cp_geometry(q, kv, q_idx, k_idx, weights, indices, cu_seqlens, cp_group)
+        kv_all = geo.layout.gather(kv)
+        k_idx_all = geo.layout.gather(k_idx) if needs_indexer_inputs else None
+
+    if indices is None:
+        with torch.no_grad():
+            indices, _ = _ops.indexer_topk(q_idx, k_idx_all, weights, geo.k_start, geo.k_end, topk, relu)
+    elif indices.dim() != 2 or indices.shape[0] != q.shape[0] or indices.dtype != torch.int32:
+        raise ValueError(
+            f"indices must be int32 [T={q.shape[0]}, K], got {indices.dtype} {tuple(indices.shape)}"
+        )
+
+    out, lse = _ops.sparse_mla(q, kv_all, indices, scale, deterministic=deterministic)
+
+    loss_value = None
+    if loss_coeff is not None:
+        loss = _indexer_loss(
+            q, kv_all, q_idx, k_idx_all, weights, indices, lse, geo, scale, relu, loss_coeff,
+            loss_formulation, cp_group,
+        )
+        if torch.is_grad_enabled() and loss.requires_grad:
+            out = DSAIndexerLossAutoScaler.apply(out, loss)
+        loss_value = loss.detach()
+        if cp_group is not None:
+            loss_value = all_reduce_sum(loss_value, cp_group)
+    return DSAAttentionOutput(out, indices, loss_value)
+
+
+def _indexer_loss(q, kv_all, q_idx, k_idx_all, weights, indices, lse, geo, scale, relu, coeff, formulation, cp_group):
+    """This rank's share of the indexer KL loss (differentiable in q_idx, k_idx_all, weights).
+
+    The target is built from detached main-attention inputs. Under CP the mean divides by the
+    global number of valid rows, so the shares of all ranks sum to the cp=1 loss.
+    """
+    normalizer = None
+    if cp_group is not None:
+        if formulation == "sparse":
+            local = _valid_rows(indices, kv_all.shape[0])
+        else:
+            local = (geo.k_end > geo.k_start).sum()
+        normalizer = int(all_reduce_sum(local, cp_group))
+    if formulation == "sparse":
+        mass = _ops.attention_mass(q.detach(), kv_all.detach(), indices, lse, scale)
+        return _ops.indexer_kl_loss(
+            q_idx, k_idx_all, weights, formulation="sparse", relu=relu, coeff=coeff,
+            normalizer=normalizer, indices=indices, mass=mass,
+        )
+    return _ops.indexer_kl_loss(
+        q_idx, k_idx_all, weights, formulation="dense", relu=relu, coeff=coeff,
+        normalizer=normalizer, q=q.detach(), kv=kv_all.detach(), scale=scale,
+        k_start=geo.k_start, k_end=geo.k_end,
+    )
+
+
+class DSAAttention(torch.nn.Module):
+    """Module wrapper of :func:`dsa_attention` with an IndexShare mode (no parameters).
+
+    Projections (q, kv, the indexer's q_idx, k_idx, weights) belong to the surrounding model; this
+    module is the attention core. A ``"full"`` layer runs the indexer (and the KL loss when
+    ``loss_coeff`` is set) and publishes its indices to the :class:`IndexShareContext`; a
+    ``"shared"`` layer takes them from the context and does no indexer work.
+
+    Args:
+        topk: ``K``.
+        scale: softmax scale of the main attention.
+        index_share: ``"full"`` or ``"shared"``.
+        relu, loss_coeff, loss_formulation, deterministic, cp_group: as in :func:`dsa_attention`
+            (``loss_coeff`` must be None for a shared layer).
+        layer_id: name used in error messages (e.g. the layer number).
+
+    Attributes:
+        last_indexer_loss: detached scalar loss of the latest forward (None if none), for logging.
+    """
+
+    def __init__(
+        self,
+        topk: int,
+        scale: float,
+        *,
+        index_share: str = FULL,
+        relu: bool = True,
+        loss_coeff: Optional[float] = None,
+        loss_formulation: str = "sparse",
+        deterministic: bool = False,
+        cp_group: Optional[dist.ProcessGroup] = None,
+        layer_id: Optional[object] = None,
+    ) -> None:
+        super().__init__()
+        if index_share not in (FULL, SHARED):
+            raise ValueError(f"index_share must be 'full' or 'shared', got {index_share!r}")
+        if index_share == SHARED and loss_coeff is not None:
+            raise ValueError("a 'shared' layer has no indexer, so it cannot have an indexer loss (loss_coeff)")
+        if loss_formulation not in _FORMULATIONS:
+            raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
+        self.topk = topk
+        self.scale = scale
+        self.index_share = index_share
+        self.relu = relu
+        self.loss_coeff = loss_coeff
+        self.loss_formulation = loss_formulation
+        self.deterministic = deterministic
+        self.cp_group = cp_group
+        self.layer_id = layer_id
+        self.last_indexer_loss: Optional[torch.Tensor] = None
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        q_idx: Optional[torch.Tensor] = None,
+        k_idx: Optional[torch.Tensor] = None,
+        weights: Optional[torch.Tensor] = None,
+        *,
+        index_share_ctx: Optional[IndexShareContext] = None,
+    ) -> DSAAttentionOutput:
+        """Runs the layer. Shapes as in :func:`dsa_attention`.
+
+        A full layer needs ``q_idx, k_idx, weights`` and publishes to ``index_share_ctx`` when
+        given; a shared layer takes none of them and requires ``index_share_ctx``.
+        """
+        indices = None
+        if self.index_share == SHARED:
+            if q_idx is not None or k_idx is not None or weights is not None:
+                raise ValueError(f"{self._name()} is 'shared': it takes no q_idx/k_idx/weights")
+            if index_share_ctx is None:
+                raise ValueError(f"{self._name()} is 'shared' and needs the IndexShareContext of this forward pass")
+            indices = index_share_ctx.fetch(q.shape[0], layer=self.layer_id)
+        result = dsa_attention(
+            q, kv, q_idx, k_idx, weights, cu_seqlens, self.topk, self.scale,
+            relu=self.relu, loss_coeff=self.loss_coeff, loss_formulation=self.loss_formulation,
+            indices=indices, deterministic=self.deterministic, cp_group=self.cp_group,
+        )
+        if self.index_share == FULL and index_share_ctx is not None:
+            index_share_ctx.publish(result.indices, layer=self.layer_id)
+        self.last_indexer_loss = result.indexer_loss
+        return result
+
+    def _name(self) -> str:
+        return "layer" if self.layer_id is None else f"layer {self.layer_id}"
+
+    def extra_repr(self) -> str:
+        return (
+            f"topk={self.topk}, scale={self.scale:g}, index_share={self.index_share!r}, relu={self.relu}, "
+            f"loss_coeff={self.loss_coeff}, loss_formulation={self.loss_formulation!r}, "
+            f"cp={'off' if self.cp_group is None else dist.get_world_size(self.cp_group)}"
+        )

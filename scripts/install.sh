@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs FlashDSA's dependencies (Debian packages, pinned PyPI packages) and builds
+#  - the C++ library, its GoogleTest tests and the GPU check programs (CMake, build/),
+#  - the Python package with its torch extension (editable install).
+# Idempotent: a second run only rebuilds what changed. CUDA code is compiled whenever the CUDA
+# toolkit is present (also on machines without a GPU); FLASHDSA_WITH_CUDA=0 skips it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.11.0
+jobs=${MAX_JOBS:-$(nproc)}
+export MAX_JOBS=$jobs
+
+step() { printf '\n==> %s\n' "$*"; }
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v g++ >/dev/null || need_apt+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  step "apt-get install ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+PY=${PYTHON:-python3}
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+  step "pip install torch==$TORCH_VERSION (first time: a few minutes)"
+  $PY -m pip install -q "torch==$TORCH_VERSION"
+fi
+step "pip install test/bench dependencies"
+$PY -m pip install -q "numpy>=1.26" "pytest>=8" "ninja>=1.11" "matplotlib>=3.8" "setuptools>=69" wheel
+
+if [ -z "${FLASHDSA_WITH_CUDA:-}" ]; then
+  if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then FLASHDSA_WITH_CUDA=1; else FLASHDSA_WITH_CUDA=0; fi
+fi
+export FLASHDSA_WITH_CUDA
+[ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
+cuda_flag=OFF; [ "$FLASHDSA_WITH_CUDA" = 1 ] && cuda_flag=ON
+
+step "CMake build (C++ library, tests; CUDA=$cuda_flag)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHDSA_WITH_CUDA=$cuda_flag >/dev/null
+cmake --build build -j "$jobs"
+
+step "Python package + torch extension (CUDA=$FLASHDSA_WITH_CUDA)"
+$PY -m pip install -q --no-build-isolation -e . 2>&1 | grep -v -E "^\s*$|Running as the 'root'|WARNING: Running pip" || true
+$PY -c "import flashdsa; print('flashdsa', flashdsa.__version__, '| CUDA kernels built:', flashdsa.built_with_cuda())"
