@@ -6,8 +6,9 @@ namespace flashdsa::sm90 {
 
 bool implements(OpKind op) {
   switch (op) {
-    case OpKind::kIndexerTopk:
     case OpKind::kSparseMlaFwd:
+      return true;
+    case OpKind::kIndexerTopk:
     case OpKind::kSparseMlaBwd:
     case OpKind::kAttentionMass:
     case OpKind::kSparseKlFwd:

@@ -135,6 +135,7 @@ __global__ void k_rs(const __nv_bfloat16* A, const __nv_bfloat16* K, const __nv_
 
 // Gathers rows idx[r] (r < 64; -1 = zero row) of G [n x 128] into a SW128 tile with cp.async,
 // completion through an mbarrier, then writes the tile back linearly to O [64 x 128].
+template <int kHint>
 __global__ void k_gather(const __nv_bfloat16* G, const int* idx, int n, __nv_bfloat16* O) {
   extern __shared__ __align__(1024) char smem[];
   __shared__ uint64_t bar;
@@ -148,7 +149,9 @@ __global__ void k_gather(const __nv_bfloat16* G, const int* idx, int n, __nv_bfl
     int row = idx[r];
     bool valid = row >= 0 && row < n;
     const __nv_bfloat16* src = G + (valid ? static_cast<size_t>(row) * 128 + chunk * 8 : 0);
-    cp_async_16(smem + (chunk / 8) * 64 * 128 + sw128_offset(r, chunk % 8), src, valid);
+    char* dst = smem + (chunk / 8) * 64 * 128 + sw128_offset(r, chunk % 8);
+    if constexpr (kHint) cp_async_16_hint(dst, src, valid, make_l2_evict_last());
+    else cp_async_16(dst, src, valid);
   }
   cp_async_arrive(&bar);
   mbar_wait(&bar, 0);
@@ -205,7 +208,8 @@ int main() {
   CK(cudaFuncSetAttribute(k_ss_mnmajor_b, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(k_ss_mnmajor_a, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(k_rs, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(k_gather, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(k_gather<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(k_gather<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   float* dC;
   CK(cudaMalloc(&dC, 64 * 256 * sizeof(float)));
 
@@ -284,7 +288,7 @@ int main() {
     std::printf("%-28s rel_err %.3e  %s\n", "rs acc->A, V mn-major n256", rel, ok ? "PASS" : "FAIL");
     failures += !ok;
   }
-  {  // cp.async gather with zero fill
+  for (int hint = 0; hint < 2; ++hint) {  // cp.async gather with zero fill (without / with an L2 hint)
     const int n = 300;
     auto G = rand_bf16(static_cast<size_t>(n) * 128);
     std::vector<int> idx(64);
@@ -293,7 +297,8 @@ int main() {
     auto dI = to_dev(idx);
     __nv_bfloat16* dO;
     CK(cudaMalloc(&dO, 64 * 128 * sizeof(__nv_bfloat16)));
-    k_gather<<<1, 128, smem>>>(dG, dI, n, dO);
+    if (hint) k_gather<1><<<1, 128, smem>>>(dG, dI, n, dO);
+    else k_gather<0><<<1, 128, smem>>>(dG, dI, n, dO);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<__nv_bfloat16> O(64 * 128);
@@ -304,7 +309,8 @@ int main() {
         float want = (idx[r] >= 0 && idx[r] < n) ? f(G[static_cast<size_t>(idx[r]) * 128 + c]) : 0.f;
         bad += f(O[r * 128 + c]) != want;
       }
-    std::printf("%-28s mismatches %d  %s\n", "cp.async gather + zfill", bad, bad ? "FAIL" : "PASS");
+    std::printf("%-28s mismatches %d  %s\n", hint ? "cp.async gather+zfill+hint" : "cp.async gather + zfill", bad,
+                bad ? "FAIL" : "PASS");
     failures += bad != 0;
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "ALL PASSED", failures);

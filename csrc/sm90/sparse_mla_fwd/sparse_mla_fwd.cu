@@ -1,6 +1,611 @@
-// Placeholder until the sparse MLA forward kernel lands.
+// Hopper (sm_90a) sparse MLA forward, DSA_SPEC §4. Design, smem plan and numbers:
+// docs/kernels/sparse_mla_fwd.md. Constants and the shared-memory plan: config.h.
+//
+// Per CTA (one query token, 64 heads), key blocks are consumed in pairs (2i in KV stage 0, 2i+1 in
+// stage 1):
+//   WG0: S0 = Q K0^T; m0 = max(m, rowmax S0) -> WG1; P0 = exp2(S0 - m0); O_left += P0 V0_left;
+//        m1 <- WG1; P0 *= exp2(m0 - m1) -> smem (stage 0's RoPE tile) -> WG1; O_left *= exp2(m0 - m1);
+//        O_left += P1 V1_left (P1 from smem).
+//   WG1: S1 = Q K1^T; m1 = max(m0, rowmax S1) -> WG0; O_right *= exp2(m - m1); P1 = exp2(S1 - m1);
+//        O_right += P1 V1_right; P1 -> smem -> WG0; O_right += P0 V0_right (P0 from smem).
+// Both consumers end every pair relative to the same running max m1, so each scales its half of O
+// with the same factors; the row sums of the even / odd blocks are added at the end.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "sm90/common/cuda_check.cuh"
+#include "sm90/common/hopper.cuh"
 #include "sm90/sm90_backend.h"
+#include "sm90/sparse_mla_fwd/config.h"
 
 namespace flashdsa::sm90 {
-Status sparse_mla_fwd(const SparseMlaFwdParams&) { return Status::NotSupported("sm90 sparse_mla_fwd: kernel not implemented yet"); }
+namespace sparse_mla_fwd_impl {
+namespace {
+
+struct KernelArgs {
+  const __nv_bfloat16* q;   // [T, H, 576]; strides q_stride_t, q_stride_h
+  const __nv_bfloat16* kv;  // [T_kv, 576]; stride kv_stride_t
+  const int32_t* indices;   // [T, K]; stride indices_stride_t; outside [0, T_kv) = empty slot
+  __nv_bfloat16* out;       // [T, H, 512], contiguous
+  float* lse;               // [T, H], contiguous, natural log
+  int64_t q_stride_t, q_stride_h, kv_stride_t, indices_stride_t;  // elements
+  int64_t T_kv;
+  int H;
+  int num_blocks;    // K / 64
+  float scale_log2;  // scale * log2(e): softmax runs in the log2 domain with exp2
+};
+
+constexpr float kLn2 = 0.693147180559945309f;
+constexpr float kLog2e = 1.442695040888963407f;
+
+// ---- small numeric helpers -------------------------------------------------------------------
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Exponent offset for a running max: a row that has seen no valid key keeps max = -inf, and its
+// logits are all -inf, so offsetting by 0 gives exp2(-inf) = 0 instead of NaN.
+__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Keeps the compiler from reusing the registers of RS A-fragments while a wgmma may still read them.
+__device__ __forceinline__ void fence_frags(uint32_t (&f)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[k][i])::"memory");
+}
+
+// A descriptor's start address field is address >> 4 and never overflows inside shared memory, so
+// moving a descriptor by a byte offset is an add.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+// Which (query token, first head) this CTA computes. blockIdx is re-read through volatile asm where
+// needed, so that the compiler does not keep these values alive across the consumer main loop
+// (they would be spilled there: the consumers use every register they have).
+struct CtaWork {
+  int64_t token;
+  int head0;
+};
+
+__device__ __forceinline__ CtaWork cta_work(int H) {
+  uint32_t cta;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
+  const int ctas_per_token = H > kHeadsPerCta ? H / kHeadsPerCta : 1;  // 1 or 2
+  return {static_cast<int64_t>(cta / ctas_per_token), static_cast<int>(cta % ctas_per_token) * kHeadsPerCta};
+}
+
+// ---- accumulator-layout helpers (m64nN f32 fragments, see hopper.cuh) --------------------------
+// Element i of an accumulator belongs to row half (i >> 1) & 1 (row0 or row0 + 8) of this thread.
+
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor)[2]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc[i] *= factor[(i >> 1) & 1];
+}
+
+// S tile [64 heads x 64 keys]: invalid keys -> -inf, valid logits -> log2 domain.
+// valid_words: bit k of word w = key 32w + k of the block is valid. This thread holds keys 8j + 2q + e.
+__device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* valid_words, float scale_log2,
+                                               int quad) {
+  const uint32_t words[2] = {valid_words[0] >> (2 * quad), valid_words[1] >> (2 * quad)};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int j = i >> 2, e = i & 1;
+    const bool valid = (words[j >> 2] >> (8 * (j & 3) + e)) & 1u;
+    s[i] = valid ? s[i] * scale_log2 : -INFINITY;
+  }
+}
+
+__device__ __forceinline__ float row_max(const float (&s)[32], int half) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
+  return quad_max(m);
+}
+
+// s <- exp2(s - max) per row; returns this thread's partial row sums (its 16 keys of each row).
+__device__ __forceinline__ void exp_rows(float (&s)[32], const float (&max)[2], float (&partial_sum)[2]) {
+  const float offset[2] = {finite_or_zero(max[0]), finite_or_zero(max[1])};
+  partial_sum[0] = partial_sum[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int half = (i >> 1) & 1;
+    s[i] = fast_exp2(s[i] - offset[half]);
+    partial_sum[half] += s[i];
+  }
+}
+
+// P (fp32 accumulator layout) -> bf16 RS A-fragments, as hw::acc_to_a_frag does for each k-step.
+__device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&frag)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) hw::acc_to_a_frag(s, k, frag[k]);
+}
+
+// Stores P * factor[row half] as bf16 into a [64 x 64] SW128 tile (the K-major A operand of the
+// peer's SS wgmma), pair by pair to keep register pressure low. Pair p = elements 2p, 2p+1 = row half
+// p & 1, 8-column chunk p >> 1. Each store instruction of a warp writes 8 rows x 16 bytes at distinct
+// swizzled chunks: conflict-free.
+__device__ __forceinline__ void store_p_tile(char* tile, const float (&s)[32], const float (&factor)[2], int row0,
+                                             int quad) {
+#pragma unroll
+  for (int p = 0; p < 16; ++p) {
+    const int row = row0 + 8 * (p & 1), chunk = p >> 1;
+    *reinterpret_cast<uint32_t*>(tile + hw::sw128_offset(row, chunk) + 4 * quad) =
+        hw::pack_bf16(s[2 * p] * factor[p & 1], s[2 * p + 1] * factor[p & 1]);
+  }
+}
+
+__device__ __forceinline__ void publish_rows(float* dst, const float (&v)[2], int row0, int quad) {
+  if (quad == 0) {
+    dst[row0] = v[0];
+    dst[row0 + 8] = v[1];
+  }
+}
+
+// ---- wgmma issue ----------------------------------------------------------------------------------
+
+// s (+)= Q[:, tiles] K[:, tiles]^T over 64-column tiles [kBegin, kEnd) (4 k-steps each).
+template <int kBegin, int kEnd>
+__device__ __forceinline__ void issue_qk(float (&s)[32], uint64_t q_desc, uint64_t k_desc, bool overwrite) {
+#pragma unroll
+  for (int t = kBegin; t < kEnd; ++t)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t off = t * kTileBytes + k * 32;
+      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_advance(q_desc, off), desc_advance(k_desc, off),
+                                   !(overwrite && t == kBegin && k == 0));
+    }
+}
+
+// o += P V: P [64 x 64 keys] from registers, V = 64 kv rows x 256 columns read MN-major.
+__device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], uint64_t v_desc) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    hw::wgmma_rs_m64n256k16<1>(o, p[k], desc_advance(v_desc, k * 16 * hw::kSw128RowBytes), true);
+}
+
+// o += P V with P read from a SW128 tile (K-major).
+__device__ __forceinline__ void issue_pv_ss(float (&o)[128], uint64_t p_desc, uint64_t v_desc) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    hw::wgmma_ss_m64n256k16<0, 1>(o, desc_advance(p_desc, k * 32), desc_advance(v_desc, k * 16 * hw::kSw128RowBytes),
+                                  true);
+}
+
+// After this warp's wgmma_wait: one arrival per warp (the barrier expects kReleaseArrivals).
+__device__ __forceinline__ void release(uint64_t* bar) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) hw::mbar_arrive(bar);
+}
+
+// ---- consumers ------------------------------------------------------------------------------------
+
+struct ConsumerThread {
+  int quad;  // lane % 4: column pair inside each 8-column chunk
+  int row0;  // accumulator rows row0 and row0 + 8
+};
+
+__device__ __forceinline__ ConsumerThread consumer_thread() {
+  const int t = threadIdx.x % kWarpgroupThreads;
+  return {t % 4, (t / 32) * 16 + (t % 32) / 4};
+}
+
+// Adds the peer's row sums, writes out = O / l (bf16) for this consumer's 256 columns and, from
+// consumer 0, lse. Rows beyond H (padding of H = 16 / 32) are never written.
+__device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, int consumer, const float (&o)[128],
+                                             const float (&partial_sum)[2], const float (&max)[2]) {
+  const ConsumerThread ct = consumer_thread();
+  const CtaWork work = cta_work(a.H);
+  float sum[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) sum[h] = quad_sum(partial_sum[h]);
+  publish_rows(sm.row_sum[consumer], sum, ct.row0, ct.quad);
+  hw::named_bar_sync(kRowSumExchange, kNumConsumers * kWarpgroupThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = ct.row0 + 8 * h;
+    const int head = work.head0 + row;
+    if (head >= a.H) continue;
+    const float total = sum[h] + sm.row_sum[consumer ^ 1][row];
+    const float inv = total > 0.f ? 1.f / total : 0.f;  // empty row: O is 0 and stays 0
+    const int64_t out_row = work.token * a.H + head;
+    __nv_bfloat16* dst = a.out + out_row * kDv + consumer * (kDv / 2) + 2 * ct.quad;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+          __floats2bfloat162_rn(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+    if (consumer == 0 && ct.quad == 0) a.lse[out_row] = total > 0.f ? (max[h] + log2f(total)) * kLn2 : -INFINITY;
+  }
+}
+
+// Consumer 0: even key blocks (stage 0) and output columns [0, 256).
+__device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
+                                              float (&partial_sum)[2]) {
+  const ConsumerThread ct = consumer_thread();
+  const uint64_t q_desc = hw::desc_k_major(sm.q, kHeadsPerCta, 0);
+  const uint64_t k0_desc = hw::desc_k_major(sm.kv[0], kBlockKeys, 0);
+  const uint64_t v0_desc = hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, 0);
+  const uint64_t v1_desc = hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, 0);
+  const uint64_t p1_desc = hw::desc_k_major(sm.p_wg1, kHeadsPerCta, 0);
+  char* const p0_tile = reinterpret_cast<char*>(sm.kv[0]) + kRopeTile * kTileBytes;  // free once S0 is done
+  const int num_pairs = (a.num_blocks + 1) / 2;
+
+  float s[32];
+
+  // P1 V1_left of pair i-1 is issued at the top of pair i, next to S0, so that no wgmma is in flight
+  // across the loop's back edge. The first pair is peeled (kPrevOdd = false) because ptxas
+  // serializes every wgmma of the kernel when a wgmma on `o` is issued under a runtime condition here.
+  const auto issue_odd_pv = [&] {
+    hw::named_bar_sync(kPFromWg1, kNumConsumers * kWarpgroupThreads);
+    hw::wgmma_fence();
+    issue_pv_ss(o, p1_desc, v1_desc);
+    hw::wgmma_commit();
+  };
+  const auto run_pair = [&](auto prev_odd, int i) {
+    constexpr bool kPrevOdd = decltype(prev_odd)::value;
+    const uint32_t parity = i & 1;
+    if constexpr (kPrevOdd) issue_odd_pv();
+    hw::mbar_wait(&sm.kv_ready[0][kLeft], parity);
+    hw::wgmma_fence();
+    issue_qk<0, kVTilesPerConsumer>(s, q_desc, k0_desc, true);
+    hw::wgmma_commit();
+    if constexpr (kPrevOdd) {
+      hw::wgmma_wait<1>();
+      release(&sm.kv_free[1][kLeft]);
+    }
+    hw::mbar_wait(&sm.kv_ready[0][kRight], parity);
+    hw::wgmma_fence();  // explicit: otherwise ptxas injects one after the wait loop and serializes wgmma
+    issue_qk<kVTilesPerConsumer, kQkTiles>(s, q_desc, k0_desc, false);
+    hw::wgmma_commit();
+    hw::wgmma_wait<0>();
+    hw::fence_regs(s);
+    hw::fence_regs(o);
+
+    // Softmax of block 2i against the running max; publish its max for WG1.
+    mask_and_scale(s, sm.valid_mask[0], a.scale_log2, ct.quad);
+    float blk_max[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) blk_max[h] = fmaxf(run_max[h], row_max(s, h));
+    publish_rows(sm.max_wg0, blk_max, ct.row0, ct.quad);
+    hw::named_bar_arrive(kMaxFromWg0, kNumConsumers * kWarpgroupThreads);
+    float rescale[2], blk_sum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(run_max[h] - finite_or_zero(blk_max[h]));
+    exp_rows(s, blk_max, blk_sum);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) partial_sum[h] = partial_sum[h] * rescale[h] + blk_sum[h];
+    scale_rows(o, rescale);
+    uint32_t p_frag[4][4];
+    pack_p(s, p_frag);
+    hw::wgmma_fence();
+    issue_pv_rs(o, p_frag, v0_desc);
+    hw::wgmma_commit();
+
+    // Pair max from WG1: hand P0, rescaled to it, to WG1.
+    hw::named_bar_sync(kMaxFromWg1, kNumConsumers * kWarpgroupThreads);
+    const float pair_max[2] = {sm.max_wg1[ct.row0], sm.max_wg1[ct.row0 + 8]};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(blk_max[h] - finite_or_zero(pair_max[h]));
+    store_p_tile(p0_tile, s, rescale, ct.row0, ct.quad);
+    hw::fence_proxy_async();
+    hw::named_bar_arrive(kPFromWg0, kNumConsumers * kWarpgroupThreads);
+
+    hw::wgmma_wait<0>();
+    hw::fence_regs(o);
+    fence_frags(p_frag);
+    release(&sm.kv_free[0][kLeft]);
+    scale_rows(o, rescale);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      partial_sum[h] *= rescale[h];
+      run_max[h] = pair_max[h];
+    }
+  };
+
+  hw::mbar_wait(&sm.q_ready, 0);
+  if (num_pairs > 0) run_pair(std::false_type{}, 0);
+  for (int i = 1; i < num_pairs; ++i) run_pair(std::true_type{}, i);  // every pair but the last has an odd block
+  if (a.num_blocks % 2 == 0 && a.num_blocks > 0) {  // the last pair's odd block
+    issue_odd_pv();
+    hw::wgmma_wait<0>();
+    hw::fence_regs(o);
+  }
+}
+
+// Consumer 1: odd key blocks (stage 1) and output columns [256, 512).
+__device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
+                                             float (&partial_sum)[2]) {
+  const ConsumerThread ct = consumer_thread();
+  const uint64_t q_desc = hw::desc_k_major(sm.q, kHeadsPerCta, 0);
+  const uint64_t k1_desc = hw::desc_k_major(sm.kv[1], kBlockKeys, 0);
+  const uint64_t v0_desc = hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, kVTilesPerConsumer);
+  const uint64_t v1_desc = hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, kVTilesPerConsumer);
+  const uint64_t p0_desc =
+      hw::desc_k_major(reinterpret_cast<char*>(sm.kv[0]) + kRopeTile * kTileBytes, kHeadsPerCta, 0);
+  char* const p1_tile = reinterpret_cast<char*>(sm.p_wg1);
+  const int num_pairs = (a.num_blocks + 1) / 2;
+
+  float s[32];
+
+  hw::mbar_wait(&sm.q_ready, 0);
+  for (int i = 0; i < num_pairs; ++i) {
+    const bool has_odd = 2 * i + 1 < a.num_blocks;
+    float blk_max[2] = {-INFINITY, -INFINITY};  // a missing odd block contributes nothing
+    if (has_odd) {
+      // The producer fills stage 1's right half first.
+      const uint32_t parity = i & 1;
+      hw::mbar_wait(&sm.kv_ready[1][kRight], parity);
+      hw::wgmma_fence();
+      issue_qk<kVTilesPerConsumer, kQkTiles>(s, q_desc, k1_desc, true);
+      hw::mbar_wait(&sm.kv_ready[1][kLeft], parity);
+      hw::wgmma_fence();
+      issue_qk<0, kVTilesPerConsumer>(s, q_desc, k1_desc, false);
+      hw::wgmma_commit();
+      hw::wgmma_wait<0>();
+      hw::fence_regs(s);
+      mask_and_scale(s, sm.valid_mask[1], a.scale_log2, ct.quad);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) blk_max[h] = row_max(s, h);
+    }
+
+    // Pair max = max(WG0's running max after block 2i, this block); publish it for WG0.
+    hw::named_bar_sync(kMaxFromWg0, kNumConsumers * kWarpgroupThreads);
+    float pair_max[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pair_max[h] = fmaxf(sm.max_wg0[ct.row0 + 8 * h], blk_max[h]);
+    publish_rows(sm.max_wg1, pair_max, ct.row0, ct.quad);
+    hw::named_bar_arrive(kMaxFromWg1, kNumConsumers * kWarpgroupThreads);
+    float rescale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rescale[h] = fast_exp2(run_max[h] - finite_or_zero(pair_max[h]));
+      partial_sum[h] *= rescale[h];
+      run_max[h] = pair_max[h];
+    }
+    scale_rows(o, rescale);
+
+    uint32_t p_frag[4][4];
+    if (has_odd) {
+      float blk_sum[2];
+      exp_rows(s, pair_max, blk_sum);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) partial_sum[h] += blk_sum[h];
+      pack_p(s, p_frag);
+      hw::wgmma_fence();
+      issue_pv_rs(o, p_frag, v1_desc);
+      hw::wgmma_commit();
+      const float unscaled[2] = {1.f, 1.f};
+      store_p_tile(p1_tile, s, unscaled, ct.row0, ct.quad);
+    }
+
+    hw::named_bar_sync(kPFromWg0, kNumConsumers * kWarpgroupThreads);
+    hw::wgmma_fence();
+    issue_pv_ss(o, p0_desc, v0_desc);
+    hw::wgmma_commit();
+    if (has_odd) {
+      hw::fence_proxy_async();
+      hw::named_bar_arrive(kPFromWg1, kNumConsumers * kWarpgroupThreads);
+      hw::wgmma_wait<1>();
+      fence_frags(p_frag);
+      release(&sm.kv_free[1][kRight]);
+    }
+    hw::wgmma_wait<0>();
+    hw::fence_regs(o);
+    release(&sm.kv_free[0][kRight]);
+  }
+}
+
+// ---- producer ---------------------------------------------------------------------------------------
+
+// Copies rows (row_base + 16 j, j < 4) of 64-column tiles [kBegin, kEnd) into SW128 tiles; this
+// thread moves 16-byte chunk `chunk` of each. Rows whose `valid` is false are zero-filled, unread.
+template <int kBegin, int kEnd>
+__device__ __forceinline__ void gather_rows(char* tiles, const __nv_bfloat16* const (&src)[kRowsPerThread],
+                                            const bool (&valid)[kRowsPerThread], int row_base, int chunk) {
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    const int row = row_base + kRowsPerPass * j;
+#pragma unroll
+    for (int t = kBegin; t < kEnd; ++t)
+      hw::cp_async_16(tiles + t * kTileBytes + hw::sw128_offset(row, chunk), src[j] + t * kTileCols + chunk * 8,
+                      valid[j]);
+  }
+}
+
+template <int kBegin, int kEnd>
+__device__ __forceinline__ void gather_kv(const KernelArgs& a, char* stage, const int32_t (&keys)[kRowsPerThread],
+                                          int row_base, int chunk) {
+  const __nv_bfloat16* src[kRowsPerThread];
+  bool valid[kRowsPerThread];
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    valid[j] = keys[j] >= 0 && keys[j] < a.T_kv;
+    src[j] = a.kv + (valid[j] ? keys[j] * a.kv_stride_t : 0);
+  }
+  gather_rows<kBegin, kEnd>(stage, src, valid, row_base, chunk);
+}
+
+// The half of each stage that the producer fills first (the one its consumer's S starts with)
+// carries the validity mask.
+__host__ __device__ constexpr int mask_half(int stage) { return stage == 0 ? kLeft : kRight; }
+
+// Warps 0 and 1 publish the 32-key validity word of a block, then arrive on the half's barrier.
+__device__ __forceinline__ void publish_valid_mask(const KernelArgs& a, SmemPlan& sm, int stage, int32_t key,
+                                                   int warp) {
+  if (warp >= kMaskWriters) return;
+  const uint32_t bits = __ballot_sync(0xffffffffu, key >= 0 && key < a.T_kv);
+  if (threadIdx.x % 32 == 0) {
+    sm.valid_mask[stage][warp] = bits;
+    hw::mbar_arrive(&sm.kv_ready[stage][mask_half(stage)]);
+  }
+}
+
+__device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
+  const CtaWork work = cta_work(a.H);
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const int warp = tid / 32;
+  const int chunk = tid % kChunksPerTileRow;
+  const int row_base = tid / kChunksPerTileRow;
+
+  {  // Q: rows beyond H are zero-filled (never read).
+    const __nv_bfloat16* src[kRowsPerThread];
+    bool valid[kRowsPerThread];
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int head = work.head0 + row_base + kRowsPerPass * j;
+      valid[j] = head < a.H;
+      src[j] = a.q + (valid[j] ? work.token * a.q_stride_t + head * a.q_stride_h : 0);
+    }
+    gather_rows<0, kQkTiles>(reinterpret_cast<char*>(sm.q), src, valid, row_base, chunk);
+    hw::cp_async_arrive(&sm.q_ready);
+  }
+
+  // No L2 cache-policy hint on these gathers: with the hint (createpolicy + cp.async
+  // .L2::cache_hint) this kernel raised cudaErrorIllegalInstruction on the H200 (2026-11-29), although
+  // the same instruction passes in tests/cuda/hopper_primitives_check.cu. See docs/perf-notes.md.
+  const int32_t* token_keys = a.indices + work.token * a.indices_stride_t;
+  char* const stage0 = reinterpret_cast<char*>(sm.kv[0]);
+  char* const stage1 = reinterpret_cast<char*>(sm.kv[1]);
+  const int num_pairs = (a.num_blocks + 1) / 2;
+  for (int i = 0; i < num_pairs; ++i) {
+    const bool has_odd = 2 * i + 1 < a.num_blocks;
+    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
+    const int32_t* keys_odd = keys_even + kBlockKeys;
+    int32_t even[kRowsPerThread], odd[kRowsPerThread];
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
+      odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
+    }
+    const int32_t mask_key_even = __ldg(keys_even + tid % kBlockKeys);
+    const int32_t mask_key_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+
+    // Refill order = the order in which the consumers release the halves of the previous pair.
+    const uint32_t free_parity = (i - 1) & 1;
+    if (i > 0) hw::mbar_wait(&sm.kv_free[0][kLeft], free_parity);
+    gather_kv<0, kVTilesPerConsumer>(a, stage0, even, row_base, chunk);
+    hw::cp_async_arrive(&sm.kv_ready[0][kLeft]);
+    publish_valid_mask(a, sm, 0, mask_key_even, warp);
+
+    if (has_odd) {
+      if (i > 0) hw::mbar_wait(&sm.kv_free[1][kRight], free_parity);
+      gather_kv<kVTilesPerConsumer, kQkTiles>(a, stage1, odd, row_base, chunk);
+      hw::cp_async_arrive(&sm.kv_ready[1][kRight]);
+      publish_valid_mask(a, sm, 1, mask_key_odd, warp);
+    }
+
+    if (i > 0) hw::mbar_wait(&sm.kv_free[0][kRight], free_parity);
+    gather_kv<kVTilesPerConsumer, kQkTiles>(a, stage0, even, row_base, chunk);
+    hw::cp_async_arrive(&sm.kv_ready[0][kRight]);
+
+    if (has_odd) {
+      if (i > 0) hw::mbar_wait(&sm.kv_free[1][kLeft], free_parity);
+      gather_kv<0, kVTilesPerConsumer>(a, stage1, odd, row_base, chunk);
+      hw::cp_async_arrive(&sm.kv_ready[1][kLeft]);
+    }
+  }
+  hw::cp_async_wait<0>();
+}
+
+__global__ void __launch_bounds__(kNumThreads, 1) sparse_mla_fwd_kernel(const __grid_constant__ KernelArgs a) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uintptr_t base =
+      (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlignSlack - 1) & ~uintptr_t(kSmemAlignSlack - 1);
+  SmemPlan& sm = *reinterpret_cast<SmemPlan*>(base);
+
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+
+  if (threadIdx.x == 0) {
+    hw::mbar_init(&sm.q_ready, kCpAsyncArrivals);
+#pragma unroll
+    for (int s = 0; s < kNumStages; ++s)
+#pragma unroll
+      for (int h = 0; h < kNumHalves; ++h) {
+        hw::mbar_init(&sm.kv_ready[s][h], kCpAsyncArrivals + (h == mask_half(s) ? kMaskWriters : 0));
+        hw::mbar_init(&sm.kv_free[s][h], kReleaseArrivals);
+      }
+    hw::mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == kProducerWarpgroup) {
+    hw::reg_dealloc<kProducerRegs>();
+    producer(a, sm);
+  } else {
+    hw::reg_alloc<kConsumerRegs>();
+    // Output accumulator [64 heads x 256 columns of this consumer], log2-domain running max, partial
+    // row sums; one set of registers for both roles so that the two code paths join cleanly.
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float run_max[2] = {-INFINITY, -INFINITY};
+    float partial_sum[2] = {0.f, 0.f};
+    if (warpgroup == 0)
+      consumer_even(a, sm, o, run_max, partial_sum);
+    else
+      consumer_odd(a, sm, o, run_max, partial_sum);
+    write_output(a, sm, warpgroup, o, partial_sum, run_max);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+}  // namespace sparse_mla_fwd_impl
+
+Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
+  using namespace sparse_mla_fwd_impl;
+  if (p.dtype != DType::kBF16) return Status::NotSupported("sm90 sparse_mla_fwd: dtype must be bf16");
+  if (p.D_qk != kDqk || p.D_v != kDv) return Status::NotSupported("sm90 sparse_mla_fwd: needs D_qk = 576, D_v = 512");
+  if (p.H != 16 && p.H != 32 && p.H != 64 && p.H != 128)
+    return Status::NotSupported("sm90 sparse_mla_fwd: H must be 16, 32, 64 or 128");
+  if (p.K < 0 || p.K % kBlockKeys != 0) return Status::NotSupported("sm90 sparse_mla_fwd: K must be a multiple of 64");
+  // 16-byte cp.async of q / kv rows.
+  if (p.q_stride_t % 8 != 0 || p.q_stride_h % 8 != 0 || p.kv_stride_t % 8 != 0 || !aligned16(p.q) || !aligned16(p.kv))
+    return Status::NotSupported("sm90 sparse_mla_fwd: q / kv rows must be 16-byte aligned (strides multiples of 8)");
+  if (p.T == 0) return Status::OK();
+  const int64_t ctas = p.T * (p.H > kHeadsPerCta ? p.H / kHeadsPerCta : 1);
+  if (ctas > INT_MAX) return Status::NotSupported("sm90 sparse_mla_fwd: T too large for one launch");
+
+  KernelArgs args;
+  args.q = static_cast<const __nv_bfloat16*>(p.q);
+  args.kv = static_cast<const __nv_bfloat16*>(p.kv);
+  args.indices = p.indices;
+  args.out = static_cast<__nv_bfloat16*>(p.out);
+  args.lse = static_cast<float*>(p.lse);
+  args.q_stride_t = p.q_stride_t;
+  args.q_stride_h = p.q_stride_h;
+  args.kv_stride_t = p.kv_stride_t;
+  args.indices_stride_t = p.indices_stride_t;
+  args.T_kv = p.T_kv;
+  args.H = p.H;
+  args.num_blocks = p.K / kBlockKeys;
+  args.scale_log2 = p.scale * kLog2e;
+
+  FLASHDSA_CUDA_TRY(
+      cudaFuncSetAttribute(sparse_mla_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  sparse_mla_fwd_kernel<<<static_cast<unsigned>(ctas), kNumThreads, kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
+      args);
+  FLASHDSA_CHECK_LAUNCH("sparse_mla_fwd");
+  return Status::OK();
+}
+
 }  // namespace flashdsa::sm90

@@ -1,0 +1,85 @@
+// Internal: compile-time plan of the Hopper sparse MLA forward kernel (docs/kernels/sparse_mla_fwd.md).
+//
+// One CTA = one query token x 64 heads (the wgmma M dimension), 384 threads:
+//   warpgroup 0, 1: consumers. Consumer c owns output columns [256c, 256c+256) and computes
+//                   S = Q K^T for the key blocks of its parity (even blocks: 0, odd blocks: 1).
+//   warpgroup 2:    producer. Gathers 64-key blocks of kv rows with 16-byte cp.async.
+// Key blocks are processed in pairs: block 2i lives in KV stage 0, block 2i+1 in KV stage 1.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flashdsa::sm90::sparse_mla_fwd_impl {
+
+constexpr int kDqk = 576;
+constexpr int kDv = 512;
+constexpr int kHeadsPerCta = 64;  // M of every wgmma; H = 16/32 pad it, H = 128 uses two CTAs
+constexpr int kBlockKeys = 64;    // keys per KV stage (N of S = Q K^T, K of O += P V)
+constexpr int kTileCols = 64;     // bf16 columns of one SW128 tile (128-byte rows)
+constexpr int kTileBytes = kHeadsPerCta * kTileCols * 2;  // 8192: a 64 x 64 bf16 SW128 tile
+constexpr int kQkTiles = kDqk / kTileCols;                // 9 tiles per Q / KV row block
+constexpr int kVTilesPerConsumer = kDv / 2 / kTileCols;   // 4: each consumer's 256 value columns
+constexpr int kRopeTile = kQkTiles - 1;                   // tile 8: columns [512, 576), never a value
+
+// KV stages are loaded and released in two column halves so that one half can be refilled while
+// the other is still being read: kLeft = tiles [0, 4) (consumer 0's values), kRight = tiles [4, 9)
+// (consumer 1's values + the RoPE tile).
+enum Half : int { kLeft = 0, kRight = 1, kNumHalves = 2 };
+constexpr int kHalfTileBegin[kNumHalves] = {0, kVTilesPerConsumer};
+constexpr int kHalfTileEnd[kNumHalves] = {kVTilesPerConsumer, kQkTiles};
+
+constexpr int kNumStages = 2;
+constexpr int kWarpgroupThreads = 128;
+constexpr int kNumConsumers = 2;
+constexpr int kNumThreads = (kNumConsumers + 1) * kWarpgroupThreads;  // 384
+constexpr int kProducerWarpgroup = kNumConsumers;
+
+// Register split through setmaxnreg: 128 * (producer + 2 * consumer) <= 65536.
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+static_assert(kWarpgroupThreads * (kProducerRegs + kNumConsumers * kConsumerRegs) <= 65536, "register file");
+
+// Producer work split: 8 threads per 128-byte tile row (one 16-byte chunk each), 16 rows at a time.
+constexpr int kChunksPerTileRow = 8;
+constexpr int kRowsPerPass = kWarpgroupThreads / kChunksPerTileRow;  // 16
+constexpr int kRowsPerThread = kBlockKeys / kRowsPerPass;            // 4
+
+// Expected arrivals on the mbarriers.
+constexpr int kCpAsyncArrivals = kWarpgroupThreads;  // one cp.async.mbarrier.arrive per producer thread
+constexpr int kMaskWriters = kBlockKeys / 32;        // producer warps that publish a 32-key validity word
+constexpr int kReleaseArrivals = 4;                  // one per warp of the releasing consumer
+
+// Named barriers (0 is __syncthreads). "X from WGc": warpgroup c arrives, the other one syncs.
+enum NamedBarrier : int {
+  kMaxFromWg0 = 1,   // running max of block 2i published in SmemPlan::max_wg0
+  kMaxFromWg1 = 2,   // running max of the pair published in SmemPlan::max_wg1
+  kPFromWg0 = 3,     // P of block 2i (rescaled to the pair max) stored in stage 0's RoPE tile
+  kPFromWg1 = 4,     // P of block 2i+1 stored in SmemPlan::p_wg1
+  kRowSumExchange = 5,
+};
+
+// Dynamic shared memory (the kernel aligns its base to 1024 bytes; every tile offset below is a
+// multiple of 1024, as SW128 atoms require). sizeof + alignment slack = the launch size.
+struct SmemPlan {
+  __nv_bfloat16 q[kQkTiles * kHeadsPerCta * kTileCols];                // 73,728 B: Q [64 heads x 576]
+  __nv_bfloat16 kv[kNumStages][kQkTiles * kBlockKeys * kTileCols];      // 2 x 73,728 B: kv rows [64 x 576]
+  __nv_bfloat16 p_wg1[kHeadsPerCta * kBlockKeys];                       // 8,192 B: P of odd blocks
+  float max_wg0[kHeadsPerCta];                                          // log2-domain running maxima
+  float max_wg1[kHeadsPerCta];
+  float row_sum[kNumConsumers][kHeadsPerCta];                           // partial softmax denominators
+  uint32_t valid_mask[kNumStages][kBlockKeys / 32];                     // bit k: key k of the stage valid
+  uint64_t q_ready;
+  uint64_t kv_ready[kNumStages][kNumHalves];
+  uint64_t kv_free[kNumStages][kNumHalves];
+};
+
+static_assert(offsetof(SmemPlan, kv) % 1024 == 0 && offsetof(SmemPlan, p_wg1) % 1024 == 0, "SW128 tiles");
+
+constexpr int kSmemAlignSlack = 1024;  // dynamic smem base is only guaranteed 16-byte aligned
+constexpr int kSmemBytes = static_cast<int>(sizeof(SmemPlan)) + kSmemAlignSlack;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 per-block limit");
+
+}  // namespace flashdsa::sm90::sparse_mla_fwd_impl
