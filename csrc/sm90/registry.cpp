@@ -7,9 +7,9 @@ namespace flashdsa::sm90 {
 bool implements(OpKind op) {
   switch (op) {
     case OpKind::kSparseMlaFwd:
+    case OpKind::kSparseMlaBwd:
       return true;
     case OpKind::kIndexerTopk:
-    case OpKind::kSparseMlaBwd:
     case OpKind::kAttentionMass:
     case OpKind::kSparseKlFwd:
     case OpKind::kSparseKlBwd:

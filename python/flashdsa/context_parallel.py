@@ -28,8 +28,6 @@ __all__ = [
     "zigzag_rows",
     "ZigzagLayout",
     "all_gather_rows",
-    "check_cp_agreement",
-    "all_reduce_sum",
 ]
 
 
@@ -109,13 +107,16 @@ class ZigzagLayout:
         self.cu_seqlens_padded = pad_cu_seqlens(self.cu_seqlens, 2 * cp_size)
         self.num_padded_tokens = int(self.cu_seqlens_padded[-1])
         self.num_local_tokens = self.num_padded_tokens // cp_size
-        cu_pad_dev = self.cu_seqlens_padded.to(self.device)
+        # Device copies of the [B+1] / [B] arrays (built on the host: no synchronization).
+        self._cu = self.cu_seqlens.to(self.device)
+        self._cu_pad = self.cu_seqlens_padded.to(self.device)
+        self._lengths = sequence_lengths(self.cu_seqlens).to(self.device)
         # Rows of every rank, concatenated in rank order = the row order of an all-gather result.
-        self._gathered_rows = torch.cat([zigzag_rows(cu_pad_dev, cp_size, r) for r in range(cp_size)])
+        gathered_rows = torch.cat([zigzag_rows(self.cu_seqlens_padded, cp_size, r) for r in range(cp_size)])
+        self._gathered_rows = gathered_rows.to(self.device)
         self.local_rows = self._gathered_rows[cp_rank * self.num_local_tokens:(cp_rank + 1) * self.num_local_tokens]
         # Inverse permutation: position in the all-gather result of each global padded row.
-        self._gather_position = torch.argsort(self._gathered_rows)
-        self._lengths = sequence_lengths(self.cu_seqlens).to(self.device)
+        self._gather_position = torch.argsort(gathered_rows).to(self.device)
 
     @classmethod
     def for_group(cls, cu_seqlens: torch.Tensor, group: dist.ProcessGroup, device: torch.device | str) -> "ZigzagLayout":
@@ -129,14 +130,13 @@ class ZigzagLayout:
             ``(k_start, k_end)``, int32 ``[num_local_tokens]`` on ``device``; padding tokens get
             an empty range.
         """
-        return key_ranges_for_rows(self.cu_seqlens_padded.to(self.device), self.local_rows, self._lengths)
+        return key_ranges_for_rows(self._cu_pad, self.local_rows, self._lengths)
 
     def _padded_to_real(self, rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Real global row of each padded row ([N] int64) and whether it is a real token ([N] bool)."""
-        cu_pad = self.cu_seqlens_padded.to(self.device)
-        seq = sequence_ids(cu_pad, rows)
-        pos = rows - cu_pad[seq]
-        return self.cu_seqlens.to(self.device)[seq] + pos, pos < self._lengths[seq]
+        seq = sequence_ids(self._cu_pad, rows)
+        pos = rows - self._cu_pad[seq]
+        return self._cu[seq] + pos, pos < self._lengths[seq]
 
     def split(self, packed: torch.Tensor, rank: Optional[int] = None) -> torch.Tensor:
         """The rows of ``packed`` that a rank holds (zeros at padding positions).
@@ -173,8 +173,8 @@ class ZigzagLayout:
             raise ValueError(f"merge expects {self.num_padded_tokens} gathered rows, got {gathered.shape[0]}")
         total = int(self.cu_seqlens[-1])
         real = torch.arange(total, device=self.device, dtype=torch.int64)
-        seq = sequence_ids(self.cu_seqlens.to(self.device), real)
-        padded = self.cu_seqlens_padded.to(self.device)[seq] + real - self.cu_seqlens.to(self.device)[seq]
+        seq = sequence_ids(self._cu, real)
+        padded = self._cu_pad[seq] + real - self._cu[seq]
         return gathered[self._gather_position[padded].to(gathered.device)]
 
     def padded_to_real_rows(self, rows: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,6 @@ from typing import List, Optional, Sequence
 import torch
 
 __all__ = [
-    "FULL",
-    "SHARED",
     "index_share_pattern",
     "check_index_share_pattern",
     "IndexShareContext",

@@ -238,7 +238,8 @@ def _indexer_loss(q, kv_all, q_idx, k_idx_all, weights, indices, lse, geo, scale
             local = _valid_rows(indices, kv_all.shape[0])
         else:
             local = (geo.k_end > geo.k_start).sum()
-        normalizer = int(all_reduce_sum(local, cp_group))
+        # A tensor, not a Python number: no host synchronization on CUDA.
+        normalizer = all_reduce_sum(local, cp_group).clamp_min(1)
     if formulation == "sparse":
         mass = _ops.attention_mass(q.detach(), kv_all.detach(), indices, lse, scale)
         return _ops.indexer_kl_loss(

@@ -17,8 +17,6 @@ __all__ = [
     "pack_sequences",
     "cu_seqlens_from_lengths",
     "check_cu_seqlens",
-    "sequence_lengths",
-    "sequence_ids",
     "key_ranges_for_rows",
     "causal_key_ranges",
     "unpack_sequences",
@@ -117,10 +115,10 @@ def check_cu_seqlens(
             f"{what}[-1] = {total} must equal the number of packed query tokens ({num_tokens})"
         )
     if num_keys is not None and total > num_keys:
-        longest = int(steps.argmax())
+        b = int(torch.nonzero(host[1:] > num_keys)[0])
         raise ValueError(
-            f"{what} describes {total} tokens (sequence {longest} ends at row {int(host[longest + 1])}) "
-            f"but the key tensor has only {num_keys} rows"
+            f"sequence {b} of {what} (rows {int(host[b])}..{int(host[b + 1])}) is longer than the key "
+            f"tensor: {what} describes {total} tokens but the key tensor has only {num_keys} rows"
         )
     return host
 

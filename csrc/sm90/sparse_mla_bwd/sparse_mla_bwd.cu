@@ -1,7 +1,355 @@
-// Placeholder until the sparse MLA backward kernel lands.
+// Hopper sparse MLA backward (DSA_SPEC §5): host entry, workspace plan and the small kernels around
+// the main kernel (main_kernel.cuh). Design and measurements: docs/kernels/sparse_mla_bwd.md.
+//
+//   1. dkv = 0; Delta[t, h] = sum_d dout * out (fp32, workspace).
+//   2. fast mode: main kernel with vector fp32 atomics into dkv. When kv does not fit in L2
+//      (T_kv >= kSweepMinKeys), each row's indices are first sorted (a copy, per chunk of tokens)
+//      and the clusters sweep the key range in step with the clock, so the atomics and gathers of
+//      concurrently running clusters hit a narrow, L2-resident key window.
+//   3. deterministic mode, per chunk of tokens: the main kernel stores each (token, slot) dkv
+//      partial; the chunk's (key, pair) list is radix-sorted by key (stable); one CTA per key sums
+//      its partials in pair order and adds the sum to dkv. No float atomics anywhere.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include <cub/cub.cuh>
+
+#include "sm90/common/cuda_check.cuh"
 #include "sm90/sm90_backend.h"
+#include "sm90/sparse_mla_bwd/main_kernel.cuh"
 
 namespace flashdsa::sm90 {
-Status sparse_mla_bwd(const SparseMlaBwdParams&) { return Status::NotSupported("sm90 sparse_mla_bwd: kernel not implemented yet"); }
-size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams&) { return 0; }
+namespace mla_bwd {
+namespace {
+
+constexpr int64_t kSweepMinKeys = 16384;              // kv + dkv of fewer keys stay in L2 anyway
+constexpr int64_t kSortChunkEntries = int64_t(1) << 24;  // sorted-index chunk: 64 MiB per copy
+constexpr int64_t kDetChunkBytes = int64_t(2) << 30;     // deterministic partial buffer bound: 2 GiB
+constexpr double kAssumedClusterFlopsPerNs = 6000.0;    // first guess of one cluster's speed (sweep)
+constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per thread
+
+// ---- small kernels --------------------------------------------------------------------------
+
+// delta[r] = sum_d dout[r, d] * out[r, d] over the rows r of [T*H, 512]; one warp per row (grid-stride).
+__global__ void delta_kernel(const __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ dout,
+                             float* __restrict__ delta, int64_t rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows; row += warps) {
+    float sum = 0.f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t at = row * kVCols + half * 256 + lane * 8;
+      const uint4 o = *reinterpret_cast<const uint4*>(out + at);
+      const uint4 g = *reinterpret_cast<const uint4*>(dout + at);
+      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
+      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 a = __bfloat1622float2(o2[i]), b = __bfloat1622float2(g2[i]);
+        sum = fmaf(a.x, b.x, sum);
+        sum = fmaf(a.y, b.y, sum);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) delta[row] = sum;
+  }
+}
+
+// Copies `tokens` index rows into a dense [tokens, K] key array; invalid entries become T_kv (sorts
+// last, still invalid for the main kernel). Optionally also: pair ids and a histogram of valid keys
+// (deterministic mode), segment offsets l*K (sorted-row mode).
+__global__ void keys_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
+                            int64_t t_kv, int32_t* __restrict__ keys, int32_t* __restrict__ pair_ids,
+                            int32_t* __restrict__ key_count, int32_t* __restrict__ segment_offsets) {
+  const int64_t n = tokens * K;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t l = i / K;
+    const int32_t idx = indices[l * stride_t + (i - l * K)];
+    const bool valid = idx >= 0 && idx < t_kv;
+    keys[i] = valid ? idx : static_cast<int32_t>(t_kv);
+    if (pair_ids != nullptr) pair_ids[i] = static_cast<int32_t>(i);
+    if (key_count != nullptr && valid) atomicAdd(&key_count[idx], 1);  // integer: order-independent
+    if (segment_offsets != nullptr && i - l * K == 0) segment_offsets[l] = static_cast<int32_t>(i);
+  }
+  if (segment_offsets != nullptr && blockIdx.x == 0 && threadIdx.x == 0) segment_offsets[tokens] = static_cast<int32_t>(n);
+}
+
+// Deterministic dkv update of one token chunk: for every key s with count[s] > 0, sums the
+// partials of its pairs (sorted order = ascending pair id, then head group) and adds the sum to
+// dkv[s]. One CTA owns a key row at a time; thread i owns columns 4i..4i+3.
+__global__ void __launch_bounds__(kReduceThreads) reduce_partials_kernel(
+    const float4* __restrict__ partial,     // [tokens, G, K, 144]
+    const int32_t* __restrict__ pair_ids,   // pairs sorted by key
+    const int32_t* __restrict__ key_count,  // [T_kv]
+    const int32_t* __restrict__ key_offset, // [T_kv] exclusive scan of key_count
+    float4* __restrict__ dkv,               // [T_kv, 144]
+    int64_t t_kv, int K, int num_head_groups) {
+  const int c = threadIdx.x;
+  for (int64_t s = blockIdx.x; s < t_kv; s += gridDim.x) {
+    const int n = key_count[s];
+    if (n == 0) continue;
+    const int32_t* ids = pair_ids + key_offset[s];
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    constexpr int kBatch = 4;  // loads of a batch are issued together; the adds stay in order
+    for (int e0 = 0; e0 < n; e0 += kBatch) {
+      float4 v[kBatch][2];
+#pragma unroll
+      for (int e = 0; e < kBatch; ++e) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          if (e0 + e < n && g < num_head_groups) {
+            const int64_t pid = ids[e0 + e];
+            const int64_t l = pid / K, slot = pid - l * K;
+            v[e][g] = partial[((l * num_head_groups + g) * K + slot) * kReduceThreads + c];
+          }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kBatch; ++e) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          if (e0 + e < n && g < num_head_groups) {
+            sum.x += v[e][g].x, sum.y += v[e][g].y, sum.z += v[e][g].z, sum.w += v[e][g].w;
+          }
+        }
+      }
+    }
+    float4& d = dkv[s * kReduceThreads + c];
+    d.x += sum.x, d.y += sum.y, d.z += sum.z, d.w += sum.w;
+  }
+}
+
+// ---- workspace plan -------------------------------------------------------------------------
+
+struct Plan {
+  bool sweep = false;          // fast mode with sorted rows
+  int num_head_groups = 1;
+  int64_t chunk_tokens = 0;    // tokens per main-kernel launch
+  // byte offsets into the workspace (only those of the chosen mode are used)
+  size_t delta = 0, sweep_period = 0;
+  size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0, segment_offsets = 0;
+  size_t partial = 0, key_count = 0, key_offset = 0, cub_temp = 0;
+  size_t cub_temp_bytes = 0;
+  size_t total = 0;
+};
+
+size_t carve(size_t* cursor, size_t bytes) {
+  const size_t at = *cursor;
+  *cursor += (bytes + 255) & ~size_t(255);
+  return at;
+}
+
+int key_bits(int64_t t_kv) {  // bits to hold 0..t_kv (t_kv is the "invalid" sentinel)
+  int bits = 1;
+  while ((int64_t(1) << bits) <= t_kv) ++bits;
+  return bits;
+}
+
+Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
+  Plan& pl = *plan;
+  pl = Plan{};
+  pl.num_head_groups = (p.H + kHeadsPerCta - 1) / kHeadsPerCta;
+  const int64_t T = std::max<int64_t>(p.T, 1);
+  size_t cur = 0;
+  pl.delta = carve(&cur, size_t(T) * p.H * sizeof(float));
+  pl.sweep_period = carve(&cur, sizeof(uint64_t));
+  if (p.deterministic) {
+    int device = 0, sms = 132;
+    FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
+    FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int64_t per_token = int64_t(pl.num_head_groups) * p.K * kQkCols * int64_t(sizeof(float));
+    int64_t c = std::max<int64_t>(1, kDetChunkBytes / per_token);
+    const int64_t wave = std::max(1, sms / 2);  // clusters resident at once
+    if (c > wave) c -= c % wave;
+    pl.chunk_tokens = std::min(c, T);
+    const int64_t pairs = pl.chunk_tokens * p.K;
+    pl.partial = carve(&cur, size_t(pl.chunk_tokens) * per_token);
+    pl.keys_in = carve(&cur, size_t(pairs) * 4);
+    pl.keys_out = carve(&cur, size_t(pairs) * 4);
+    pl.pair_ids_in = carve(&cur, size_t(pairs) * 4);
+    pl.pair_ids_out = carve(&cur, size_t(pairs) * 4);
+    pl.key_count = carve(&cur, size_t(p.T_kv + 1) * 4);
+    pl.key_offset = carve(&cur, size_t(p.T_kv + 1) * 4);
+    size_t sort_bytes = 0, scan_bytes = 0;
+    FLASHDSA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int32_t*>(nullptr),
+                                                      static_cast<int32_t*>(nullptr),
+                                                      static_cast<const int32_t*>(nullptr),
+                                                      static_cast<int32_t*>(nullptr), pairs, 0, key_bits(p.T_kv)));
+    FLASHDSA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const int32_t*>(nullptr),
+                                                    static_cast<int32_t*>(nullptr), p.T_kv + 1));
+    pl.cub_temp_bytes = std::max(sort_bytes, scan_bytes);
+    pl.cub_temp = carve(&cur, pl.cub_temp_bytes);
+  } else if (p.T_kv >= kSweepMinKeys) {
+    pl.sweep = true;
+    pl.chunk_tokens = std::min<int64_t>(std::max<int64_t>(1, kSortChunkEntries / p.K), T);
+    const int64_t entries = pl.chunk_tokens * p.K;
+    pl.keys_in = carve(&cur, size_t(entries) * 4);
+    pl.keys_out = carve(&cur, size_t(entries) * 4);
+    pl.segment_offsets = carve(&cur, size_t(pl.chunk_tokens + 1) * 4);
+    FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(
+        nullptr, pl.cub_temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), entries,
+        pl.chunk_tokens, static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
+    pl.cub_temp = carve(&cur, pl.cub_temp_bytes);
+  } else {
+    pl.chunk_tokens = T;
+  }
+  pl.total = cur;
+  return Status::OK();
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+Status check_supported(const SparseMlaBwdParams& p) {
+  if (p.dtype != DType::kBF16) return Status::NotSupported("sm90 sparse_mla_bwd: dtype must be bf16");
+  if (p.D_qk != kQkCols || p.D_v != kVCols) return Status::NotSupported("sm90 sparse_mla_bwd: D_qk must be 576, D_v 512");
+  if (p.K % kBlockKeys != 0 || p.K > kMaxBlocksPerRow * kBlockKeys)
+    return Status::NotSupported("sm90 sparse_mla_bwd: K must be a multiple of 64, at most 8192");
+  if (!aligned16(p.q) || !aligned16(p.kv) || !aligned16(p.out) || !aligned16(p.dout) || !aligned16(p.dq) ||
+      !aligned16(p.dkv) || p.q_stride_t % 8 != 0 || p.q_stride_h % 8 != 0 || p.kv_stride_t % 8 != 0)
+    return Status::NotSupported(
+        "sm90 sparse_mla_bwd: q, kv, out, dout, dq, dkv must be 16-byte aligned and q/kv strides multiples of 8");
+  if (p.T_kv >= (int64_t(1) << 31) - 1) return Status::NotSupported("sm90 sparse_mla_bwd: T_kv must be < 2^31 - 1");
+  return Status::OK();
+}
+
+template <bool kDeterministic>
+Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, cudaStream_t stream) {
+  auto* kernel = sparse_mla_bwd_main_kernel<kDeterministic>;
+  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+  kernel<<<dim3(static_cast<unsigned>(2 * tokens), num_head_groups), kThreads, kSmemBytes, stream>>>(mp);
+  FLASHDSA_CHECK_LAUNCH("sparse_mla_bwd_main_kernel");
+  return Status::OK();
+}
+
+unsigned grid_for(int64_t n, int threads) {
+  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, int64_t(1) << 20));
+}
+
+}  // namespace
+}  // namespace mla_bwd
+
+size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) {
+  mla_bwd::Plan plan;
+  if (!mla_bwd::make_plan(p, &plan).ok()) return 0;
+  return plan.total;
+}
+
+Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
+  using namespace mla_bwd;
+  Status st = check_supported(p);
+  if (!st.ok()) return st;
+  Plan pl;
+  st = make_plan(p, &pl);
+  if (!st.ok()) return st;
+  if (p.workspace == nullptr || p.workspace_bytes < pl.total)
+    return Status::InvalidArgument("sm90 sparse_mla_bwd: workspace must hold sparse_mla_bwd_workspace_size() = " +
+                                   std::to_string(pl.total) + " bytes");
+  auto* stream = static_cast<cudaStream_t>(p.stream);
+  char* ws = static_cast<char*>(p.workspace);
+  float* dkv = static_cast<float*>(p.dkv);
+  FLASHDSA_CUDA_TRY(cudaMemsetAsync(dkv, 0, size_t(p.T_kv) * kQkCols * sizeof(float), stream));
+  if (p.T == 0) return Status::OK();
+
+  float* delta = reinterpret_cast<float*>(ws + pl.delta);
+  const int64_t rows = p.T * p.H;
+  delta_kernel<<<grid_for(rows * 32, 256), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(p.out),
+                                                             static_cast<const __nv_bfloat16*>(p.dout), delta, rows);
+  FLASHDSA_CHECK_LAUNCH("delta_kernel");
+
+  MainParams mp{};
+  mp.q = static_cast<const __nv_bfloat16*>(p.q);
+  mp.kv = static_cast<const __nv_bfloat16*>(p.kv);
+  mp.lse = static_cast<const float*>(p.lse);
+  mp.delta = delta;
+  mp.dout = static_cast<const __nv_bfloat16*>(p.dout);
+  mp.dq = static_cast<__nv_bfloat16*>(p.dq);
+  mp.dkv = dkv;
+  mp.sweep_period_ns = reinterpret_cast<uint64_t*>(ws + pl.sweep_period);
+  mp.q_stride_t = p.q_stride_t;
+  mp.q_stride_h = p.q_stride_h;
+  mp.kv_stride_t = p.kv_stride_t;
+  mp.T_kv = p.T_kv;
+  mp.H = p.H;
+  mp.K = p.K;
+  mp.scale = p.scale;
+  mp.scale_log2 = p.scale * 1.4426950408889634f;
+
+  if (!p.deterministic && !pl.sweep) {
+    mp.indices = p.indices;
+    mp.indices_stride_t = p.indices_stride_t;
+    return launch_main<false>(mp, p.T, pl.num_head_groups, stream);
+  }
+
+  int32_t* keys_in = reinterpret_cast<int32_t*>(ws + pl.keys_in);
+  int32_t* keys_out = reinterpret_cast<int32_t*>(ws + pl.keys_out);
+  void* cub_temp = ws + pl.cub_temp;
+  const int kMapThreads = 256;
+
+  if (pl.sweep) {
+    FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_period_ns, 0, sizeof(uint64_t), stream));
+    mp.sweep_guess_ns = static_cast<uint64_t>(2.0 * kHeadsPerCta * p.K * (3 * kQkCols + 2 * kVCols) /
+                                              kAssumedClusterFlopsPerNs);
+    int32_t* offsets = reinterpret_cast<int32_t*>(ws + pl.segment_offsets);
+    for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
+      const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
+      const int64_t entries = tokens * p.K;
+      keys_kernel<<<grid_for(entries, kMapThreads), kMapThreads, 0, stream>>>(
+          p.indices + t0 * p.indices_stride_t, p.indices_stride_t, tokens, p.K, p.T_kv, keys_in, nullptr, nullptr,
+          offsets);
+      FLASHDSA_CHECK_LAUNCH("keys_kernel");
+      size_t temp_bytes = pl.cub_temp_bytes;
+      FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(cub_temp, temp_bytes, keys_in, keys_out, entries, tokens,
+                                                           offsets, offsets + 1, stream));
+      mp.indices = keys_out;
+      mp.indices_stride_t = p.K;
+      mp.token_begin = t0;
+      st = launch_main<false>(mp, tokens, pl.num_head_groups, stream);
+      if (!st.ok()) return st;
+    }
+    return Status::OK();
+  }
+
+  // Deterministic mode.
+  int32_t* pair_ids_in = reinterpret_cast<int32_t*>(ws + pl.pair_ids_in);
+  int32_t* pair_ids_out = reinterpret_cast<int32_t*>(ws + pl.pair_ids_out);
+  int32_t* key_count = reinterpret_cast<int32_t*>(ws + pl.key_count);
+  int32_t* key_offset = reinterpret_cast<int32_t*>(ws + pl.key_offset);
+  mp.partial = reinterpret_cast<float*>(ws + pl.partial);
+  int device = 0, sms = 132;
+  FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
+  FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const unsigned reduce_grid = static_cast<unsigned>(std::min<int64_t>(p.T_kv, int64_t(sms) * 16));
+  for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
+    const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
+    const int64_t pairs = tokens * p.K;
+    mp.indices = p.indices + t0 * p.indices_stride_t;
+    mp.indices_stride_t = p.indices_stride_t;
+    mp.token_begin = t0;
+    st = launch_main<true>(mp, tokens, pl.num_head_groups, stream);
+    if (!st.ok()) return st;
+    FLASHDSA_CUDA_TRY(cudaMemsetAsync(key_count, 0, size_t(p.T_kv + 1) * 4, stream));
+    keys_kernel<<<grid_for(pairs, kMapThreads), kMapThreads, 0, stream>>>(
+        mp.indices, p.indices_stride_t, tokens, p.K, p.T_kv, keys_in, pair_ids_in, key_count, nullptr);
+    FLASHDSA_CHECK_LAUNCH("keys_kernel");
+    size_t temp_bytes = pl.cub_temp_bytes;
+    FLASHDSA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(cub_temp, temp_bytes, keys_in, keys_out, pair_ids_in,
+                                                      pair_ids_out, pairs, 0, key_bits(p.T_kv), stream));
+    temp_bytes = pl.cub_temp_bytes;
+    FLASHDSA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(cub_temp, temp_bytes, key_count, key_offset, p.T_kv + 1, stream));
+    if (reduce_grid > 0) {
+      reduce_partials_kernel<<<reduce_grid, kReduceThreads, 0, stream>>>(
+          reinterpret_cast<const float4*>(mp.partial), pair_ids_out, key_count, key_offset,
+          reinterpret_cast<float4*>(dkv), p.T_kv, p.K, pl.num_head_groups);
+      FLASHDSA_CHECK_LAUNCH("reduce_partials_kernel");
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace flashdsa::sm90

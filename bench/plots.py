@@ -1,0 +1,148 @@
+"""PNG plots of a run (matplotlib, Agg backend): layer time vs T, kernel TFLOP/s vs T, memory vs T."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402 - after the backend choice
+
+from .cases import BASELINE, DSA_LAYER, KERNEL, LAYER, UNFUSED_LAYER, UNFUSED_PREFIX  # noqa: E402
+from .config import GIB, BenchConfig  # noqa: E402
+from .report import fmt_rate, fmt_t  # noqa: E402
+from .summary import shared_name  # noqa: E402
+
+Series = Tuple[List[int], List[float]]
+
+
+def _series(records: Sequence[dict], name: str, key: str, section: Optional[str] = None) -> Series:
+    """(T values, key values) of the runs of case `name` that produced key."""
+    points = [(r["t"], r[key]) for r in records
+              if r["name"] == name and (section is None or r["section"] == section)
+              and r["status"] == "ok" and r.get(key) is not None and r["t"] is not None]
+    return [t for t, _ in points], [v for _, v in points]
+
+
+def _oom_ts(records: Sequence[dict], name: str) -> List[int]:
+    return [r["t"] for r in records if r["name"] == name and r["status"] == "oom"]
+
+
+def _t_axis(ax, ts: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    if ts:
+        ax.set_xlim(ts[0] / 1.3, ts[-1] * 1.3)
+        ax.set_xticks(list(ts))
+        ax.set_xticklabels([fmt_t(t) for t in ts])
+    ax.set_xlabel("T (tokens, one causal sequence)")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_layer_times(cfg: BenchConfig, records: Sequence[dict], summary: dict, path: Path) -> Path:
+    """Layer fwd+bwd time vs T (log-log), baselines, OOM marks, and the crossover vs dense."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    curves = [(DSA_LAYER, "DSA layer (FlashDSA)", "-o"),
+              (shared_name(cfg), f"DSA, IndexShare 1-in-{cfg.dsa.share_every} (per layer)", "-s")]
+    curves += [(d.label, f"{d.label} (SDPA, H={d.heads})", "--^") for d in cfg.dense]
+    curves += [(UNFUSED_LAYER, "unfused PyTorch DSA", ":x")]
+    drawn = False
+    for i, (name, label, style) in enumerate(curves):
+        ts, ms = _series(records, name, "ms_per_layer")
+        if ts:
+            ax.plot(ts, ms, style, color=f"C{i}", label=label)
+            drawn = True
+        for t in _oom_ts(records, name):
+            ax.axvline(t, color="gray", ls=":", lw=0.8)
+            ax.annotate(f"{label}: OOM", (t, 0.95), xycoords=("data", "axes fraction"), rotation=90,
+                        fontsize=7, va="top", ha="right")
+    for key, color in (("dsa", "C0"), ("index_share", "C1")):
+        c = summary["crossover"][cfg.dense[0].label][key]
+        if c["kind"] == "interpolated":
+            ax.axvline(c["t"], color=color, ls="--", lw=1)
+            ax.annotate(f"crossover ≈ {fmt_t(c['t'])}", (c["t"], 0.05), xycoords=("data", "axes fraction"),
+                        rotation=90, fontsize=8, color=color, va="bottom", ha="right")
+    if drawn:
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "no layer or baseline time measured")
+    _t_axis(ax, cfg.seq_lens)
+    ax.set_ylabel("fwd + bwd time per layer (ms)")
+    ax.set_title(f"DSA layer vs dense attention ({cfg.device.type})")
+    return _save(fig, path)
+
+
+def plot_kernel_tflops(cfg: BenchConfig, records: Sequence[dict], summary: dict, path: Path) -> Path:
+    """TFLOP/s of each kernel (and the unfused kernels, dashed) vs T, with the GEMM ceiling."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    kernel_names = list(dict.fromkeys(r["name"] for r in records if r["section"] == KERNEL))
+    drawn = False
+    for i, name in enumerate(kernel_names):
+        ts, tf = _series(records, name, "tflops", KERNEL)
+        if ts:
+            ax.plot(ts, tf, "-o", color=f"C{i}", label=name)
+            drawn = True
+        uts, utf = _series(records, UNFUSED_PREFIX + name, "tflops", BASELINE)
+        if uts:
+            ax.plot(uts, utf, ":", marker="x", color=f"C{i}", label=f"{name} (unfused)")
+            drawn = True
+    for name, style in ((DSA_LAYER, "-"), (shared_name(cfg), "-.")):
+        ts, tf = _series(records, name, "tflops", LAYER)
+        if ts:
+            ax.plot(ts, tf, style, color="black", lw=1, label=f"{name} (all §9 FLOPs)")
+            drawn = True
+    if summary["gemm_tflops"]:
+        ax.axhline(summary["gemm_tflops"], color="red", ls="--", lw=1,
+                   label=f"{cfg.dtype_name} GEMM ceiling {fmt_rate(summary['gemm_tflops'])}")
+    if drawn:
+        ax.legend(fontsize=7, ncol=2)
+    else:
+        _empty(ax, "no kernel measured (no kernels in this build?)")
+    _t_axis(ax, cfg.seq_lens)
+    ax.set_ylabel("TFLOP/s (DSA_SPEC §9)")
+    ax.set_title(f"FlashDSA kernels ({cfg.device.type})")
+    return _save(fig, path)
+
+
+def plot_memory(cfg: BenchConfig, records: Sequence[dict], path: Path) -> Path:
+    """Peak (solid) and extra (dashed) device memory of the layer-level cases vs T."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    names = [DSA_LAYER, shared_name(cfg)] + [d.label for d in cfg.dense] + [UNFUSED_LAYER]
+    drawn = False
+    for i, name in enumerate(names):
+        for key, style, what in (("peak_bytes", "-o", "peak"), ("extra_bytes", "--", "extra")):
+            ts, values = _series(records, name, key)
+            points = [(t, v / GIB) for t, v in zip(ts, values) if v > 0]
+            if points:
+                ax.plot([t for t, _ in points], [v for _, v in points], style, color=f"C{i}", label=f"{name} {what}")
+                drawn = True
+    if drawn:
+        ax.set_yscale("log")
+        ax.legend(fontsize=7, ncol=2)
+    else:
+        _empty(ax, "device memory is measured on CUDA only" if not cfg.on_cuda else "no memory measured")
+    _t_axis(ax, cfg.seq_lens)
+    ax.set_ylabel("GiB")
+    ax.set_title("Device memory of one fwd + bwd call")
+    return _save(fig, path)
+
+
+def write_plots(out_dir: Path, cfg: BenchConfig, records: Sequence[dict], summary: dict) -> Dict[str, Path]:
+    return {
+        "time_vs_T": plot_layer_times(cfg, records, summary, out_dir / "time_vs_T.png"),
+        "kernel_tflops": plot_kernel_tflops(cfg, records, summary, out_dir / "kernel_tflops.png"),
+        "memory_vs_T": plot_memory(cfg, records, out_dir / "memory_vs_T.png"),
+    }
