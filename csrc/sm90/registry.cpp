@@ -8,13 +8,13 @@ bool implements(OpKind op) {
   switch (op) {
     case OpKind::kSparseMlaFwd:
     case OpKind::kSparseMlaBwd:
-      return true;
-    case OpKind::kIndexerTopk:
     case OpKind::kAttentionMass:
     case OpKind::kSparseKlFwd:
     case OpKind::kSparseKlBwd:
     case OpKind::kDenseKlFwd:
     case OpKind::kDenseKlBwd:
+      return true;
+    case OpKind::kIndexerTopk:
       return false;
   }
   return false;

@@ -147,7 +147,7 @@ struct SparseKlParams : CallContext {
   double grad_scale = 1.0;
   const void* grad_rows = nullptr;  // [T] stat, optional
   void* dq_idx = nullptr;        // [T, H_I, D_I] act out (bwd)
-  void* dk_idx = nullptr;        // [T_kv, D_I] stat out (bwd; deterministic on every backend)
+  void* dk_idx = nullptr;        // [T_kv, D_I] stat out (bwd; CPU: deterministic; CUDA: fp32 atomics)
   void* dweights = nullptr;      // [T, H_I] stat out (bwd)
 };
 
