@@ -16,6 +16,8 @@ from setuptools import setup
 from torch.utils import cpp_extension
 
 ROOT = Path(__file__).resolve().parent
+VERSION = {}
+exec((ROOT / "python" / "flashdsa" / "_version.py").read_text(), VERSION)
 
 
 def _sources(*patterns: str) -> list[str]:
@@ -35,7 +37,9 @@ def _cuda_enabled() -> bool:
 def _extension():
     with_cuda = _cuda_enabled()
     sources = _sources("csrc/common/*.cpp", "csrc/cpu/*.cpp", "csrc/torch/*.cpp")
-    cxx_flags = ["-O3", "-std=c++17"]
+    # As in CMakeLists.txt: -ffp-contract=fast lets the CPU kernels use FMA; -Wno-psabi silences GCC's
+    # notes about the 64-byte vector arguments of the (always inlined) SIMD helpers.
+    cxx_flags = ["-O3", "-std=c++17", "-ffp-contract=fast", "-Wno-psabi"]
     if not with_cuda:
         print("flashdsa: building the CPU backend only (FLASHDSA_WITH_CUDA=0 or no nvcc found)")
         return cpp_extension.CppExtension(
@@ -49,6 +53,7 @@ def _extension():
         "-O3",
         "-std=c++17",
         "--expt-relaxed-constexpr",
+        "-lineinfo",
         # torch adds these for its own half/bf16 headers; our kernels never include torch and use
         # the CUDA bf16 operators, as in the CMake build.
         "-U__CUDA_NO_HALF_OPERATORS__",
@@ -64,7 +69,7 @@ def _extension():
 
 setup(
     name="flashdsa",
-    version="0.1.0",
+    version=VERSION["__version__"],
     description="Fused DeepSeek Sparse Attention (DSA) training kernels for Hopper, with a PyTorch front end",
     package_dir={"": "python"},
     packages=["flashdsa"],

@@ -7,6 +7,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "flashdsa/ops.h"
 #include "torch/tensor_utils.h"
@@ -43,8 +44,10 @@ std::tuple<Tensor, Tensor> indexer_topk(const Tensor& q_idx, const Tensor& k_idx
   p.scores = scores.data_ptr();
   p.K = K;
   p.relu = relu;
-  // The workspace size is only defined for valid params.
+  // The workspace size is only defined for valid params. The ranges were just checked: do not copy
+  // them to the host (a CUDA sync) a second time in run_indexer_topk.
   throw_if_error(validate(p), "indexer_topk");
+  p.check_ranges = false;
   const Tensor workspace = scope.workspace(indexer_topk_workspace_size(p));
   p.workspace = workspace.data_ptr();
   p.workspace_bytes = static_cast<size_t>(workspace.numel());
@@ -61,9 +64,7 @@ std::tuple<Tensor, Tensor> sparse_mla_fwd(const Tensor& q, const Tensor& kv, con
   scope.fill(p);
   fill_attention(p, a);
   p.D_v = value_width(a.D_qk);
-  p.indices = idx.data_ptr<int32_t>();
-  p.indices_stride_t = idx.stride(0);
-  p.K = to_int(idx.size(1), "K (indices.size(1))");
+  fill_indices(p, idx);
   p.scale = static_cast<float>(scale);
   Tensor out = at::empty({a.T, a.H, p.D_v}, q.options());
   Tensor lse = at::empty({a.T, a.H}, q.options().dtype(stat_scalar_type(a.dtype)));
@@ -88,9 +89,7 @@ std::tuple<Tensor, Tensor> sparse_mla_bwd(const Tensor& q, const Tensor& kv, con
   scope.fill(p);
   fill_attention(p, a);
   p.D_v = D_v;
-  p.indices = idx.data_ptr<int32_t>();
-  p.indices_stride_t = idx.stride(0);
-  p.K = to_int(idx.size(1), "K (indices.size(1))");
+  fill_indices(p, idx);
   p.scale = static_cast<float>(scale);
   p.out = out_c.data_ptr();
   p.lse = lse_c.data_ptr();
@@ -118,9 +117,7 @@ Tensor attention_mass(const Tensor& q, const Tensor& kv, const Tensor& indices, 
   AttnMassParams p;
   scope.fill(p);
   fill_attention(p, a);
-  p.indices = idx.data_ptr<int32_t>();
-  p.indices_stride_t = idx.stride(0);
-  p.K = to_int(idx.size(1), "K (indices.size(1))");
+  fill_indices(p, idx);
   p.lse = lse_c.data_ptr();
   p.scale = static_cast<float>(scale);
   Tensor mass = at::empty({a.T, p.K}, q.options().dtype(stat_scalar_type(a.dtype)));
@@ -129,14 +126,12 @@ Tensor attention_mass(const Tensor& q, const Tensor& kv, const Tensor& indices, 
   return mass;
 }
 
-// Sparse KL params shared by forward and backward; `mass_c` keeps the contiguous mass alive.
+// Sparse KL params shared by forward and backward (the tensors must outlive the call).
 SparseKlParams sparse_kl_params(const IndexerInputs& in, const Tensor& idx, const Tensor& mass_c, bool relu) {
   SparseKlParams p;
   fill_indexer(p, in);
   p.dtype = in.dtype;
-  p.indices = idx.data_ptr<int32_t>();
-  p.indices_stride_t = idx.stride(0);
-  p.K = to_int(idx.size(1), "K (indices.size(1))");
+  fill_indices(p, idx);
   p.mass = mass_c.data_ptr();
   p.relu = relu;
   return p;
@@ -190,8 +185,7 @@ std::tuple<Tensor, Tensor, Tensor> sparse_kl_bwd(const Tensor& q_idx, const Tens
 DenseKlParams dense_kl_params(const AttentionInputs& a, double scale, const IndexerInputs& in,
                               const Tensor& starts, const Tensor& ends, bool relu) {
   check_same_device(in.q_idx, a.q, "q_idx");
-  TORCH_CHECK_VALUE(in.dtype == a.dtype, "q_idx and k_idx must have the dtype of q and kv (",
-                    scalar_type_of(a.dtype), "), got ", scalar_type_of(in.dtype));
+  check_dtype(in.q_idx, scalar_type_of(a.dtype), "q_idx (the dtype of q)");
   TORCH_CHECK_VALUE(in.T == a.T, "q_idx has T = ", in.T, " rows but q has ", a.T);
   TORCH_CHECK_VALUE(in.T_kv == a.T_kv, "k_idx has T_kv = ", in.T_kv, " rows but kv has ", a.T_kv);
   DenseKlParams p;
@@ -282,21 +276,29 @@ TORCH_LIBRARY(flashdsa, m) {
   namespace tb = flashdsa::torch_binding;
   // Fake kernels and autograd for these ops are registered by this Python module.
   m.set_python_module("flashdsa.ops");
+  // With their fake kernels every op traces under torch.compile (checked by torch.library.opcheck).
+  const std::vector<at::Tag> traceable = {at::Tag::pt2_compliant_tag};
   m.def("indexer_topk(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor k_start, Tensor k_end, int topk, "
-        "bool relu) -> (Tensor indices, Tensor scores)");
-  m.def("sparse_mla_fwd(Tensor q, Tensor kv, Tensor indices, float scale) -> (Tensor out, Tensor lse)");
+        "bool relu) -> (Tensor indices, Tensor scores)",
+        traceable);
+  m.def("sparse_mla_fwd(Tensor q, Tensor kv, Tensor indices, float scale) -> (Tensor out, Tensor lse)", traceable);
   m.def("sparse_mla_bwd(Tensor q, Tensor kv, Tensor indices, float scale, Tensor out, Tensor lse, Tensor dout, "
-        "bool deterministic) -> (Tensor dq, Tensor dkv)");
-  m.def("attention_mass(Tensor q, Tensor kv, Tensor indices, Tensor lse, float scale) -> Tensor mass");
+        "bool deterministic) -> (Tensor dq, Tensor dkv)",
+        traceable);
+  m.def("attention_mass(Tensor q, Tensor kv, Tensor indices, Tensor lse, float scale) -> Tensor mass", traceable);
   m.def("sparse_kl_fwd(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor indices, Tensor mass, bool relu) "
-        "-> Tensor loss_rows");
+        "-> Tensor loss_rows",
+        traceable);
   m.def("sparse_kl_bwd(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor indices, Tensor mass, bool relu, "
-        "Tensor grad_rows) -> (Tensor dq_idx, Tensor dk_idx, Tensor dweights)");
+        "Tensor grad_rows) -> (Tensor dq_idx, Tensor dk_idx, Tensor dweights)",
+        traceable);
   m.def("dense_kl_fwd(Tensor q, Tensor kv, float scale, Tensor q_idx, Tensor k_idx, Tensor weights, "
-        "Tensor k_start, Tensor k_end, bool relu) -> Tensor loss_rows");
+        "Tensor k_start, Tensor k_end, bool relu) -> Tensor loss_rows",
+        traceable);
   m.def("dense_kl_bwd(Tensor q, Tensor kv, float scale, Tensor q_idx, Tensor k_idx, Tensor weights, "
         "Tensor k_start, Tensor k_end, bool relu, Tensor grad_rows) -> (Tensor dq_idx, Tensor dk_idx, "
-        "Tensor dweights)");
+        "Tensor dweights)",
+        traceable);
   // Build and process settings (no tensors; used by python/flashdsa/ops.py at import and by the layer).
   m.def("_has_cuda_kernel(str op) -> bool", &tb::has_cuda_kernel);
   m.def("_built_with_cuda() -> bool", &tb::built_with_cuda_op);

@@ -6,7 +6,7 @@
 
 #include <atomic>
 #include <climits>
-#include <vector>
+#include <string>
 
 #ifdef FLASHDSA_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -16,6 +16,9 @@ namespace flashdsa::torch_binding {
 namespace {
 
 std::atomic<bool> g_range_checks{true};
+
+// "torch.int32", as Python users spell the dtype.
+std::string dtype_name(at::ScalarType t) { return "torch." + c10::getDtypeNames(t).first; }
 
 // TMA descriptors need 16-byte aligned global addresses and strides.
 constexpr int64_t kRowAlignmentBytes = 16;
@@ -32,7 +35,8 @@ DType activation_dtype(const at::Tensor& t, const char* name) {
     case at::kFloat: return DType::kFP32;
     case at::kDouble: return DType::kFP64;
     default:
-      TORCH_CHECK_VALUE(false, name, " must be bfloat16, float32 or float64, got ", t.scalar_type());
+      TORCH_CHECK_VALUE(false, name, " must be torch.bfloat16, torch.float32 or torch.float64, got ",
+                        dtype_name(t.scalar_type()));
   }
 }
 
@@ -53,7 +57,8 @@ void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* n
 }
 
 void check_dtype(const at::Tensor& t, at::ScalarType expected, const char* name) {
-  TORCH_CHECK_VALUE(t.scalar_type() == expected, name, " must be ", expected, ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.scalar_type() == expected, name, " must be ", dtype_name(expected), ", got ",
+                    dtype_name(t.scalar_type()));
 }
 
 void check_shape(const at::Tensor& t, std::initializer_list<int64_t> sizes, const char* name) {
@@ -80,24 +85,25 @@ int to_int(int64_t v, const char* what) {
 
 at::Tensor strided_rows(const at::Tensor& t) {
   const int64_t ndim = t.dim();
+  // The params describe a tensor by its outer strides only: the last dimension must be contiguous,
+  // and each outer stride must step over the whole block inside it (no overlap, no reordering;
+  // the rule the validation applies). An extent-1 dimension is never stepped over.
+  bool usable = ndim > 0 && (t.stride(ndim - 1) == 1 || t.size(ndim - 1) <= 1);
+  int64_t inner_span = ndim > 0 ? t.size(ndim - 1) : 0;
+  for (int64_t d = ndim - 2; usable && d >= 0; --d) {
+    if (t.size(d) <= 1) continue;
+    usable = t.stride(d) >= inner_span;
+    inner_span += (t.size(d) - 1) * t.stride(d);
+  }
+  if (!t.is_cuda()) return usable ? t : t.contiguous();
+  // CUDA kernels load rows with TMA: base address and row strides must be 16-byte aligned.
   const int64_t elem = static_cast<int64_t>(t.element_size());
-  bool usable = ndim > 0 && t.stride(ndim - 1) == 1 &&
-                reinterpret_cast<uintptr_t>(t.data_ptr()) % kRowAlignmentBytes == 0;
+  usable = usable && reinterpret_cast<uintptr_t>(t.data_ptr()) % kRowAlignmentBytes == 0;
   for (int64_t d = 0; usable && d + 1 < ndim; ++d) {
-    usable = t.size(d) == 1 || (t.stride(d) > 0 && (t.stride(d) * elem) % kRowAlignmentBytes == 0);
+    usable = t.size(d) == 1 || (t.stride(d) * elem) % kRowAlignmentBytes == 0;
   }
-  at::Tensor rows = usable || t.is_contiguous() ? t : t.contiguous();
-  // The stride of an extent-1 dimension never addresses memory but is read by the validation:
-  // give it the contiguous value.
-  std::vector<int64_t> strides(rows.strides().begin(), rows.strides().end());
-  bool renormalize = false;
-  for (int64_t d = ndim - 1; d >= 0; --d) {
-    if (rows.size(d) != 1) continue;
-    const int64_t contiguous = d + 1 < ndim ? strides[d + 1] * rows.size(d + 1) : 1;
-    renormalize |= strides[d] != contiguous;
-    strides[d] = contiguous;
-  }
-  return renormalize ? rows.as_strided(rows.sizes(), strides, rows.storage_offset()) : rows;
+  // clone, not contiguous(): a contiguous view at a misaligned offset must be copied too.
+  return usable ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
 at::Tensor key_range(const at::Tensor& t, const at::Tensor& ref, int64_t T, const char* name) {
@@ -132,14 +138,13 @@ at::Tensor activation_tensor(const at::Tensor& t, const at::Tensor& ref, DType a
 
 CallScope::CallScope(const at::Tensor& ref) : ref_(ref), device_(Device::kCPU) {
   if (ref.device().is_cpu()) return;
-#ifdef FLASHDSA_WITH_CUDA
   TORCH_CHECK(ref.is_cuda(), "flashdsa: tensors on ", ref.device(), " are not supported (CPU or CUDA only)");
+#ifdef FLASHDSA_WITH_CUDA
   guard_.reset_device(ref.device());
   device_ = Device::kCUDA;
   stream_ = at::cuda::getCurrentCUDAStream(ref.device().index()).stream();
 #else
-  TORCH_CHECK(false, "flashdsa: tensors on ", ref.device(), " are not supported by this build (CPU only; ",
-              "rebuild with a CUDA toolkit for CUDA tensors)");
+  TORCH_CHECK(false, "flashdsa: this build has no CUDA backend (built with FLASHDSA_WITH_CUDA=0 or without nvcc)");
 #endif
 }
 
@@ -155,13 +160,17 @@ at::Tensor CallScope::workspace(size_t bytes) const {
 
 void throw_if_error(const Status& status, const char* op) {
   if (status.ok()) return;
+  // Entry points already prefix their messages with the op name: keep one prefix.
+  std::string message = status.message();
+  const std::string own_prefix = std::string(op) + ": ";
+  if (message.rfind(own_prefix, 0) == 0) message.erase(0, own_prefix.size());
   switch (status.code()) {
     case StatusCode::kInvalidArgument:
-      TORCH_CHECK_VALUE(false, "flashdsa.", op, ": ", status.message());
+      TORCH_CHECK_VALUE(false, "flashdsa.", op, ": ", message);
     case StatusCode::kNotSupported:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, "flashdsa.", op, ": ", status.message());
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "flashdsa.", op, ": ", message);
     default:
-      TORCH_CHECK(false, "flashdsa.", op, ": ", status.to_string());
+      TORCH_CHECK(false, "flashdsa.", op, ": ", status_code_name(status.code()), ": ", message);
   }
 }
 

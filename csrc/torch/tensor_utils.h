@@ -32,8 +32,9 @@ void check_shape(const at::Tensor& t, std::initializer_list<int64_t> sizes, cons
 // Narrows a tensor extent to the int the params structs use.
 int to_int(int64_t v, const char* what);
 
-// A view the kernels can read through its strides: last dimension contiguous, 16-byte aligned base
-// address and row strides (what TMA needs). Any other tensor is copied to a contiguous one.
+// A view the kernels can read through its strides: last dimension contiguous, outer strides that
+// step over the block inside them and, on CUDA, 16-byte aligned base address and row strides (what
+// TMA needs). Any other tensor (transposed, expanded, ...) is copied to a contiguous one.
 at::Tensor strided_rows(const at::Tensor& t);
 
 // Checks an int32 tensor [T] of key-range bounds (k_start or k_end) and returns it contiguous.
@@ -115,6 +116,14 @@ void fill_indexer(Params& p, const IndexerInputs& in) {
   p.q_idx_stride_h = in.q_idx.stride(1);
   p.k_idx_stride_t = in.k_idx.stride(0);
   p.weights_stride_t = in.weights.stride(0);
+}
+
+// Copies top-k indices (a topk_indices() view) into any params struct with these fields.
+template <class Params>
+void fill_indices(Params& p, const at::Tensor& indices) {
+  p.indices = indices.data_ptr<int32_t>();
+  p.indices_stride_t = indices.stride(0);
+  p.K = to_int(indices.size(1), "K (indices.size(1))");
 }
 
 }  // namespace flashdsa::torch_binding

@@ -1,0 +1,362 @@
+"""FlashDSA ops for PyTorch: fake kernels, autograd and the public functions (docs/python-api.md).
+
+The kernels are C++ ops registered as ``torch.ops.flashdsa.<name>`` (csrc/torch/ops.cpp), with CPU
+kernels and, in CUDA builds, CUDA kernels as they land (see :func:`has_cuda_kernel`). This module
+registers their fake (meta) kernels, so the ops trace under ``torch.compile`` (fullgraph), and wraps
+them in differentiable functions.
+
+Notation: T query tokens, T_kv key tokens (packed THD), H attention heads, D_qk = 576 latent key
+width, D_v = D_qk - 64 = 512 value width, K top-k slots, H_I indexer heads, D_I indexer head dim.
+"act" is the activation dtype (bfloat16 on both devices; float32/float64 on the CPU only) and
+"stat" is float64 for float64 activations, else float32. Index and range tensors are int32; an
+index outside [0, T_kv) (e.g. -1) is an empty slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from . import _C  # noqa: F401  (loading the library registers torch.ops.flashdsa.*)
+
+__all__ = [
+    "attention_mass",
+    "build_key_ranges",
+    "built_with_cuda",
+    "has_cuda_kernel",
+    "indexer_kl_loss",
+    "indexer_kl_loss_rows",
+    "indexer_topk",
+    "set_range_checks",
+    "sparse_mla",
+]
+
+_ops = torch.ops.flashdsa
+
+# Raw op names, as accepted by has_cuda_kernel().
+OP_NAMES = (
+    "indexer_topk",
+    "sparse_mla_fwd",
+    "sparse_mla_bwd",
+    "attention_mass",
+    "sparse_kl_fwd",
+    "sparse_kl_bwd",
+    "dense_kl_fwd",
+    "dense_kl_bwd",
+)
+
+# Looked up once so that has_cuda_kernel() is a plain Python lookup (constant under torch.compile).
+_CUDA_KERNELS = frozenset(name for name in OP_NAMES if _ops._has_cuda_kernel(name))
+
+# D_v = D_qk - _ROPE_WIDTH: the value is the first columns of the latent key (as in csrc/torch/ops.cpp).
+_ROPE_WIDTH = 64
+
+
+def _stat_dtype(activation: torch.dtype) -> torch.dtype:
+    return torch.float64 if activation == torch.float64 else torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# Build and process settings
+
+
+def has_cuda_kernel(op_name: str) -> bool:
+    """Whether this build runs the raw op ``op_name`` (one of :data:`OP_NAMES`) on CUDA tensors."""
+    if op_name not in OP_NAMES:
+        raise ValueError(f"unknown flashdsa op {op_name!r}; known ops: {', '.join(OP_NAMES)}")
+    return op_name in _CUDA_KERNELS
+
+
+def built_with_cuda() -> bool:
+    """Whether the extension was compiled with the CUDA (sm_90a) backend."""
+    return _ops._built_with_cuda()
+
+
+def set_range_checks(enabled: bool) -> bool:
+    """Turns the host check of k_start/k_end on CUDA tensors on or off; returns the previous setting.
+
+    The check copies the ranges to the host (a stream synchronization). It is on by default; callers
+    that build the ranges themselves (e.g. with :func:`build_key_ranges`) may turn it off. The
+    setting is process-wide; change it outside compiled regions. CPU calls always check.
+    """
+    return _ops._set_range_checks(bool(enabled))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake kernels: output shapes and dtypes exactly as the real kernels allocate them (contiguous).
+
+
+@torch.library.register_fake("flashdsa::indexer_topk")
+def _indexer_topk_fake(q_idx, k_idx, weights, k_start, k_end, topk, relu):
+    T = q_idx.shape[0]
+    return (q_idx.new_empty((T, topk), dtype=torch.int32),
+            q_idx.new_empty((T, topk), dtype=_stat_dtype(q_idx.dtype)))
+
+
+@torch.library.register_fake("flashdsa::sparse_mla_fwd")
+def _sparse_mla_fwd_fake(q, kv, indices, scale):
+    T, H, D_qk = q.shape
+    return q.new_empty((T, H, D_qk - _ROPE_WIDTH)), q.new_empty((T, H), dtype=_stat_dtype(q.dtype))
+
+
+@torch.library.register_fake("flashdsa::sparse_mla_bwd")
+def _sparse_mla_bwd_fake(q, kv, indices, scale, out, lse, dout, deterministic):
+    return q.new_empty(q.shape), kv.new_empty(kv.shape, dtype=_stat_dtype(q.dtype))
+
+
+@torch.library.register_fake("flashdsa::attention_mass")
+def _attention_mass_fake(q, kv, indices, lse, scale):
+    return q.new_empty(indices.shape, dtype=_stat_dtype(q.dtype))
+
+
+@torch.library.register_fake("flashdsa::sparse_kl_fwd")
+def _sparse_kl_fwd_fake(q_idx, k_idx, weights, indices, mass, relu):
+    return q_idx.new_empty((q_idx.shape[0],), dtype=_stat_dtype(q_idx.dtype))
+
+
+def _indexer_grads_fake(q_idx, k_idx):
+    stat = _stat_dtype(q_idx.dtype)
+    return (q_idx.new_empty(q_idx.shape),
+            k_idx.new_empty(k_idx.shape, dtype=stat),
+            q_idx.new_empty(q_idx.shape[:2], dtype=stat))
+
+
+@torch.library.register_fake("flashdsa::sparse_kl_bwd")
+def _sparse_kl_bwd_fake(q_idx, k_idx, weights, indices, mass, relu, grad_rows):
+    return _indexer_grads_fake(q_idx, k_idx)
+
+
+@torch.library.register_fake("flashdsa::dense_kl_fwd")
+def _dense_kl_fwd_fake(q, kv, scale, q_idx, k_idx, weights, k_start, k_end, relu):
+    return q.new_empty((q.shape[0],), dtype=_stat_dtype(q.dtype))
+
+
+@torch.library.register_fake("flashdsa::dense_kl_bwd")
+def _dense_kl_bwd_fake(q, kv, scale, q_idx, k_idx, weights, k_start, k_end, relu, grad_rows):
+    return _indexer_grads_fake(q_idx, k_idx)
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd
+
+
+class _SparseMla(torch.autograd.Function):
+    """sparse_mla_fwd with its backward; gradients to q and kv (dkv returned in kv's dtype)."""
+
+    @staticmethod
+    def forward(q, kv, indices, scale, deterministic):
+        return _ops.sparse_mla_fwd(q, kv, indices, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, kv, indices, scale, deterministic = inputs
+        out, lse = output
+        ctx.save_for_backward(q, kv, indices, out, lse)
+        ctx.scale = scale
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, kv, indices, out, lse = ctx.saved_tensors
+        dq, dkv = _ops.sparse_mla_bwd(q, kv, indices, ctx.scale, out, lse, dout, ctx.deterministic)
+        return dq, dkv.to(kv.dtype), None, None, None
+
+
+class _SparseKlRows(torch.autograd.Function):
+    """Per-row sparse KL loss; gradients to q_idx, k_idx, weights (the target `mass` gets none)."""
+
+    @staticmethod
+    def forward(q_idx, k_idx, weights, indices, mass, relu):
+        return _ops.sparse_kl_fwd(q_idx, k_idx, weights, indices, mass, relu)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q_idx, k_idx, weights, indices, mass, relu = inputs
+        ctx.save_for_backward(q_idx, k_idx, weights, indices, mass)
+        ctx.relu = relu
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        q_idx, k_idx, weights, indices, mass = ctx.saved_tensors
+        dq_idx, dk_idx, dweights = _ops.sparse_kl_bwd(q_idx, k_idx, weights, indices, mass, ctx.relu, grad_rows)
+        return dq_idx, dk_idx.to(k_idx.dtype), dweights, None, None, None
+
+
+class _DenseKlRows(torch.autograd.Function):
+    """Per-row dense KL loss; gradients to q_idx, k_idx, weights (the target's q and kv get none)."""
+
+    @staticmethod
+    def forward(q_idx, k_idx, weights, q, kv, scale, k_start, k_end, relu):
+        return _ops.dense_kl_fwd(q, kv, scale, q_idx, k_idx, weights, k_start, k_end, relu)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q_idx, k_idx, weights, q, kv, scale, k_start, k_end, relu = inputs
+        ctx.save_for_backward(q_idx, k_idx, weights, q, kv, k_start, k_end)
+        ctx.scale = scale
+        ctx.relu = relu
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        q_idx, k_idx, weights, q, kv, k_start, k_end = ctx.saved_tensors
+        dq_idx, dk_idx, dweights = _ops.dense_kl_bwd(
+            q, kv, ctx.scale, q_idx, k_idx, weights, k_start, k_end, ctx.relu, grad_rows)
+        return dq_idx, dk_idx.to(k_idx.dtype), dweights, None, None, None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+
+
+def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, k_start: torch.Tensor,
+                 k_end: torch.Tensor, topk: int, relu: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lightning indexer scores and fused top-k selection (no gradient).
+
+    score(t, s) = sum_h weights[t, h] * f(q_idx[t, h] . k_idx[s]), f = relu if `relu` else identity,
+    for the visible keys k_start[t] <= s < k_end[t]; row t keeps the `topk` largest.
+
+    Args:
+        q_idx: [T, H_I, D_I] act.
+        k_idx: [T_kv, D_I] act (q_idx's dtype).
+        weights: [T, H_I] float (cast to stat), all scale factors folded in.
+        k_start, k_end: [T] int32 key ranges.
+        topk: K, a multiple of 64, at most 8192.
+    Returns:
+        indices: [T, K] int32, unordered within a row; a row with fewer than K visible keys holds
+            all of them followed by -1.
+        scores: [T, K] stat, the score of each selected key (-inf for empty slots).
+    """
+    weights = weights.detach().to(_stat_dtype(q_idx.dtype))
+    return _ops.indexer_topk(q_idx.detach(), k_idx.detach(), weights, k_start, k_end, topk, relu)
+
+
+def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, *,
+               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA attention over the top-k keys of every query row; differentiable in q and kv.
+
+    s_j = scale * q[t, h] . kv[idx_j], lse = log sum_j exp(s_j), out = sum_j exp(s_j - lse) kv[idx_j, :D_v].
+
+    Args:
+        q: [T, H, D_qk] act.
+        kv: [T_kv, D_qk] act (q's dtype); the value is kv[:, :D_v].
+        indices: [T, K] int32; entries outside [0, T_kv) are empty slots.
+        scale: softmax scale, e.g. D_qk ** -0.5.
+        deterministic: bitwise-reproducible dkv in the backward (slower on CUDA).
+    Returns:
+        out: [T, H, D_v] act (0 for rows without a valid index).
+        lse: [T, H] stat, natural-log sum of exp (-inf for such rows); not differentiable.
+    """
+    return _SparseMla.apply(q, kv, indices, float(scale), bool(deterministic))
+
+
+def attention_mass(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lse: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """Unnormalized sparse-KL target (no gradient; inputs are detached).
+
+    mass[t, j] = sum_h exp(scale * q[t, h] . kv[idx_j] - lse[t, h]), 0 for empty slots.
+
+    Args:
+        q: [T, H, D_qk] act; kv: [T_kv, D_qk] act; indices: [T, K] int32.
+        lse: [T, H] stat, from :func:`sparse_mla` with the same inputs.
+    Returns:
+        mass: [T, K] stat. Sum it over tensor-parallel head shards before use.
+    """
+    return _ops.attention_mass(q.detach(), kv.detach(), indices, lse.detach(), float(scale))
+
+
+def _kl_rows(q_idx, k_idx, weights, *, formulation, relu, indices, mass, q, kv, scale, k_start, k_end,
+             differentiable):
+    """Per-row KL loss [T] stat of either formulation, with or without autograd."""
+    weights = weights.to(_stat_dtype(q_idx.dtype))
+    if not differentiable:
+        q_idx, k_idx, weights = q_idx.detach(), k_idx.detach(), weights.detach()
+    if formulation == "sparse":
+        if indices is None or mass is None:
+            raise ValueError('formulation="sparse" needs indices= and mass=')
+        return _SparseKlRows.apply(q_idx, k_idx, weights, indices, mass.detach(), bool(relu))
+    if formulation == "dense":
+        if q is None or kv is None or scale is None or k_start is None or k_end is None:
+            raise ValueError('formulation="dense" needs q=, kv=, scale=, k_start= and k_end=')
+        return _DenseKlRows.apply(q_idx, k_idx, weights, q.detach(), kv.detach(), float(scale), k_start, k_end,
+                                  bool(relu))
+    raise ValueError(f'formulation must be "sparse" or "dense", got {formulation!r}')
+
+
+def indexer_kl_loss(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, *,
+                    formulation: str = "sparse", relu: bool = True, coeff: float = 1.0, reduction: str = "mean",
+                    normalizer: float | torch.Tensor | None = None,
+                    indices: torch.Tensor | None = None, mass: torch.Tensor | None = None,
+                    q: torch.Tensor | None = None, kv: torch.Tensor | None = None, scale: float | None = None,
+                    k_start: torch.Tensor | None = None, k_end: torch.Tensor | None = None) -> torch.Tensor:
+    """Indexer KL loss KL(target || softmax(indexer scores)), differentiable in q_idx, k_idx, weights.
+
+    The target comes from the main attention and is detached (it gets no gradient).
+
+    formulation="sparse" (default): the support of row t is its valid top-k slots `indices` [T, K]
+    int32; the target is `mass` [T, K] stat (from :func:`attention_mass`) normalized per row.
+    formulation="dense": the support is all visible keys [k_start[t], k_end[t]) (int32 [T]); the
+    target is the head-mean dense softmax of scale * q . kv, with q [T, H, D_qk] and kv [T_kv, D_qk] act.
+
+    Args:
+        q_idx: [T, H_I, D_I] act; k_idx: [T_kv, D_I] act; weights: [T, H_I] float (computed in stat).
+        relu: indexer activation, as in :func:`indexer_topk`.
+        coeff: loss coefficient.
+        reduction: "mean": coeff * sum_t loss_t / N, N = `normalizer` if given (e.g. the global row
+            count under context parallelism) else the number of rows with a non-empty support;
+            "sum": coeff * sum_t loss_t.
+    Returns:
+        A scalar stat tensor. Gradients: dq_idx in q_idx's dtype, dk_idx in k_idx's, dweights in weights'.
+    """
+    loss_rows = _kl_rows(q_idx, k_idx, weights, formulation=formulation, relu=relu, indices=indices, mass=mass,
+                         q=q, kv=kv, scale=scale, k_start=k_start, k_end=k_end, differentiable=True)
+    total = loss_rows.sum()
+    if reduction == "sum":
+        return total * coeff
+    if reduction != "mean":
+        raise ValueError(f'reduction must be "mean" or "sum", got {reduction!r}')
+    if normalizer is None:
+        if formulation == "sparse":
+            nonempty = ((indices >= 0) & (indices < k_idx.shape[0])).any(dim=1)
+        else:
+            nonempty = k_end > k_start
+        normalizer = nonempty.sum().clamp_min(1).to(total.dtype)
+    return total * coeff / normalizer
+
+
+def indexer_kl_loss_rows(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, *,
+                         formulation: str = "sparse", relu: bool = True,
+                         indices: torch.Tensor | None = None, mass: torch.Tensor | None = None,
+                         q: torch.Tensor | None = None, kv: torch.Tensor | None = None, scale: float | None = None,
+                         k_start: torch.Tensor | None = None, k_end: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-row indexer KL loss [T] stat, no gradient (for logging). Inputs as in :func:`indexer_kl_loss`.
+
+    loss_rows[t] = sum_j target (log target - log p_I) over the support of row t (0 if it is empty).
+    """
+    return _kl_rows(q_idx, k_idx, weights, formulation=formulation, relu=relu, indices=indices, mass=mass,
+                    q=q, kv=kv, scale=scale, k_start=k_start, k_end=k_end, differentiable=False)
+
+
+def build_key_ranges(cu_seqlens: torch.Tensor | Sequence[int],
+                     device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """THD causal key ranges: token t of sequence b sees keys [cu_seqlens[b], t + 1).
+
+    Args:
+        cu_seqlens: [B + 1] integer tensor or sequence: 0, non-decreasing, last element T. It is
+            read on the host (a device tensor is copied, which synchronizes).
+        device: where to put the ranges; default cu_seqlens' device (CPU for a sequence).
+    Returns:
+        k_start, k_end: [T] int32.
+    """
+    if device is None:
+        device = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else torch.device("cpu")
+    cu = torch.as_tensor(cu_seqlens).to(device="cpu", dtype=torch.int64)
+    if cu.dim() != 1 or cu.numel() < 1 or cu[0] != 0 or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must be a 1-D, non-decreasing sequence starting at 0, got {cu.tolist()}")
+    if cu[-1] > torch.iinfo(torch.int32).max:
+        raise ValueError(f"T = {int(cu[-1])} does not fit int32 ranges")
+    lengths = cu[1:] - cu[:-1]
+    k_start = torch.repeat_interleave(cu[:-1], lengths)
+    k_end = torch.arange(1, int(cu[-1]) + 1)
+    return k_start.to(device=device, dtype=torch.int32), k_end.to(device=device, dtype=torch.int32)
