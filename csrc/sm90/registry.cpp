@@ -13,9 +13,8 @@ bool implements(OpKind op) {
     case OpKind::kSparseKlBwd:
     case OpKind::kDenseKlFwd:
     case OpKind::kDenseKlBwd:
-      return true;
     case OpKind::kIndexerTopk:
-      return false;
+      return true;
   }
   return false;
 }

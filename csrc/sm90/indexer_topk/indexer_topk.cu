@@ -1,7 +1,149 @@
-// Placeholder until the fused indexer + top-k kernel lands (issue: lightning indexer kernel).
+// Hopper (sm_90a) lightning indexer fused with exact top-k selection (DSA_SPEC §3): host side
+// (workspace, checks, dispatch). The kernel is in kernel.cuh; design in docs/kernels/indexer_topk.md.
+#include "sm90/indexer_topk/indexer_topk.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "sm90/common/cuda_check.cuh"
+#include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/sm90_backend.h"
 
+namespace flashdsa::sm90::indexer_topk_impl {
+namespace {
+
+constexpr size_t kCounterBytes = 256;  // workspace header: the block scheduler's counter
+constexpr int kSmemPerCtaBudget = 228 * 1024 / kCtasPerSm - 1024;  // per-CTA share minus the reserved 1 KB
+
+template <int H, int D, bool kRelu>
+Status launch(const KernelArgs& args, int grid, cudaStream_t stream) {
+  static_assert(smem_bytes<H, D>() <= static_cast<size_t>(kSmemPerCtaBudget), "two CTAs per SM must fit");
+  const auto kernel = indexer_topk_kernel<H, D, kRelu>;
+  constexpr int kSmem = static_cast<int>(smem_bytes<H, D>());
+  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<grid, kThreads, kSmem, stream>>>(args);
+  FLASHDSA_CHECK_LAUNCH("indexer_topk_kernel");
+  return Status::OK();
+}
+
+template <int H, int D>
+Status launch_relu(bool relu, const KernelArgs& args, int grid, cudaStream_t stream) {
+  return relu ? launch<H, D, true>(args, grid, stream) : launch<H, D, false>(args, grid, stream);
+}
+
+template <int H>
+Status launch_dim(int d, bool relu, const KernelArgs& args, int grid, cudaStream_t stream) {
+  return d == 64 ? launch_relu<H, 64>(relu, args, grid, stream) : launch_relu<H, 128>(relu, args, grid, stream);
+}
+
+bool supported_shape(const IndexerTopkParams& p) {
+  return (p.H_I == 32 || p.H_I == 64) && (p.D_I == 64 || p.D_I == 128);
+}
+
+// CTA slots of a full wave on the current device (the grid never exceeds it).
+Status wave_slots(int* slots) {
+  int device = 0, sms = 0;
+  FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
+  FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  *slots = kCtasPerSm * sms;
+  return Status::OK();
+}
+
+struct LaunchShape {
+  int tokens;      // query rows per block
+  int num_blocks;  // blocks of query rows
+  int grid;        // persistent CTAs
+};
+
+Status launch_shape(const IndexerTopkParams& p, LaunchShape* shape) {
+  int slots = 0;
+  const Status st = wave_slots(&slots);
+  if (!st.ok()) return st;
+  shape->tokens = kCols / p.H_I;
+  shape->num_blocks = static_cast<int>((p.T + shape->tokens - 1) / shape->tokens);
+  shape->grid = std::min(shape->num_blocks, slots);
+  return Status::OK();
+}
+
+size_t list_bytes(const LaunchShape& s, int cap) {
+  return static_cast<size_t>(s.grid) * s.tokens * cap * sizeof(float);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+int default_candidate_capacity(int K) { return K + std::max(K, 2048); }
+
+size_t workspace_size(const IndexerTopkParams& p, int candidate_capacity) {
+  if (p.T <= 0 || p.T > INT_MAX || !supported_shape(p)) return 0;
+  LaunchShape shape{};
+  if (!launch_shape(p, &shape).ok()) return 0;
+  return kCounterBytes + 2 * list_bytes(shape, candidate_capacity);  // scores + key indices
+}
+
+Status run(const IndexerTopkParams& p, int candidate_capacity) {
+  if (p.T == 0) return Status::OK();
+  if (p.dtype != DType::kBF16) return Status::NotSupported("sm90 indexer_topk: q_idx / k_idx must be bf16");
+  if (!supported_shape(p)) return Status::NotSupported("sm90 indexer_topk: needs H_I in {32, 64} and D_I in {64, 128}");
+  if (p.T > INT_MAX || p.T_kv > INT_MAX) return Status::NotSupported("sm90 indexer_topk: T and T_kv must fit in int32");
+  if (candidate_capacity % 64 != 0 || candidate_capacity < p.K + kTileKeys)
+    return Status::InvalidArgument("sm90 indexer_topk: candidate capacity must be a multiple of 64 and >= K + 64");
+  if (!aligned16(p.q_idx) || p.q_idx_stride_t % 8 != 0 || p.q_idx_stride_h % 8 != 0 ||
+      (p.T_kv > 0 && (!aligned16(p.k_idx) || p.k_idx_stride_t % 8 != 0)))
+    return Status::NotSupported(
+        "sm90 indexer_topk: q_idx / k_idx rows must be 16-byte aligned (base aligned, strides multiples of 8)");
+
+  LaunchShape shape{};
+  const Status st = launch_shape(p, &shape);
+  if (!st.ok()) return st;
+  const size_t need = kCounterBytes + 2 * list_bytes(shape, candidate_capacity);
+  if (p.workspace == nullptr || p.workspace_bytes < need)
+    return Status::InvalidArgument("sm90 indexer_topk: workspace needs " + std::to_string(need) + " bytes, got " +
+                                   std::to_string(p.workspace_bytes));
+
+  char* ws = static_cast<char*>(p.workspace);
+  KernelArgs args{};
+  args.q = static_cast<const __nv_bfloat16*>(p.q_idx);
+  args.k = static_cast<const __nv_bfloat16*>(p.k_idx);
+  args.w = static_cast<const float*>(p.weights);
+  args.k_start = p.k_start;
+  args.k_end = p.k_end;
+  args.out_idx = p.indices;
+  args.out_scores = static_cast<float*>(p.scores);
+  args.block_counter = reinterpret_cast<int*>(ws);
+  args.cand_scores = reinterpret_cast<float*>(ws + kCounterBytes);
+  args.cand_idx = reinterpret_cast<int32_t*>(ws + kCounterBytes + list_bytes(shape, candidate_capacity));
+  args.q_st = p.q_idx_stride_t;
+  args.q_sh = p.q_idx_stride_h;
+  args.k_st = p.k_idx_stride_t;
+  args.w_st = p.weights_stride_t;
+  args.T = static_cast<int>(p.T);
+  args.T_kv = static_cast<int>(p.T_kv);
+  args.K = p.K;
+  args.cap = candidate_capacity;
+  args.num_blocks = shape.num_blocks;
+
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
+  return p.H_I == 32 ? launch_dim<32>(p.D_I, p.relu, args, shape.grid, stream)
+                     : launch_dim<64>(p.D_I, p.relu, args, shape.grid, stream);
+}
+
+}  // namespace flashdsa::sm90::indexer_topk_impl
+
 namespace flashdsa::sm90 {
-Status indexer_topk(const IndexerTopkParams&) { return Status::NotSupported("sm90 indexer_topk: kernel not implemented yet"); }
-size_t indexer_topk_workspace_size(const IndexerTopkParams&) { return 0; }
+
+Status indexer_topk(const IndexerTopkParams& p) {
+  return indexer_topk_impl::run(p, indexer_topk_impl::default_candidate_capacity(p.K));
+}
+
+size_t indexer_topk_workspace_size(const IndexerTopkParams& p) {
+  return indexer_topk_impl::workspace_size(p, indexer_topk_impl::default_candidate_capacity(p.K));
+}
+
 }  // namespace flashdsa::sm90
