@@ -1,0 +1,368 @@
+// Host validation of every params struct (what each entry point runs first).
+//
+// Size rules: the CUDA backend takes the production shapes (ops.h: is_supported_*, D_qk = 576,
+// D_v = 512, K a multiple of 64, bf16 only); the CPU backend also takes small shapes so that tests
+// and references can run at tiny sizes:
+//   H, H_I in [1, 128];  D_I a multiple of 8 in [8, 256];  D_qk a multiple of 8 in [8, 1024];
+//   D_v in [1, D_qk];  K in [1, 8192];  dtype bf16, fp32 or fp64.
+// Strides (both backends): non-negative, and rows / heads must not overlap: for [rows, heads, dim],
+// stride_h >= dim and stride_t >= (heads - 1) * stride_h + dim; a dimension of size <= 1 (or an
+// empty tensor) is not constrained. A tensor with no elements may be null.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/host_copy.h"
+#include "common/status_macros.h"
+#include "flashdsa/ops.h"
+
+namespace flashdsa {
+
+bool is_supported_heads(int h) { return h == 16 || h == 32 || h == 64 || h == 128; }
+bool is_supported_indexer_heads(int h) { return h == 32 || h == 64; }
+bool is_supported_indexer_dim(int d) { return d == 64 || d == 128; }
+
+namespace {
+
+constexpr int kCpuMaxHeads = 128;
+constexpr int kCpuMaxIndexerDim = 256;
+constexpr int kCpuMaxDqk = 1024;
+constexpr int kDimMultiple = 8;
+constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();  // row ids are int32
+
+// The op being validated: its name (message prefix) and device.
+struct Check {
+  const char* op;
+  Device device;
+
+  bool cuda() const { return device == Device::kCUDA; }
+
+  // "op: field = value: requirement"
+  Status fail(const std::string& field, const std::string& value, const std::string& requirement) const {
+    return Status::InvalidArgument(std::string(op) + ": " + field + " = " + value + ": " + requirement);
+  }
+  Status fail(const std::string& field, int64_t value, const std::string& requirement) const {
+    return fail(field, std::to_string(value), requirement);
+  }
+};
+
+Status check_device_and_dtype(const Check& c, DType dtype) {
+  if (c.device != Device::kCPU && c.device != Device::kCUDA) {
+    return c.fail("device", static_cast<int64_t>(c.device), "must be kCPU or kCUDA");
+  }
+  if (dtype != DType::kBF16 && dtype != DType::kFP32 && dtype != DType::kFP64) {
+    return c.fail("dtype", static_cast<int64_t>(dtype), "must be kBF16, kFP32 or kFP64");
+  }
+  if (c.cuda() && dtype != DType::kBF16) {
+    return c.fail("dtype", dtype_name(dtype), "the CUDA backend supports only bf16 (fp32/fp64 are CPU only)");
+  }
+  return Status::OK();
+}
+
+Status check_rows(const Check& c, const char* field, int64_t rows) {
+  if (rows < 0 || rows > kMaxRows) return c.fail(field, rows, "must be in [0, 2^31 - 1]");
+  return Status::OK();
+}
+
+Status check_heads(const Check& c, const char* field, int h) {
+  if (c.cuda()) {
+    if (!is_supported_heads(h)) return c.fail(field, h, "must be one of 16, 32, 64, 128 on CUDA");
+  } else if (h < 1 || h > kCpuMaxHeads) {
+    return c.fail(field, h, "must be in [1, 128]");
+  }
+  return Status::OK();
+}
+
+Status check_indexer_heads(const Check& c, int h) {
+  if (c.cuda()) {
+    if (!is_supported_indexer_heads(h)) return c.fail("H_I", h, "must be 32 or 64 on CUDA");
+  } else if (h < 1 || h > kCpuMaxHeads) {
+    return c.fail("H_I", h, "must be in [1, 128]");
+  }
+  return Status::OK();
+}
+
+Status check_indexer_dim(const Check& c, int d) {
+  if (c.cuda()) {
+    if (!is_supported_indexer_dim(d)) return c.fail("D_I", d, "must be 64 or 128 on CUDA");
+  } else if (d < kDimMultiple || d > kCpuMaxIndexerDim || d % kDimMultiple != 0) {
+    return c.fail("D_I", d, "must be a multiple of 8 in [8, 256]");
+  }
+  return Status::OK();
+}
+
+Status check_qk_dim(const Check& c, int d_qk) {
+  if (c.cuda()) {
+    if (d_qk != kDqk) return c.fail("D_qk", d_qk, "must be 576 on CUDA");
+  } else if (d_qk < kDimMultiple || d_qk > kCpuMaxDqk || d_qk % kDimMultiple != 0) {
+    return c.fail("D_qk", d_qk, "must be a multiple of 8 in [8, 1024]");
+  }
+  return Status::OK();
+}
+
+Status check_value_dim(const Check& c, int d_v, int d_qk) {
+  if (c.cuda()) {
+    if (d_v != kDv) return c.fail("D_v", d_v, "must be 512 on CUDA");
+  } else if (d_v < 1 || d_v > d_qk) {
+    return c.fail("D_v", d_v, "must be in [1, D_qk = " + std::to_string(d_qk) + "]");
+  }
+  return Status::OK();
+}
+
+Status check_topk(const Check& c, int k) {
+  if (c.cuda()) {
+    if (k < kTopKMultiple || k > kMaxTopK || k % kTopKMultiple != 0) {
+      return c.fail("K", k, "must be a multiple of 64 in [64, 8192] on CUDA");
+    }
+  } else if (k < 1 || k > kMaxTopK) {
+    return c.fail("K", k, "must be in [1, 8192]");
+  }
+  return Status::OK();
+}
+
+// A tensor with `numel` elements needs a pointer unless it is empty.
+Status check_ptr(const Check& c, const char* field, const void* ptr, int64_t numel) {
+  if (ptr == nullptr && numel > 0) {
+    return Status::InvalidArgument(std::string(c.op) + ": " + field + " must not be null (it has " +
+                                   std::to_string(numel) + " elements)");
+  }
+  return Status::OK();
+}
+
+// Stride (in elements) of the outer dimension of a tensor whose inner block spans `min_stride`
+// elements. A dimension of size <= 1 is never stepped over, so its stride is not constrained.
+Status check_stride(const Check& c, const std::string& field, int64_t stride, int64_t dim_size, int64_t min_stride) {
+  if (stride < 0) return c.fail(field, stride, "must be non-negative");
+  if (dim_size > 1 && stride < min_stride) {
+    return c.fail(field, stride, "must be >= " + std::to_string(min_stride) + " (rows must not overlap)");
+  }
+  return Status::OK();
+}
+
+// [rows, heads, dim] tensor with strides (stride_t, stride_h, 1).
+Status check_strides_3d(const Check& c, const char* name, int64_t stride_t, int64_t stride_h, int64_t rows,
+                        int heads, int dim) {
+  if (rows == 0) return Status::OK();  // an empty tensor is never indexed
+  FLASHDSA_RETURN_IF_ERROR(check_stride(c, std::string(name) + "_stride_h", stride_h, heads, dim));
+  const int64_t row_span = heads > 1 ? (heads - 1) * stride_h + dim : dim;
+  return check_stride(c, std::string(name) + "_stride_t", stride_t, rows, row_span);
+}
+
+Status check_finite(const Check& c, const char* field, double value) {
+  if (!std::isfinite(value)) return c.fail(field, std::to_string(value), "must be finite");
+  return Status::OK();
+}
+
+Status check_workspace(const Check& c, size_t needed, const void* workspace, size_t bytes) {
+  if (needed == 0) return Status::OK();
+  if (workspace == nullptr || bytes < needed) {
+    return c.fail("workspace_bytes", static_cast<int64_t>(workspace ? bytes : 0),
+                  "workspace must be non-null and hold at least " + std::to_string(needed) + " bytes");
+  }
+  return Status::OK();
+}
+
+// Main-attention inputs q [T, H, D_qk] and kv [T_kv, D_qk], and the softmax scale.
+struct MainAttention {
+  const void* q;
+  const void* kv;
+  int H, D_qk;
+  int64_t q_stride_t, q_stride_h, kv_stride_t;
+  float scale;
+};
+
+Status check_main_attention(const Check& c, const MainAttention& m, int64_t T, int64_t T_kv) {
+  FLASHDSA_RETURN_IF_ERROR(check_heads(c, "H", m.H));
+  FLASHDSA_RETURN_IF_ERROR(check_qk_dim(c, m.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q", m.q, T * m.H * m.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "kv", m.kv, T_kv * m.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_strides_3d(c, "q", m.q_stride_t, m.q_stride_h, T, m.H, m.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_stride(c, "kv_stride_t", m.kv_stride_t, T_kv, m.D_qk));
+  return check_finite(c, "scale", m.scale);
+}
+
+// Indexer inputs q_idx [T, H_I, D_I], k_idx [T_kv, D_I], weights [T, H_I].
+struct IndexerInputs {
+  const void* q_idx;
+  const void* k_idx;
+  const void* weights;
+  int H_I, D_I;
+  int64_t q_idx_stride_t, q_idx_stride_h, k_idx_stride_t, weights_stride_t;
+};
+
+Status check_indexer(const Check& c, const IndexerInputs& in, int64_t T, int64_t T_kv) {
+  FLASHDSA_RETURN_IF_ERROR(check_indexer_heads(c, in.H_I));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer_dim(c, in.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q_idx", in.q_idx, T * in.H_I * in.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "k_idx", in.k_idx, T_kv * in.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "weights", in.weights, T * in.H_I));
+  FLASHDSA_RETURN_IF_ERROR(
+      check_strides_3d(c, "q_idx", in.q_idx_stride_t, in.q_idx_stride_h, T, in.H_I, in.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_stride(c, "k_idx_stride_t", in.k_idx_stride_t, T_kv, in.D_I));
+  return check_stride(c, "weights_stride_t", in.weights_stride_t, T, in.H_I);
+}
+
+// Top-k indices [T, K] read by an op.
+Status check_indices_input(const Check& c, const int32_t* indices, int64_t stride_t, int64_t T, int K) {
+  FLASHDSA_RETURN_IF_ERROR(check_topk(c, K));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", indices, T * K));
+  return check_stride(c, "indices_stride_t", stride_t, T, K);
+}
+
+// 0 <= k_start[t] <= k_end[t] <= T_kv for every row (read from the device for CUDA calls).
+Status check_key_ranges(const Check& c, const CallContext& ctx, const int32_t* k_start, const int32_t* k_end,
+                        int64_t T, int64_t T_kv) {
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "k_start", k_start, T));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "k_end", k_end, T));
+  if (T == 0 || (c.cuda() && !ctx.check_ranges)) return Status::OK();
+  std::vector<int32_t> host_start, host_end;
+  if (c.cuda()) {
+    host_start.resize(T);
+    host_end.resize(T);
+    const size_t bytes = static_cast<size_t>(T) * sizeof(int32_t);
+    FLASHDSA_RETURN_IF_ERROR(detail::copy_device_to_host(k_start, bytes, host_start.data(), ctx.stream));
+    FLASHDSA_RETURN_IF_ERROR(detail::copy_device_to_host(k_end, bytes, host_end.data(), ctx.stream));
+    k_start = host_start.data();
+    k_end = host_end.data();
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    if (k_start[t] < 0 || k_start[t] > k_end[t] || k_end[t] > T_kv) {
+      const std::string row = std::to_string(t);
+      return Status::InvalidArgument(std::string(c.op) + ": invalid key range of row " + row + ": k_start[" +
+                                     row + "] = " + std::to_string(k_start[t]) + ", k_end[" + row +
+                                     "] = " + std::to_string(k_end[t]) +
+                                     " (need 0 <= k_start <= k_end <= T_kv = " + std::to_string(T_kv) + ")");
+    }
+  }
+  return Status::OK();
+}
+
+Status check_sizes(const Check& c, DType dtype, int64_t T, int64_t T_kv) {
+  FLASHDSA_RETURN_IF_ERROR(check_device_and_dtype(c, dtype));
+  FLASHDSA_RETURN_IF_ERROR(check_rows(c, "T", T));
+  return check_rows(c, "T_kv", T_kv);
+}
+
+MainAttention main_attention_of(const SparseMlaFwdParams& p) {
+  return {p.q, p.kv, p.H, p.D_qk, p.q_stride_t, p.q_stride_h, p.kv_stride_t, p.scale};
+}
+MainAttention main_attention_of(const SparseMlaBwdParams& p) {
+  return {p.q, p.kv, p.H, p.D_qk, p.q_stride_t, p.q_stride_h, p.kv_stride_t, p.scale};
+}
+MainAttention main_attention_of(const AttnMassParams& p) {
+  return {p.q, p.kv, p.H, p.D_qk, p.q_stride_t, p.q_stride_h, p.kv_stride_t, p.scale};
+}
+MainAttention main_attention_of(const DenseKlParams& p) {
+  return {p.q, p.kv, p.H, p.D_qk, p.q_stride_t, p.q_stride_h, p.kv_stride_t, p.scale};
+}
+
+template <class P>
+IndexerInputs indexer_inputs_of(const P& p) {
+  return {p.q_idx, p.k_idx, p.weights, p.H_I, p.D_I, p.q_idx_stride_t, p.q_idx_stride_h, p.k_idx_stride_t,
+          p.weights_stride_t};
+}
+
+// Shared by the forward and backward validation of the sparse KL loss.
+Status check_sparse_kl_inputs(const Check& c, const SparseKlParams& p) {
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, indexer_inputs_of(p), p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
+  return check_ptr(c, "mass", p.mass, p.T * p.K);
+}
+
+// Shared by the forward and backward validation of the dense KL loss (ranges come last: they may
+// need a device copy).
+Status check_dense_kl_inputs(const Check& c, const DenseKlParams& p) {
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
+  return check_indexer(c, indexer_inputs_of(p), p.T, p.T_kv);
+}
+
+// Backward outputs shared by both KL formulations, plus the upstream gradient scale.
+template <class P>
+Status check_kl_grads(const Check& c, const P& p) {
+  FLASHDSA_RETURN_IF_ERROR(check_finite(c, "grad_scale", p.grad_scale));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq_idx", p.dq_idx, p.T * p.H_I * p.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dk_idx", p.dk_idx, p.T_kv * p.D_I));
+  return check_ptr(c, "dweights", p.dweights, p.T * p.H_I);
+}
+
+}  // namespace
+
+Status validate(const IndexerTopkParams& p) {
+  const Check c{"indexer_topk", p.device};
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, indexer_inputs_of(p), p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", p.indices, p.T * p.K));
+  if (c.cuda()) {
+    FLASHDSA_RETURN_IF_ERROR(check_workspace(c, indexer_topk_workspace_size(p), p.workspace, p.workspace_bytes));
+  }
+  return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
+}
+
+Status validate(const SparseMlaFwdParams& p) {
+  const Check c{"sparse_mla_fwd", p.device};
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v, p.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "out", p.out, p.T * p.H * p.D_v));
+  return check_ptr(c, "lse", p.lse, p.T * p.H);
+}
+
+Status validate(const SparseMlaBwdParams& p) {
+  const Check c{"sparse_mla_bwd", p.device};
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v, p.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "out", p.out, p.T * p.H * p.D_v));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.H));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dout", p.dout, p.T * p.H * p.D_v));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq", p.dq, p.T * p.H * p.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dkv", p.dkv, p.T_kv * p.D_qk));
+  if (c.cuda()) {
+    FLASHDSA_RETURN_IF_ERROR(check_workspace(c, sparse_mla_bwd_workspace_size(p), p.workspace, p.workspace_bytes));
+  }
+  return Status::OK();
+}
+
+Status validate(const AttnMassParams& p) {
+  const Check c{"attention_mass", p.device};
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.H));
+  return check_ptr(c, "mass", p.mass, p.T * p.K);
+}
+
+Status validate_fwd(const SparseKlParams& p) {
+  const Check c{"sparse_kl_fwd", p.device};
+  FLASHDSA_RETURN_IF_ERROR(check_sparse_kl_inputs(c, p));
+  return check_ptr(c, "loss_rows", p.loss_rows, p.T);
+}
+
+Status validate_bwd(const SparseKlParams& p) {
+  const Check c{"sparse_kl_bwd", p.device};
+  FLASHDSA_RETURN_IF_ERROR(check_sparse_kl_inputs(c, p));
+  return check_kl_grads(c, p);
+}
+
+Status validate_fwd(const DenseKlParams& p) {
+  const Check c{"dense_kl_fwd", p.device};
+  FLASHDSA_RETURN_IF_ERROR(check_dense_kl_inputs(c, p));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "loss_rows", p.loss_rows, p.T));
+  return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
+}
+
+Status validate_bwd(const DenseKlParams& p) {
+  const Check c{"dense_kl_bwd", p.device};
+  FLASHDSA_RETURN_IF_ERROR(check_dense_kl_inputs(c, p));
+  FLASHDSA_RETURN_IF_ERROR(check_kl_grads(c, p));
+  return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
+}
+
+}  // namespace flashdsa

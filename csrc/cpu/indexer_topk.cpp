@@ -1,0 +1,86 @@
+// CPU lightning indexer + top-k (DSA_SPEC §3).
+//
+// Rows run in parallel. Each row scores its visible keys tile by tile into a row-local buffer
+// (O(T_kv) per worker, never T x T_kv), then selects the K best with nth_element. Selection order:
+// larger score first, then smaller key index (NaN ranks lowest), so the selected set is unique.
+// Selected keys are written in increasing key order.
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/cpu_backend.h"
+#include "cpu/op_inputs.h"
+
+namespace flashdsa::cpu {
+namespace {
+
+constexpr int kKeyTile = 256;
+
+template <class Acc>
+struct Candidate {
+  Acc score;
+  int32_t key;
+};
+
+// Strict total order "a is selected before b".
+template <class Acc>
+bool ranks_before(const Candidate<Acc>& a, const Candidate<Acc>& b) {
+  const Acc sa = std::isnan(a.score) ? neg_inf<Acc>() : a.score;
+  const Acc sb = std::isnan(b.score) ? neg_inf<Acc>() : b.score;
+  if (sa != sb) return sa > sb;
+  return a.key < b.key;
+}
+
+template <class Act>
+Status indexer_topk_impl(const IndexerTopkParams& p) {
+  using Acc = AccOf<Act>;
+  const IndexerInputs<Act> in(p);
+  const int H = p.H_I, D = p.D_I, K = p.K;
+  Acc* scores_out = static_cast<Acc*>(p.scores);
+
+  const int workers = detail::num_threads();
+  WorkerScratch<Acc> q_scratch(workers, H * D);                 // [H_I, D_I]
+  WorkerScratch<Acc> qk_scratch(workers, H * kKeyTile);         // [H_I, tile]
+  WorkerScratch<const Acc*> rows_scratch(workers, kKeyTile);    // key rows of a tile
+  WorkerScratch<Acc> score_scratch(workers, p.T_kv);            // [visible keys]
+  WorkerScratch<Candidate<Acc>> cand_scratch(workers, p.T_kv);  // [visible keys]
+
+  detail::parallel_for(p.T, row_grain(p.T), [&](int64_t begin, int64_t end, int worker) {
+    Acc* q = q_scratch(worker);
+    Acc* qk = qk_scratch(worker);
+    const Acc** rows = rows_scratch(worker);
+    Acc* score = score_scratch(worker);
+    Candidate<Acc>* cand = cand_scratch(worker);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t ks = p.k_start[t];
+      const int n = static_cast<int>(p.k_end[t] - ks);
+      in.load_q(t, q);
+      for (int i0 = 0; i0 < n; i0 += kKeyTile) {
+        const int c = std::min(kKeyTile, n - i0);
+        for (int i = 0; i < c; ++i) rows[i] = in.key_row(ks + i0 + i);
+        in.scores(q, in.w(t), rows, c, qk, kKeyTile, score + i0);
+      }
+
+      const int kept = std::min(n, K);
+      for (int i = 0; i < n; ++i) cand[i] = {score[i], static_cast<int32_t>(ks + i)};
+      if (n > K) {
+        std::nth_element(cand, cand + K, cand + n, ranks_before<Acc>);
+        std::sort(cand, cand + K, [](const Candidate<Acc>& a, const Candidate<Acc>& b) { return a.key < b.key; });
+      }
+      int32_t* idx_out = p.indices + t * K;
+      Acc* sc_out = scores_out ? scores_out + t * K : nullptr;
+      for (int j = 0; j < K; ++j) {
+        idx_out[j] = j < kept ? cand[j].key : -1;
+        if (sc_out) sc_out[j] = j < kept ? cand[j].score : neg_inf<Acc>();
+      }
+    }
+  });
+  return Status::OK();
+}
+
+}  // namespace
+
+Status indexer_topk(const IndexerTopkParams& p) {
+  return dispatch_act(p.dtype, [&](auto tag) { return indexer_topk_impl<decltype(tag)>(p); });
+}
+
+}  // namespace flashdsa::cpu

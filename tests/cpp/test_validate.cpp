@@ -1,0 +1,306 @@
+// Host validation: every kind of bad input is rejected with kInvalidArgument and a message naming
+// the field; valid input passes; dispatch reports unsupported backends.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "problem.h"
+
+namespace fdt {
+namespace {
+
+using flashdsa::Device;
+using flashdsa::DType;
+using flashdsa::Status;
+using flashdsa::StatusCode;
+
+// Applies `mutate` to a copy of p, validates it, and expects a rejection naming `field`.
+template <class P>
+void expect_rejected(const P& p, const std::function<Status(const P&)>& validate, const std::string& field,
+                     const std::function<void(P&)>& mutate) {
+  P bad = p;
+  mutate(bad);
+  const Status st = validate(bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << field << ": " << st.to_string();
+  EXPECT_NE(st.message().find(field), std::string::npos) << "message should name " << field << ": " << st.message();
+}
+
+class Validate : public ::testing::Test {
+ protected:
+  Validate() : pb(Shape{}) {}
+  Problem<float> pb;
+  std::vector<int32_t> indices_out = std::vector<int32_t>(pb.T * pb.shape.K);
+  std::vector<float> stat_out = std::vector<float>(pb.T * 64 * 64);
+  std::vector<float> act_out = std::vector<float>(pb.T * 64 * 128);
+};
+
+template <class P>
+std::function<Status(const P&)> validator() {
+  return [](const P& p) { return flashdsa::validate(p); };
+}
+
+TEST_F(Validate, IndexerTopk) {
+  const auto p = pb.indexer_topk(indices_out.data(), stat_out.data());
+  const auto v = validator<flashdsa::IndexerTopkParams>();
+  using P = flashdsa::IndexerTopkParams;
+  ASSERT_TRUE(v(p).ok()) << v(p).to_string();
+  expect_rejected<P>(p, v, "q_idx", [](P& x) { x.q_idx = nullptr; });
+  expect_rejected<P>(p, v, "k_idx", [](P& x) { x.k_idx = nullptr; });
+  expect_rejected<P>(p, v, "weights", [](P& x) { x.weights = nullptr; });
+  expect_rejected<P>(p, v, "indices", [](P& x) { x.indices = nullptr; });
+  expect_rejected<P>(p, v, "k_start", [](P& x) { x.k_start = nullptr; });
+  expect_rejected<P>(p, v, "T", [](P& x) { x.T = -1; });
+  expect_rejected<P>(p, v, "T_kv", [](P& x) { x.T_kv = -3; });
+  expect_rejected<P>(p, v, "H_I", [](P& x) { x.H_I = 0; });
+  expect_rejected<P>(p, v, "H_I", [](P& x) { x.H_I = 129; });
+  expect_rejected<P>(p, v, "D_I", [](P& x) { x.D_I = 20; });
+  expect_rejected<P>(p, v, "D_I", [](P& x) { x.D_I = 264; });
+  expect_rejected<P>(p, v, "K", [](P& x) { x.K = 0; });
+  expect_rejected<P>(p, v, "K", [](P& x) { x.K = 8193; });
+  expect_rejected<P>(p, v, "q_idx_stride_h", [](P& x) { x.q_idx_stride_h = x.D_I - 1; });
+  expect_rejected<P>(p, v, "q_idx_stride_t", [](P& x) { x.q_idx_stride_t = x.D_I; });
+  expect_rejected<P>(p, v, "k_idx_stride_t", [](P& x) { x.k_idx_stride_t = -1; });
+  expect_rejected<P>(p, v, "weights_stride_t", [](P& x) { x.weights_stride_t = 2; });
+  expect_rejected<P>(p, v, "dtype", [](P& x) { x.dtype = static_cast<DType>(7); });
+}
+
+TEST_F(Validate, KeyRanges) {
+  auto p = pb.indexer_topk(indices_out.data(), nullptr);
+  std::vector<int32_t> ks = pb.batch.k_start, ke = pb.batch.k_end;
+  p.k_start = ks.data();
+  p.k_end = ke.data();
+  const auto v = validator<flashdsa::IndexerTopkParams>();
+  ASSERT_TRUE(v(p).ok());
+  ks[9] = -1;
+  Status st = v(p);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("k_start[9] = -1"), std::string::npos) << st.message();
+  ks[9] = pb.batch.k_start[9];
+  ks[12] = ke[12] + 1;  // inverted
+  st = v(p);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("row 12"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("k_end[12]"), std::string::npos) << st.message();
+  ks[12] = pb.batch.k_start[12];
+  ke[20] = static_cast<int32_t>(pb.T_kv + 1);  // past the keys
+  st = v(p);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("k_end[20]"), std::string::npos) << st.message();
+
+  // The dense KL loss checks its ranges the same way.
+  auto d = pb.dense_kl();
+  std::vector<float> loss(pb.T);
+  d.loss_rows = loss.data();
+  d.k_start = ks.data();
+  d.k_end = ke.data();
+  st = flashdsa::validate_fwd(d);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("k_end[20]"), std::string::npos) << st.message();
+}
+
+TEST_F(Validate, SparseMlaForwardAndBackward) {
+  using F = flashdsa::SparseMlaFwdParams;
+  using B = flashdsa::SparseMlaBwdParams;
+  const auto f = pb.sparse_fwd(act_out.data(), stat_out.data());
+  const auto vf = validator<F>();
+  ASSERT_TRUE(vf(f).ok()) << vf(f).to_string();
+  expect_rejected<F>(f, vf, "q", [](F& x) { x.q = nullptr; });
+  expect_rejected<F>(f, vf, "kv", [](F& x) { x.kv = nullptr; });
+  expect_rejected<F>(f, vf, "indices", [](F& x) { x.indices = nullptr; });
+  expect_rejected<F>(f, vf, "out", [](F& x) { x.out = nullptr; });
+  expect_rejected<F>(f, vf, "lse", [](F& x) { x.lse = nullptr; });
+  expect_rejected<F>(f, vf, "H", [](F& x) { x.H = 0; });
+  expect_rejected<F>(f, vf, "H", [](F& x) { x.H = 200; });
+  expect_rejected<F>(f, vf, "D_qk", [](F& x) { x.D_qk = 70; });
+  expect_rejected<F>(f, vf, "D_qk", [](F& x) { x.D_qk = 1032; });
+  expect_rejected<F>(f, vf, "D_v", [](F& x) { x.D_v = 0; });
+  expect_rejected<F>(f, vf, "D_v", [](F& x) { x.D_v = x.D_qk + 1; });
+  expect_rejected<F>(f, vf, "K", [](F& x) { x.K = -4; });
+  expect_rejected<F>(f, vf, "scale", [](F& x) { x.scale = std::numeric_limits<float>::quiet_NaN(); });
+  expect_rejected<F>(f, vf, "q_stride_h", [](F& x) { x.q_stride_h = 8; });
+  expect_rejected<F>(f, vf, "q_stride_t", [](F& x) { x.q_stride_t = x.q_stride_h; });
+  expect_rejected<F>(f, vf, "kv_stride_t", [](F& x) { x.kv_stride_t = x.D_qk - 8; });
+  expect_rejected<F>(f, vf, "indices_stride_t", [](F& x) { x.indices_stride_t = x.K - 1; });
+
+  const auto b = pb.sparse_bwd(act_out.data(), stat_out.data(), act_out.data(), stat_out.data());
+  const auto vb = validator<B>();
+  ASSERT_TRUE(vb(b).ok()) << vb(b).to_string();
+  expect_rejected<B>(b, vb, "out", [](B& x) { x.out = nullptr; });
+  expect_rejected<B>(b, vb, "lse", [](B& x) { x.lse = nullptr; });
+  expect_rejected<B>(b, vb, "dout", [](B& x) { x.dout = nullptr; });
+  expect_rejected<B>(b, vb, "dq", [](B& x) { x.dq = nullptr; });
+  expect_rejected<B>(b, vb, "dkv", [](B& x) { x.dkv = nullptr; });
+  expect_rejected<B>(b, vb, "kv_stride_t", [](B& x) { x.kv_stride_t = -2; });
+}
+
+TEST_F(Validate, AttentionMass) {
+  using P = flashdsa::AttnMassParams;
+  const auto p = pb.attention_mass(stat_out.data(), stat_out.data());
+  const auto v = validator<P>();
+  ASSERT_TRUE(v(p).ok()) << v(p).to_string();
+  expect_rejected<P>(p, v, "lse", [](P& x) { x.lse = nullptr; });
+  expect_rejected<P>(p, v, "mass", [](P& x) { x.mass = nullptr; });
+  expect_rejected<P>(p, v, "D_qk", [](P& x) { x.D_qk = 0; });
+}
+
+TEST_F(Validate, SparseKl) {
+  using P = flashdsa::SparseKlParams;
+  auto p = pb.sparse_kl(stat_out.data());
+  p.loss_rows = stat_out.data();
+  p.dq_idx = act_out.data();
+  p.dk_idx = stat_out.data();
+  p.dweights = stat_out.data();
+  const std::function<Status(const P&)> fwd = [](const P& x) { return flashdsa::validate_fwd(x); };
+  const std::function<Status(const P&)> bwd = [](const P& x) { return flashdsa::validate_bwd(x); };
+  ASSERT_TRUE(fwd(p).ok()) << fwd(p).to_string();
+  ASSERT_TRUE(bwd(p).ok()) << bwd(p).to_string();
+  expect_rejected<P>(p, fwd, "mass", [](P& x) { x.mass = nullptr; });
+  expect_rejected<P>(p, fwd, "loss_rows", [](P& x) { x.loss_rows = nullptr; });
+  expect_rejected<P>(p, fwd, "indices_stride_t", [](P& x) { x.indices_stride_t = 3; });
+  expect_rejected<P>(p, bwd, "dq_idx", [](P& x) { x.dq_idx = nullptr; });
+  expect_rejected<P>(p, bwd, "dk_idx", [](P& x) { x.dk_idx = nullptr; });
+  expect_rejected<P>(p, bwd, "dweights", [](P& x) { x.dweights = nullptr; });
+  expect_rejected<P>(p, bwd, "grad_scale", [](P& x) { x.grad_scale = std::numeric_limits<double>::infinity(); });
+  // The backward does not need loss_rows, nor grad_rows (optional).
+  P no_loss = p;
+  no_loss.loss_rows = nullptr;
+  no_loss.grad_rows = nullptr;
+  EXPECT_TRUE(bwd(no_loss).ok());
+}
+
+TEST_F(Validate, DenseKl) {
+  using P = flashdsa::DenseKlParams;
+  auto p = pb.dense_kl();
+  p.loss_rows = stat_out.data();
+  p.dq_idx = act_out.data();
+  p.dk_idx = stat_out.data();
+  p.dweights = stat_out.data();
+  const std::function<Status(const P&)> fwd = [](const P& x) { return flashdsa::validate_fwd(x); };
+  const std::function<Status(const P&)> bwd = [](const P& x) { return flashdsa::validate_bwd(x); };
+  ASSERT_TRUE(fwd(p).ok()) << fwd(p).to_string();
+  ASSERT_TRUE(bwd(p).ok()) << bwd(p).to_string();
+  expect_rejected<P>(p, fwd, "q", [](P& x) { x.q = nullptr; });
+  expect_rejected<P>(p, fwd, "k_end", [](P& x) { x.k_end = nullptr; });
+  expect_rejected<P>(p, fwd, "loss_rows", [](P& x) { x.loss_rows = nullptr; });
+  expect_rejected<P>(p, fwd, "H", [](P& x) { x.H = -1; });
+  expect_rejected<P>(p, fwd, "q_idx_stride_h", [](P& x) { x.q_idx_stride_h = -5; });
+  expect_rejected<P>(p, bwd, "dweights", [](P& x) { x.dweights = nullptr; });
+}
+
+// Zero-size tensors may be null; the op then has nothing to do.
+TEST_F(Validate, EmptyTensorsMayBeNull) {
+  flashdsa::SparseMlaFwdParams p;
+  p.dtype = DType::kFP32;
+  p.H = 4;
+  p.D_qk = 16;
+  p.D_v = 8;
+  p.K = 4;
+  p.scale = 0.5f;
+  EXPECT_TRUE(flashdsa::validate(p).ok()) << flashdsa::validate(p).to_string();
+  EXPECT_TRUE(flashdsa::run_sparse_mla_fwd(p).ok());
+}
+
+// The CUDA backend takes only the production shapes and bf16.
+TEST(ValidateCuda, ProductionShapesOnly) {
+  using P = flashdsa::SparseMlaFwdParams;
+  static int32_t dummy_indices[64];
+  static uint16_t dummy[16];
+  P p;
+  p.device = Device::kCUDA;
+  p.dtype = DType::kBF16;
+  p.q = p.kv = dummy;
+  p.out = p.lse = dummy;
+  p.indices = dummy_indices;
+  p.T = p.T_kv = 4;
+  p.H = 16;
+  p.K = 64;
+  p.scale = 0.04f;
+  p.q_stride_t = 16 * 576;
+  p.q_stride_h = 576;
+  p.kv_stride_t = 576;
+  p.indices_stride_t = 64;
+  const auto v = validator<P>();
+  ASSERT_TRUE(v(p).ok()) << v(p).to_string();
+  expect_rejected<P>(p, v, "dtype", [](P& x) { x.dtype = DType::kFP32; });
+  expect_rejected<P>(p, v, "dtype", [](P& x) { x.dtype = DType::kFP64; });
+  expect_rejected<P>(p, v, "H", [](P& x) { x.H = 8; });
+  expect_rejected<P>(p, v, "D_qk", [](P& x) { x.D_qk = 512; });
+  expect_rejected<P>(p, v, "D_v", [](P& x) { x.D_v = 256; });
+  expect_rejected<P>(p, v, "K", [](P& x) { x.K = 100; });
+  expect_rejected<P>(p, v, "K", [](P& x) { x.K = 8256; });
+
+  using I = flashdsa::IndexerTopkParams;
+  I ip;
+  ip.device = Device::kCUDA;
+  ip.check_ranges = false;
+  ip.q_idx = ip.k_idx = ip.weights = dummy;
+  ip.k_start = ip.k_end = ip.indices = dummy_indices;
+  ip.T = ip.T_kv = 4;
+  ip.H_I = 32;
+  ip.D_I = 128;
+  ip.K = 64;
+  ip.q_idx_stride_t = 32 * 128;
+  ip.q_idx_stride_h = 128;
+  ip.k_idx_stride_t = 128;
+  ip.weights_stride_t = 32;
+  const auto vi = validator<I>();
+  ASSERT_TRUE(vi(ip).ok()) << vi(ip).to_string();
+  expect_rejected<I>(ip, vi, "H_I", [](I& x) { x.H_I = 16; });
+  expect_rejected<I>(ip, vi, "D_I", [](I& x) { x.D_I = 96; });
+  expect_rejected<I>(ip, vi, "K", [](I& x) { x.K = 32; });
+  expect_rejected<I>(ip, vi, "dtype", [](I& x) { x.dtype = DType::kFP32; });
+  if (!flashdsa::built_with_cuda()) {
+    // Checking ranges on the device needs CUDA.
+    ip.check_ranges = true;
+    EXPECT_EQ(vi(ip).code(), StatusCode::kNotSupported) << vi(ip).to_string();
+  }
+}
+
+TEST_F(Validate, EntryPointsValidateAndDispatch) {
+  auto p = pb.sparse_fwd(act_out.data(), stat_out.data());
+  p.q = nullptr;
+  EXPECT_EQ(flashdsa::run_sparse_mla_fwd(p).code(), StatusCode::kInvalidArgument);
+
+  for (int op = 0; op <= static_cast<int>(flashdsa::OpKind::kDenseKlBwd); ++op) {
+    EXPECT_TRUE(flashdsa::backend_implements(Device::kCPU, static_cast<flashdsa::OpKind>(op)));
+  }
+  if (!flashdsa::built_with_cuda()) {
+    EXPECT_FALSE(flashdsa::backend_implements(Device::kCUDA, flashdsa::OpKind::kSparseMlaFwd));
+    flashdsa::AttnMassParams m = pb.attention_mass(stat_out.data(), stat_out.data());
+    m.device = Device::kCUDA;
+    m.dtype = DType::kBF16;
+    m.H = 16;
+    m.D_qk = 576;
+    m.K = 64;
+    m.q_stride_t = 16 * 576;
+    m.q_stride_h = 576;
+    m.kv_stride_t = 576;
+    m.indices_stride_t = 64;
+    const Status st = flashdsa::run_attention_mass(m);
+    EXPECT_EQ(st.code(), StatusCode::kNotSupported) << st.to_string();
+    EXPECT_NE(st.message().find("without CUDA"), std::string::npos) << st.message();
+  }
+  flashdsa::IndexerTopkParams ip = pb.indexer_topk(indices_out.data(), nullptr);
+  EXPECT_EQ(flashdsa::indexer_topk_workspace_size(ip), 0u);
+}
+
+TEST(StatusAndNames, Formatting) {
+  EXPECT_EQ(Status::OK().to_string(), "OK");
+  EXPECT_EQ(Status::InvalidArgument("q must not be null").to_string(), "InvalidArgument: q must not be null");
+  EXPECT_EQ(Status::CudaError("x").to_string(), "CudaError: x");
+  EXPECT_STREQ(flashdsa::status_code_name(StatusCode::kNotSupported), "NotSupported");
+  EXPECT_STREQ(flashdsa::status_code_name(StatusCode::kInternal), "Internal");
+  EXPECT_STREQ(flashdsa::dtype_name(DType::kBF16), "bf16");
+  EXPECT_STREQ(flashdsa::dtype_name(DType::kFP64), "fp64");
+  EXPECT_STREQ(flashdsa::device_name(Device::kCUDA), "cuda");
+  EXPECT_TRUE(flashdsa::is_supported_heads(64));
+  EXPECT_FALSE(flashdsa::is_supported_heads(48));
+  EXPECT_TRUE(flashdsa::is_supported_indexer_heads(32));
+  EXPECT_FALSE(flashdsa::is_supported_indexer_heads(16));
+  EXPECT_TRUE(flashdsa::is_supported_indexer_dim(64));
+  EXPECT_FALSE(flashdsa::is_supported_indexer_dim(32));
+}
+
+}  // namespace
+}  // namespace fdt
