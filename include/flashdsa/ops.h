@@ -13,6 +13,8 @@
 //    a message naming the offending field. Then it runs on `device` (on `stream` for CUDA) and
 //    returns; CUDA calls are asynchronous.
 //  - Outputs are fully written by the op (no need to zero them first).
+//  - A tensor with no elements may be null. Strides: stride_h >= D and stride_t >= (H-1)*stride_h + D
+//    (dimensions of size <= 1 are not checked). The CUDA backend also needs 16-byte aligned rows.
 #pragma once
 
 #include <cstddef>
@@ -46,6 +48,7 @@ struct CallContext {
 //   score(t, s) = sum_h weights[t,h] * f(q_idx[t,h] . k_idx[s]),  f = relu if relu else identity
 // for s in [k_start[t], k_end[t]); keeps the K largest. Order inside a row is unspecified;
 // rows with fewer than K visible keys hold all of them followed by -1 (score -inf).
+// (The CPU backend writes the selected keys in increasing key order; ties prefer the smaller key.)
 struct IndexerTopkParams : CallContext {
   DType dtype = DType::kBF16;    // of q_idx, k_idx
   const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
@@ -129,6 +132,7 @@ struct AttnMassParams : CallContext {
 // Backward: d score(t, idx_j) = grad_rows[t] * (p_I - target), propagated to q_idx, k_idx, weights.
 // The caller reduces: loss = coeff * mean over rows with a non-empty support, so it passes
 // grad_rows[t] = grad_loss * coeff / N (or a constant via grad_scale, see below).
+// A row whose mass sums to exactly 0 gets loss 0 and zero gradients.
 struct SparseKlParams : CallContext {
   DType dtype = DType::kBF16;    // of q_idx, k_idx, dq_idx
   const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h

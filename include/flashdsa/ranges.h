@@ -17,7 +17,8 @@ Status build_key_ranges(const int32_t* cu_seqlens, int B, int32_t* k_start, int3
 // Context parallelism, zigzag layout (§7). cu_seqlens_padded [B+1] describes the *global* packed
 // batch where every sequence length is a multiple of 2*cp_size. Rank r holds, for each sequence in
 // order, chunk r then chunk 2*cp_size-1-r (chunk = len / (2*cp_size) tokens).
-// Number of local tokens of one rank: cu_seqlens_padded[B] / cp_size.
+// Number of local tokens of one rank: cu_seqlens_padded[B] / cp_size; -1 for invalid input
+// (cp_size < 1, null cu_seqlens, or a sequence length that is not a multiple of 2*cp_size).
 int64_t cp_local_tokens(const int32_t* cu_seqlens_padded, int B, int cp_size);
 // global_rows [T_local] out: the global row of each local token, in local order.
 Status build_cp_zigzag_rows(const int32_t* cu_seqlens_padded, int B, int cp_size, int cp_rank,
