@@ -42,11 +42,18 @@ Status run_op(const char* name, OpKind op, const P& p, OpFn<P> check, OpFn<P> cp
   }
 }
 
+// validate() then, on CUDA, the workspace (its size is only defined for valid params).
+template <class P>
+Status validate_with_workspace(const P& p) {
+  FLASHDSA_RETURN_IF_ERROR(validate(p));
+  return validate_workspace(p);
+}
+
 }  // namespace
 
 Status run_indexer_topk(const IndexerTopkParams& p) {
-  return run_op<IndexerTopkParams>("indexer_topk", OpKind::kIndexerTopk, p, validate, cpu::indexer_topk,
-                                   FLASHDSA_SM90(indexer_topk));
+  return run_op<IndexerTopkParams>("indexer_topk", OpKind::kIndexerTopk, p, validate_with_workspace,
+                                   cpu::indexer_topk, FLASHDSA_SM90(indexer_topk));
 }
 
 Status run_sparse_mla_fwd(const SparseMlaFwdParams& p) {
@@ -55,8 +62,8 @@ Status run_sparse_mla_fwd(const SparseMlaFwdParams& p) {
 }
 
 Status run_sparse_mla_bwd(const SparseMlaBwdParams& p) {
-  return run_op<SparseMlaBwdParams>("sparse_mla_bwd", OpKind::kSparseMlaBwd, p, validate, cpu::sparse_mla_bwd,
-                                    FLASHDSA_SM90(sparse_mla_bwd));
+  return run_op<SparseMlaBwdParams>("sparse_mla_bwd", OpKind::kSparseMlaBwd, p, validate_with_workspace,
+                                    cpu::sparse_mla_bwd, FLASHDSA_SM90(sparse_mla_bwd));
 }
 
 Status run_attention_mass(const AttnMassParams& p) {

@@ -291,15 +291,22 @@ Status check_kl_grads(const Check& c, const P& p) {
 
 }  // namespace
 
+Status validate_workspace(const IndexerTopkParams& p) {
+  return check_workspace(Check{"indexer_topk", p.device}, indexer_topk_workspace_size(p), p.workspace,
+                         p.workspace_bytes);
+}
+
+Status validate_workspace(const SparseMlaBwdParams& p) {
+  return check_workspace(Check{"sparse_mla_bwd", p.device}, sparse_mla_bwd_workspace_size(p), p.workspace,
+                         p.workspace_bytes);
+}
+
 Status validate(const IndexerTopkParams& p) {
   const Check c{"indexer_topk", p.device};
   FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_indexer(c, indexer_inputs_of(p), p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", p.indices, p.T * p.K));
-  if (c.cuda()) {
-    FLASHDSA_RETURN_IF_ERROR(check_workspace(c, indexer_topk_workspace_size(p), p.workspace, p.workspace_bytes));
-  }
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
 }
 
@@ -323,11 +330,7 @@ Status validate(const SparseMlaBwdParams& p) {
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.H));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dout", p.dout, p.T * p.H * p.D_v));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq", p.dq, p.T * p.H * p.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dkv", p.dkv, p.T_kv * p.D_qk));
-  if (c.cuda()) {
-    FLASHDSA_RETURN_IF_ERROR(check_workspace(c, sparse_mla_bwd_workspace_size(p), p.workspace, p.workspace_bytes));
-  }
-  return Status::OK();
+  return check_ptr(c, "dkv", p.dkv, p.T_kv * p.D_qk);
 }
 
 Status validate(const AttnMassParams& p) {

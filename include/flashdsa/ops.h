@@ -186,6 +186,8 @@ struct DenseKlParams : CallContext {
 
 // ---------------------------------------------------------------------------------------------
 // Validation (host side; what every entry point runs first). Exposed for tests and bindings.
+// validate() checks everything except the workspace, whose size is only defined for valid params;
+// the entry points of the two ops with a workspace also run validate_workspace().
 Status validate(const IndexerTopkParams& p);
 Status validate(const SparseMlaFwdParams& p);
 Status validate(const SparseMlaBwdParams& p);
@@ -194,6 +196,8 @@ Status validate_fwd(const SparseKlParams& p);
 Status validate_bwd(const SparseKlParams& p);
 Status validate_fwd(const DenseKlParams& p);
 Status validate_bwd(const DenseKlParams& p);
+Status validate_workspace(const IndexerTopkParams& p);
+Status validate_workspace(const SparseMlaBwdParams& p);
 
 // Entry points.
 Status run_indexer_topk(const IndexerTopkParams& p);
