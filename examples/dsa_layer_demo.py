@@ -113,6 +113,12 @@ def main() -> None:
     print(f"q {tuple(x['q'].shape)} {x['q'].dtype} | kv {tuple(x['kv'].shape)} | q_idx {tuple(x['q_idx'].shape)} "
           f"| k_idx {tuple(x['k_idx'].shape)} | weights {tuple(x['weights'].shape)} {x['weights'].dtype}")
 
+    if device == "cuda":  # one untimed call: CUDA context, kernel attributes, workspaces, allocator
+        warm = flashdsa.dsa_attention(x["q"], x["kv"], x["q_idx"], x["k_idx"], x["weights"], x["cu_seqlens"], K,
+                                      scale, loss_coeff=1e-3)
+        warm.out.backward(torch.ones_like(warm.out))
+        for t in x.values():
+            t.grad = None
     sync(device)
     t0 = time.perf_counter()
     res = flashdsa.dsa_attention(x["q"], x["kv"], x["q_idx"], x["k_idx"], x["weights"], x["cu_seqlens"], K, scale,
@@ -124,7 +130,7 @@ def main() -> None:
     sync(device)
     t2 = time.perf_counter()
     print(f"out {tuple(res.out.shape)} {res.out.dtype} | indices {tuple(res.indices.shape)} {res.indices.dtype} "
-          f"| indexer KL loss {float(res.indexer_loss):.6f}")
+          f"| indexer KL loss {float(res.indexer_loss.detach()):.6f}")
     print(f"forward (indexer+top-k, sparse MLA, attention mass, KL loss): {t1 - t0:8.3f} s")
     print(f"backward (sparse MLA bwd, KL loss bwd):                       {t2 - t1:8.3f} s")
 
@@ -136,14 +142,15 @@ def main() -> None:
     ref_out, ref_dq = reference_rows(cpu_x, rows, idx, scale, dout.cpu())
     got_out = res.out.detach().cpu()[rows].double()
     got_dq = x["q"].grad.cpu()[rows].double()
-    rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))  # noqa: E731
+    rel = lambda a, b: float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))  # noqa: E731
+    res_loss = float(res.indexer_loss.detach())
     bad_rows = topk_threshold_ok(cpu_x, rows, idx, k_start, k_end)
     e_out, e_dq = rel(got_out, ref_out), rel(got_dq, ref_dq)
     print(f"check on {len(rows)} sampled rows vs float64 PyTorch: out rel.err {e_out:.2e}, dq rel.err {e_dq:.2e}, "
           f"top-k rows violating the threshold: {bad_rows}")
     flops = 2 * T * H * K * (576 + 512) + 2 * T * H * K * (3 * 576 + 2 * 512)
     print(f"sparse MLA fwd+bwd FLOPs {flops / 1e12:.2f} TFLOP")
-    ok = e_out < 2e-2 and e_dq < 2e-2 and bad_rows == 0 and math.isfinite(float(res.indexer_loss))
+    ok = e_out < 2e-2 and e_dq < 2e-2 and bad_rows == 0 and math.isfinite(res_loss)
     print("RESULT:", "OK" if ok else "MISMATCH")
     raise SystemExit(0 if ok else 1)
 
