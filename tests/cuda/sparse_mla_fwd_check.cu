@@ -4,14 +4,19 @@
 //        -o /tmp/sparse_mla_fwd_check tests/cuda/sparse_mla_fwd_check.cu csrc/sm90/sparse_mla_fwd/*.cu
 //   (add -DFLASHDSA_CHECK_WITH_CUBLAS -lcublas to also print the cuBLAS bf16 GEMM ceiling)
 //
-//   /tmp/sparse_mla_fwd_check              correctness cases, then the benchmark table
+//   /tmp/sparse_mla_fwd_check              correctness cases, then the benchmark tables
 //   /tmp/sparse_mla_fwd_check --no-bench   correctness only
+//   /tmp/sparse_mla_fwd_check --bench-only the benchmark tables only
 //   /tmp/sparse_mla_fwd_check --small      a few tiny cases, no benchmark (for compute-sanitizer)
 //
 // Correctness: fresh random data against a double-precision CPU reference written here; -1 and
 // out-of-range indices, duplicates, an all-empty row, rows whose first block is empty, T not a
-// multiple of anything, non-contiguous strides. Outputs are pre-filled with NaN (everything must be
-// written) and followed by guard words (nothing beyond must be written).
+// multiple of anything, non-contiguous strides, T_kv >= 16K (beyond what L2 holds at benchmark T).
+// Outputs are pre-filled with NaN (everything must be written) and followed by guard words (nothing
+// beyond must be written). Each case runs twice: the second output must be bitwise equal to the first
+// (the op is deterministic).
+// Benchmark: H = 64, K = 2048, T = T_kv in {16K, ..., 128K} (+ H = 16 / 32 / 128 at 32K) with indices
+// uniform in [0, T); then "causal" rows (query t draws min(K, t + 1) distinct keys from [0, t]).
 // Exit: 0 all pass, 1 a failure, 77 no GPU.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -191,19 +196,26 @@ bool run_case(const Case& c, std::mt19937& rng) {
   std::vector<uint32_t> out_init(d_out.count, 0xFFFFFFFFu), lse_init(d_lse.count, 0xFFFFFFFFu);
   std::fill(out_init.begin() + out_elems / 2, out_init.end(), kGuardPattern);
   std::fill(lse_init.begin() + lse_elems, lse_init.end(), kGuardPattern);
-  CK(cudaMemcpy(d_out.ptr, out_init.data(), out_init.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_lse.ptr, lse_init.data(), lse_init.size() * 4, cudaMemcpyHostToDevice));
 
-  const flashdsa::Status st =
-      flashdsa::sm90::sparse_mla_fwd(make_params(c, in, d_q.ptr, d_kv.ptr, d_idx.ptr, d_out.ptr, d_lse.ptr));
-  CK(cudaDeviceSynchronize());
-  if (!st.ok()) {
-    std::printf("  %-34s FAIL (status %d: %s)\n", c.name, static_cast<int>(st.code()), st.message().c_str());
-    return false;
-  }
-  std::vector<uint32_t> out_words(d_out.count), lse_words(d_lse.count);
-  CK(cudaMemcpy(out_words.data(), d_out.ptr, out_words.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(lse_words.data(), d_lse.ptr, lse_words.size() * 4, cudaMemcpyDeviceToHost));
+  const auto run_op = [&](std::vector<uint32_t>& out_words, std::vector<uint32_t>& lse_words) {
+    CK(cudaMemcpy(d_out.ptr, out_init.data(), out_init.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_lse.ptr, lse_init.data(), lse_init.size() * 4, cudaMemcpyHostToDevice));
+    const flashdsa::Status st =
+        flashdsa::sm90::sparse_mla_fwd(make_params(c, in, d_q.ptr, d_kv.ptr, d_idx.ptr, d_out.ptr, d_lse.ptr));
+    CK(cudaDeviceSynchronize());
+    if (!st.ok()) {
+      std::printf("  %-36s FAIL (status %d: %s)\n", c.name, static_cast<int>(st.code()), st.message().c_str());
+      return false;
+    }
+    out_words.resize(d_out.count);
+    lse_words.resize(d_lse.count);
+    CK(cudaMemcpy(out_words.data(), d_out.ptr, out_words.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lse_words.data(), d_lse.ptr, lse_words.size() * 4, cudaMemcpyDeviceToHost));
+    return true;
+  };
+  std::vector<uint32_t> out_words, lse_words, out_again, lse_again;
+  if (!run_op(out_words, lse_words) || !run_op(out_again, lse_again)) return false;
+  const bool reproducible = out_words == out_again && lse_words == lse_again;
 
   std::vector<double> ref_out, ref_lse;
   reference(c, in, ref_out, ref_lse);
@@ -238,11 +250,11 @@ bool run_case(const Case& c, std::mt19937& rng) {
 
   const double rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
   const bool pass = rel_l2 < 1e-2 && max_err <= 3e-2 * std::max(max_ref, 1e-3) && lse_err < 2e-3 && bad_empty == 0 &&
-                    non_finite == 0 && guard_hits == 0;
-  std::printf("  %-34s %s  rel_l2 %.2e  max_err %.2e (max|ref| %.2e)  lse_err %.2e  empty rows %lld%s%s%s\n", c.name,
+                    non_finite == 0 && guard_hits == 0 && reproducible;
+  std::printf("  %-36s %s  rel_l2 %.2e  max_err %.2e (max|ref| %.2e)  lse_err %.2e  empty rows %lld%s%s%s%s\n", c.name,
               pass ? "PASS" : "FAIL", rel_l2, max_err, max_ref, lse_err, static_cast<long long>(empty_rows),
               bad_empty ? "  BAD EMPTY ROWS" : "", non_finite ? "  NON-FINITE" : "",
-              guard_hits ? "  GUARD WRITTEN" : "");
+              guard_hits ? "  GUARD WRITTEN" : "", reproducible ? "" : "  NOT REPRODUCIBLE");
   return pass;
 }
 
@@ -262,7 +274,7 @@ bool check_refusals() {
   p.T = 0;
   const bool empty_ok = flashdsa::sm90::sparse_mla_fwd(p).ok();
   const bool pass = misaligned_refused && fp32_refused && empty_ok;
-  std::printf("  %-34s %s  (misaligned stride -> NotSupported %d, fp32 -> NotSupported %d, T = 0 -> OK %d)\n",
+  std::printf("  %-36s %s  (misaligned stride -> NotSupported %d, fp32 -> NotSupported %d, T = 0 -> OK %d)\n",
               "host checks", pass ? "PASS" : "FAIL", misaligned_refused, fp32_refused, empty_ok);
   return pass;
 }
@@ -286,6 +298,24 @@ __global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint64_t seed) {
 __global__ void fill_indices(int32_t* p, size_t n, int64_t T_kv, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     p[i] = static_cast<int32_t>(hash32(seed * 0x9E3779B97F4A7C15ULL + i) % static_cast<uint64_t>(T_kv));
+}
+
+// Causal rows: query t sees keys [0, t]. t + 1 <= K: slots [0, t] hold keys 0..t, the rest -1.
+// Otherwise K distinct keys, one random key per stratum [floor(s (t+1) / K), floor((s+1) (t+1) / K)),
+// slot j holding stratum (1021 j + 7 t) mod K (a permutation for K a power of two: rows unsorted).
+__global__ void fill_indices_causal(int32_t* p, int64_t T, int K, uint64_t seed) {
+  const size_t n = size_t(T) * K;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const int64_t t = static_cast<int64_t>(i / K);
+    const int64_t j = static_cast<int64_t>(i % K);
+    if (t + 1 <= K) {
+      p[i] = j <= t ? static_cast<int32_t>(j) : -1;
+      continue;
+    }
+    const int64_t stratum = (1021 * j + 7 * t) % K;
+    const int64_t lo = stratum * (t + 1) / K, hi = (stratum + 1) * (t + 1) / K;
+    p[i] = static_cast<int32_t>(lo + hash32(seed * 0x9E3779B97F4A7C15ULL + i) % static_cast<uint64_t>(hi - lo));
+  }
 }
 
 template <typename Launch>
@@ -328,12 +358,20 @@ void print_gemm_ceiling() {
 }
 #endif
 
+enum class IndexMode { kUniform, kCausal };
+
 bool run_benchmarks() {
   struct Shape {
     int64_t T;
     int H;
+    IndexMode mode;
   };
-  const Shape shapes[] = {{16384, 64}, {32768, 64}, {65536, 64}, {131072, 64}, {32768, 16}, {32768, 32}, {32768, 128}};
+  const Shape shapes[] = {
+      {16384, 64, IndexMode::kUniform},  {32768, 64, IndexMode::kUniform},  {65536, 64, IndexMode::kUniform},
+      {131072, 64, IndexMode::kUniform}, {32768, 16, IndexMode::kUniform},  {32768, 32, IndexMode::kUniform},
+      {32768, 128, IndexMode::kUniform}, {16384, 64, IndexMode::kCausal},   {32768, 64, IndexMode::kCausal},
+      {65536, 64, IndexMode::kCausal},   {131072, 64, IndexMode::kCausal},
+  };
   const int K = 2048;
   size_t max_q_rows = 0;
   int64_t max_T = 0;
@@ -349,11 +387,15 @@ bool run_benchmarks() {
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
 
-  std::printf("\nbenchmark: K = %d, T_kv = T, indices uniform in [0, T), median of 10 (2 warm-up)\n", K);
-  std::printf("  %4s %7s %10s %12s\n", "H", "T", "ms", "TFLOP/s");
+  std::printf("\nbenchmark: K = %d, T_kv = T, median of 10 (2 warm-up); uniform: indices uniform in [0, T);\n"
+              "causal: query t draws min(K, t + 1) distinct keys from [0, t]\n", K);
+  std::printf("  %-8s %4s %7s %10s %12s\n", "indices", "H", "T", "ms", "TFLOP/s");
   bool ok = true;
   for (const Shape& s : shapes) {
-    fill_indices<<<4096, 256>>>(indices.ptr, size_t(s.T) * K, s.T, 3 + s.T);
+    if (s.mode == IndexMode::kUniform)
+      fill_indices<<<4096, 256>>>(indices.ptr, size_t(s.T) * K, s.T, 3 + s.T);
+    else
+      fill_indices_causal<<<4096, 256>>>(indices.ptr, s.T, K, 5 + s.T);
     CK(cudaGetLastError());
     flashdsa::SparseMlaFwdParams p;
     p.device = flashdsa::Device::kCUDA;
@@ -381,7 +423,8 @@ bool run_benchmarks() {
       continue;
     }
     const double flops = 2.0 * s.T * s.H * K * (kDqk + kDv);
-    std::printf("  %4d %7lld %10.3f %12.1f\n", s.H, static_cast<long long>(s.T), ms, flops / ms / 1e9);
+    std::printf("  %-8s %4d %7lld %10.3f %12.1f\n", s.mode == IndexMode::kUniform ? "uniform" : "causal", s.H,
+                static_cast<long long>(s.T), ms, flops / ms / 1e9);
   }
 #ifdef FLASHDSA_CHECK_WITH_CUBLAS
   print_gemm_ceiling();
@@ -392,10 +435,11 @@ bool run_benchmarks() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool small = false, bench = true;
+  bool small = false, bench = true, check = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true, bench = false;
     if (!std::strcmp(argv[i], "--no-bench")) bench = false;
+    if (!std::strcmp(argv[i], "--bench-only")) check = false;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -411,6 +455,7 @@ int main(int argc, char** argv) {
       {"T=3 H=16 K=64", 3, 50, 16, 64, 0.05f, 0.2, false},
       {"T=2 H=64 K=192 (odd blocks)", 2, 300, 64, 192, 0.05f, 0.2, false},
       {"T=3 H=128 K=128 strided", 3, 90, 128, 128, 0.05f, 0.3, true},
+      {"T=4 H=64 K=256 T_kv=17000", 4, 17000, 64, 256, 0.05f, 0.2, false},
   };
   const Case full_cases[] = {
       {"T=1 H=16 K=64", 1, 40, 16, 64, 0.05f, 0.1, false},
@@ -425,17 +470,24 @@ int main(int argc, char** argv) {
       {"T=7 H=16 K=320 strided", 7, 700, 16, 320, 0.05f, 0.2, true},
       {"T=7 H=128 K=2048 strided", 7, 4000, 128, 2048, 0.05f, 0.2, true},
       {"T=5 H=64 K=8192", 5, 9000, 64, 8192, 0.05f, 0.1, false},
+      // T_kv >= 16384: large kv, index values up to 40K.
+      {"T=37 H=64 K=2048 T_kv=20000", 37, 20000, 64, 2048, 1.f / 24.f, 0.15, false},
+      {"T=300 H=16 K=256 T_kv=40000 strided", 300, 40000, 16, 256, 0.05f, 0.2, true},
+      {"T=150 H=128 K=192 T_kv=17000", 150, 17000, 128, 192, 0.05f, 0.3, false},
+      {"T=9 H=32 K=4096 T_kv=16384 all valid", 9, 16384, 32, 4096, 0.05f, 0.0, false},
   };
 
   std::mt19937 rng(20261130);
   int passed = 0, failed = 0;
   const auto record = [&](bool ok) { ok ? ++passed : ++failed; };
-  record(check_refusals());
-  std::printf("correctness (vs double CPU reference):\n");
-  if (small) {
-    for (const Case& c : small_cases) record(run_case(c, rng));
-  } else {
-    for (const Case& c : full_cases) record(run_case(c, rng));
+  if (check) {
+    record(check_refusals());
+    std::printf("correctness (vs double CPU reference):\n");
+    if (small) {
+      for (const Case& c : small_cases) record(run_case(c, rng));
+    } else {
+      for (const Case& c : full_cases) record(run_case(c, rng));
+    }
   }
   if (bench) record(run_benchmarks());
   std::printf("%d passed, %d failed\n", passed, failed);

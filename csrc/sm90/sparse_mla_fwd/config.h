@@ -37,10 +37,15 @@ constexpr int kNumConsumers = 2;
 constexpr int kNumThreads = (kNumConsumers + 1) * kWarpgroupThreads;  // 384
 constexpr int kProducerWarpgroup = kNumConsumers;
 
-// Register split through setmaxnreg: 128 * (producer + 2 * consumer) <= 65536.
+// Register split through setmaxnreg. setmaxnreg.inc only draws on the registers that setmaxnreg.dec
+// released inside the CTA, so the split must fit the launch allocation: __launch_bounds__(384, 1)
+// gives 168 registers per thread (65536 / 384 rounded down to a multiple of 8). A larger split (e.g. a
+// 48-register producer) makes the consumers' setmaxnreg.inc wait forever.
+constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;  // 168
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-static_assert(kWarpgroupThreads * (kProducerRegs + kNumConsumers * kConsumerRegs) <= 65536, "register file");
+static_assert(kWarpgroupThreads * (kProducerRegs + kNumConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs,
+              "register split exceeds the launch allocation");
 
 // Producer work split: 8 threads per 128-byte tile row (one 16-byte chunk each), 16 rows at a time.
 constexpr int kChunksPerTileRow = 8;

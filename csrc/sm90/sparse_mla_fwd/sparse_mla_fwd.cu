@@ -480,7 +480,8 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
 
   // No L2 cache-policy hint on these gathers: with the hint (createpolicy + cp.async
   // .L2::cache_hint) this kernel raised cudaErrorIllegalInstruction on the H200 (2026-11-29), although
-  // the same instruction passes in tests/cuda/hopper_primitives_check.cu. See docs/perf-notes.md.
+  // the same instruction passes in tests/cuda/hopper_primitives_check.cu: a ptxas code-generation
+  // issue, see docs/kernels/sparse_mla_fwd.md ("No L2 cache-policy hint").
   const int32_t* token_keys = a.indices + work.token * a.indices_stride_t;
   char* const stage0 = reinterpret_cast<char*>(sm.kv[0]);
   char* const stage1 = reinterpret_cast<char*>(sm.kv[1]);
