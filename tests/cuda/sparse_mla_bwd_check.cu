@@ -3,7 +3,7 @@
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //        -I include -I csrc -o /tmp/sparse_mla_bwd_check tests/cuda/sparse_mla_bwd_check.cu \
 //        csrc/sm90/sparse_mla_bwd/*.cu
-//   /tmp/sparse_mla_bwd_check [--small] [--no-bench]
+//   /tmp/sparse_mla_bwd_check [--small] [--no-bench] [--bench-only] [--fast-only] [--T 4096,32768]
 //
 // (a) correctness at small sizes against a double-precision CPU reference (forward for out/lse,
 //     then backward), both modes, with -1 / out-of-range / duplicated indices, an empty row, an
@@ -12,6 +12,7 @@
 //     compute-sanitizer.
 // (b) unless --no-bench: H=64, K=2048, T = T_kv = 4K..128K, random indices in [0, T): median time
 //     and TFLOP/s (DSA_SPEC §9) of both modes, plus the device copy bandwidth as a ceiling.
+//     --bench-only skips (a); --fast-only times the fast mode only; --T picks the token counts.
 // Exit code: 0 all passed, 1 a check failed, 77 no CUDA device.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -348,10 +349,9 @@ int64_t count_nonfinite(const float* d_ptr, int64_t n) {
   return bad;
 }
 
-bool benchmark() {
+bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
   const int H = 64, K = 2048;
-  const int64_t Ts[] = {4096, 16384, 32768, 65536, 131072};
-  const int64_t t_max = Ts[4];
+  const int64_t t_max = *std::max_element(Ts.begin(), Ts.end());
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   int clock_khz = 0;
@@ -399,7 +399,7 @@ bool benchmark() {
     const double flops = 2.0 * T * H * K * (3.0 * kDqk + 2.0 * kDv);
     float ms[2] = {0, 0};
     std::string notes;
-    for (int mode = 0; mode < 2; ++mode) {
+    for (int mode = 0; mode < (fast_only ? 1 : 2); ++mode) {
       const flashdsa::SparseMlaBwdParams p = make_params(shape, b, mode == 1);
       if (!run_op(p, b)) return false;
       CHECK_CUDA(cudaDeviceSynchronize());
@@ -411,7 +411,7 @@ bool benchmark() {
         ok = false;
       }
     }
-    if (T == Ts[0]) {  // determinism and mode agreement at the bench shape
+    if (T == Ts[0] && !fast_only) {  // determinism and mode agreement at the bench shape
       std::vector<float> runs[3], fast(T * kDqk);
       for (auto& r : runs) {
         run_op(make_params(shape, b, true), b);
@@ -440,10 +440,18 @@ bool benchmark() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool small = false, bench = true;
+  bool small = false, bench = true, correctness = true, fast_only = false;
+  std::vector<int64_t> bench_T = {4096, 16384, 32768, 65536, 131072};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--no-bench")) bench = false;
+    else if (!std::strcmp(argv[i], "--bench-only")) correctness = false;
+    else if (!std::strcmp(argv[i], "--fast-only")) fast_only = true;
+    else if (!std::strcmp(argv[i], "--T") && i + 1 < argc) {
+      bench_T.clear();
+      for (char* tok = std::strtok(argv[++i], ","); tok != nullptr; tok = std::strtok(nullptr, ","))
+        bench_T.push_back(std::atoll(tok));
+    }
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -452,9 +460,9 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Case> cases;
-  if (small) {
+  if (correctness && small) {
     cases = {{5, 300, 16, 64, false}, {5, 97, 64, 128, false}, {5, 300, 128, 128, true}, {5, 20000, 64, 128, false}};
-  } else {
+  } else if (correctness) {
     for (int64_t T : {1, 5, 33})
       for (int H : {16, 32, 64, 128})
         for (int K : {64, 128, 256}) cases.push_back({T, (H + K) % 3 == 0 ? 97 : 2 * K + 13, H, K, H == 32 && K == 128});
@@ -465,6 +473,6 @@ int main(int argc, char** argv) {
   uint64_t seed = 1234;
   for (const Case& c : cases) failed += !check_case(c, seed++);
   std::printf("correctness: %d passed, %d failed\n", int(cases.size()) - failed, failed);
-  if (bench && !small && !benchmark()) ++failed;
+  if (bench && !small && !bench_T.empty() && !benchmark(bench_T, fast_only)) ++failed;
   return failed == 0 ? 0 : 1;
 }

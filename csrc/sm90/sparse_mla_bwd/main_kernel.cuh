@@ -10,8 +10,8 @@
 #include <cstdint>
 
 #include "sm90/common/hopper.cuh"
-#include "sm90/sparse_mla_bwd/cluster_ops.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
+#include "sm90/sparse_mla_bwd/ptx_ops.cuh"
 
 namespace flashdsa::sm90::mla_bwd {
 
@@ -25,9 +25,9 @@ struct MainParams {
   __nv_bfloat16* dq;          // [T, H, 576]
   float* dkv;                 // [T_kv, 576] fast mode: accumulated with vector atomics
   float* partial;             // [tokens of this launch, G, K, 576] deterministic mode: per-slot dkv
-  uint64_t* sweep_period_ns;  // fast mode: measured duration of one token, shared by all clusters
+  uint64_t* sweep_period_ns;  // fast mode: measured duration of one token, shared by all CTAs
   int64_t q_stride_t, q_stride_h, kv_stride_t, indices_stride_t;
-  int64_t token_begin;        // global token of local token 0 (grid.x = 2 * tokens of this launch)
+  int64_t token_begin;        // global token of local token 0 (grid.x = tokens of this launch)
   int64_t T_kv;
   int H, K;
   float scale;                // softmax scale
@@ -42,74 +42,7 @@ using hw::desc_mn_major;
 
 __device__ __forceinline__ bool key_valid(int32_t idx, int64_t t_kv) { return idx >= 0 && idx < t_kv; }
 
-// Address of 16-byte chunk `ch` of row `row` in block `b` of a 64-row SW128 tile.
-__device__ __forceinline__ void* tile_chunk(void* tile, int b, int row, int ch) {
-  return static_cast<char*>(tile) + b * kTileBlockBytes + hw::sw128_offset(row, ch);
-}
-
-// dQ[:, n] += A . KV[:, n] for n = kBlocks consecutive 64-column blocks (A: RS fragment).
-template <int kBlocks>
-__device__ __forceinline__ void dq_rs(float (&d)[kBlocks * 32], const uint32_t (&a)[4], uint64_t desc_b) {
-  static_assert(kBlocks == 2 || kBlocks == 3, "dQ split");
-  if constexpr (kBlocks == 2) hw::wgmma_rs_m64n128k16<1>(d, a, desc_b, true);
-  else hw::wgmma_rs_m64n192k16<1>(d, a, desc_b, true);
-}
-template <int kBlocks>
-__device__ __forceinline__ void dq_ss(float (&d)[kBlocks * 32], uint64_t desc_a, uint64_t desc_b) {
-  static_assert(kBlocks == 2 || kBlocks == 3, "dQ split");
-  if constexpr (kBlocks == 2) hw::wgmma_ss_m64n128k16<0, 1>(d, desc_a, desc_b, true);
-  else hw::wgmma_ss_m64n192k16<0, 1>(d, desc_a, desc_b, true);
-}
-
-// A fragments of the transposed [64 h][64 keys] tile (M = keys, K = heads), 4 k-steps of 16 heads.
-__device__ __forceinline__ void load_transposed_frags(const void* tile, uint32_t (&frag)[4][4], int warp, int lane) {
-  const int m = lane / 8;  // matrix: heads +8*(m/2), keys +8*(m%2)
-  const uint32_t base = hw::smem_u32(tile);
-#pragma unroll
-  for (int hk = 0; hk < 4; ++hk) {
-    const int head = 16 * hk + 8 * (m / 2) + lane % 8;
-    hw::ldmatrix_x4_trans(frag[hk], base + hw::sw128_offset(head, 2 * warp + m % 2));
-  }
-}
-
-// Emits one [64 keys x 64 cols] fp32 dKV chunk held as a wgmma accumulator. Lanes 2i and 2i+1 swap
-// halves so that each thread owns 4 consecutive columns of one key row: the even lane row r0, the
-// odd lane row r0 + 8 (= the `dst` row the caller picked), columns 8n + colbase .. +3.
-template <bool kDeterministic>
-__device__ __forceinline__ void flush_dkv_chunk(const float (&acc)[32], float* dst, bool valid, int lane) {
-  const bool odd = lane & 1;
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    const float send0 = odd ? acc[4 * n + 0] : acc[4 * n + 2];
-    const float send1 = odd ? acc[4 * n + 1] : acc[4 * n + 3];
-    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-    const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-    const float4 v = odd ? make_float4(got0, got1, acc[4 * n + 2], acc[4 * n + 3])
-                         : make_float4(acc[4 * n + 0], acc[4 * n + 1], got0, got1);
-    if (valid) {
-      if constexpr (kDeterministic) hw::st_global_v4(dst + 8 * n, v);
-      else hw::red_add_v4(dst + 8 * n, v);
-    }
-  }
-}
-
-// Writes a [64 heads x 64*kBlocks] fp32 accumulator (local kv blocks first_block..) as bf16 dq.
-template <class Cfg, int kBlocks>
-__device__ __forceinline__ void store_dq(const float (&acc)[kBlocks * 32], __nv_bfloat16* dq_head0, int heads,
-                                         int first_block, int r0, int q4) {
-#pragma unroll
-  for (int g = 0; g < kBlocks * 8; ++g) {
-    const int col = 8 * g + 2 * q4;
-    const int gcol = Cfg::global_block(first_block + col / kColsPerBlock) * kColsPerBlock + col % kColsPerBlock;
-    if (r0 < heads)
-      *reinterpret_cast<uint32_t*>(dq_head0 + int64_t(r0) * kQkCols + gcol) = hw::pack_bf16(acc[4 * g], acc[4 * g + 1]);
-    if (r0 + 8 < heads)
-      *reinterpret_cast<uint32_t*>(dq_head0 + int64_t(r0 + 8) * kQkCols + gcol) =
-          hw::pack_bf16(acc[4 * g + 2], acc[4 * g + 3]);
-  }
-}
-
-// Coordinates of this cluster's work item.
+// Coordinates of this CTA's work item.
 struct Work {
   int64_t local_token;  // row of this launch
   int64_t token;        // global query token
@@ -118,30 +51,46 @@ struct Work {
 };
 
 // ---- producer warpgroup -----------------------------------------------------------------------
+
+// Copies of 128-byte row segments (64 bf16 columns of one tile block) into a permuted SW128 tile:
+// lane l of a warp moves columns 2l, 2l+1 (one 4-byte word) to their stored position (stored_col).
+struct RowSegmentCopier {
+  uint32_t chunk, byte_in_chunk;  // this lane's destination inside a tile row
+  int lane;
+  __device__ explicit RowSegmentCopier(int lane_) : lane(lane_) {
+    const int pos = stored_col(2 * lane_);
+    chunk = pos / 8;
+    byte_in_chunk = (pos % 8) * 2;
+  }
+  // Tile row `row` (shared address `tile`), blocks [0, kBlocks) <- src_row[64 b + 2 lane, +1].
+  template <int kBlocks>
+  __device__ __forceinline__ void copy_row(uint32_t tile, int row, const __nv_bfloat16* src_row, bool valid) const {
+    const uint32_t dst = tile + hw::sw128_offset(row, chunk) + byte_in_chunk;
+    const __nv_bfloat16* src = src_row + 2 * lane;
+    asm("" : "+l"(src));  // one pointer, immediate offsets per block (else one 64-bit IMAD per copy)
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) hw::cp_async_4(dst + b * kTileBlockBytes, src + b * kColsPerBlock, valid);
+  }
+};
+
 // Loads Q, dO, lse, Delta, lists the non-empty key blocks of the row (rotated by the sweep phase),
-// then gathers the kv rows of each block (own columns only) into the two-stage ring.
-template <class Cfg>
+// then gathers the kv rows of each block. Warp w handles tile rows w, w + 4, ..., w + 60.
 __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
-  const int ch = tid % 8;   // 16-byte chunk of a 128-byte tile row
-  const int rg = tid / 8;   // rows rg, rg + 16, rg + 32, rg + 48
   const int warp = tid / 32, lane = tid % 32;
   const int h0 = w.head_group * kHeadsPerCta;
   const int32_t* idx_row = p.indices + w.local_token * p.indices_stride_t;
   const int num_row_blocks = p.K / kBlockKeys;
+  const RowSegmentCopier copier(lane);
+  const uint32_t q_tile = hw::smem_u32(sm.q), do_tile = hw::smem_u32(sm.dout), kv_tile = hw::smem_u32(sm.kv);
 
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int h = rg + 16 * i;
+#pragma unroll 1
+  for (int h = warp; h < kHeadsPerCta; h += 4) {
     const bool real = h < w.heads;
     const int hh = real ? h0 + h : 0;  // never read a padded head
-    const __nv_bfloat16* q_row = p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h + ch * 8;
-    const __nv_bfloat16* do_row = p.dout + (w.token * p.H + hh) * int64_t(kVCols) + ch * 8;
-#pragma unroll
-    for (int b = 0; b < kQBlocks; ++b)
-      hw::cp_async_16(tile_chunk(sm.q, b, h, ch), q_row + Cfg::global_block(b) * kColsPerBlock, real);
-#pragma unroll
-    for (int b = 0; b < kVBlocksPerCta; ++b)
-      hw::cp_async_16(tile_chunk(sm.dout, b, h, ch), do_row + Cfg::global_block(b) * kColsPerBlock, real);
+    const __nv_bfloat16* q_row = p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h;
+    const __nv_bfloat16* do_row = p.dout + (w.token * p.H + hh) * int64_t(kVCols);
+    copier.copy_row<kQkBlocks>(q_tile, h, q_row, real);
+    copier.copy_row<kVBlocks>(do_tile, h, do_row, real);
   }
   hw::cp_async_arrive(&sm.qdo_full);
   if (tid < kHeadsPerCta) {
@@ -169,8 +118,16 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int ti
       total += __popc(ballot[r]);
     }
     __syncwarp();
-    // Start at the block the sweep phase points to (0 without sweep), wrap around.
-    const int rot = total > 0 ? min(static_cast<int>(sm.phase * total), total - 1) : 0;
+    // Sweep: all CTAs walk their (key-sorted) rows in step with the global clock, so the kv and dkv
+    // rows being touched at any moment lie in a narrow key window that stays in L2. Start at the
+    // block the clock points to (0 without sweep), wrap around.
+    float phase = 0.f;
+    if (p.sweep_guess_ns != 0) {
+      uint64_t period = *reinterpret_cast<volatile uint64_t*>(p.sweep_period_ns);
+      if (period == 0) period = p.sweep_guess_ns;
+      phase = static_cast<float>(hw::global_timer_ns() % period) / static_cast<float>(period);
+    }
+    const int rot = total > 0 ? min(static_cast<int>(phase * total), total - 1) : 0;
     int before = 0;
 #pragma unroll
     for (int r = 0; r < kMaxBlocksPerRow / 32; ++r) {
@@ -187,281 +144,374 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int ti
   hw::mbar_arrive(&sm.qdo_full);
 
   const int num_blocks = sm.num_blocks;
+#pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
-    const int st = i & 1;
     const int blk = sm.block_list[i];
-    int32_t idx[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) idx[r] = idx_row[blk * kBlockKeys + rg + 16 * r];
-    if (i >= 2) hw::mbar_wait(&sm.kv_empty[st], ((i >> 1) + 1) & 1);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int row = rg + 16 * r;
-      const bool valid = key_valid(idx[r], p.T_kv);
-      const __nv_bfloat16* src = p.kv + (valid ? int64_t(idx[r]) : 0) * p.kv_stride_t + ch * 8;
-#pragma unroll
-      for (int b = 0; b < Cfg::kKvBlocks; ++b)
-        hw::cp_async_16(tile_chunk(sm.kv[st], b, row, ch), src + Cfg::global_block(b) * kColsPerBlock, valid);
-      if (ch == 0) sm.idx[st][row] = idx[r];
+    const int32_t my_idx = lane < 16 ? idx_row[blk * kBlockKeys + warp + 4 * lane] : 0;  // row warp + 4 lane
+    // The single kv tile is free once both consumer warpgroups finished dQ of block i - 1; that also
+    // ends every read of idx[i % 2] by block i - 2.
+    if (i > 0) hw::mbar_wait(&sm.kv_empty, (i - 1) & 1);
+    if (lane < 16) sm.idx[i & 1][warp + 4 * lane] = my_idx;
+#pragma unroll 1
+    for (int j = 0; j < 16; ++j) {
+      const int32_t key = __shfl_sync(0xffffffffu, my_idx, j);
+      const bool valid = key_valid(key, p.T_kv);
+      const __nv_bfloat16* src = p.kv + (valid ? int64_t(key) : 0) * p.kv_stride_t;
+      copier.copy_row<kQkBlocks>(kv_tile, warp + 4 * j, src, valid);
     }
-    hw::cp_async_arrive(&sm.kv_full[st]);
-    hw::mbar_arrive(&sm.kv_full[st]);
+    hw::cp_async_arrive(&sm.kv_full);
+    hw::mbar_arrive(&sm.kv_full);
   }
 }
 
-// ---- WG0: scores, P, dS, and dQ for kv blocks 0..1 ----------------------------------------------
-template <class Cfg>
-__device__ void scores_and_dq(const MainParams& p, SmemPlan& sm, const Work& w, int tid, uint32_t peer) {
+// ---- consumers: shared pieces -----------------------------------------------------------------
+
+// dkv destinations of one thread for the current key block. Lanes of quads 2k and 2k+1 (lane / 4)
+// write together: thread (warp, lane) emits rows A = r0 + 8 half - odd and B = A + 1 for half = 0, 1,
+// where r0 = 16 warp + lane / 4 and odd = (lane / 4) % 2.
+struct DkvRows {
+  float* dst[2][2];    // [half][row A, row B]: start of the dkv (or partial) row + this lane's column
+  bool valid[2][2];
+};
+
+template <bool kDeterministic>
+__device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const SmemPlan& sm, const Work& w, int stage,
+                                            int blk, int warp, int lane) {
+  const int odd = (lane >> 2) & 1;
+  const int col = 16 * odd + 4 * (lane & 3);
+  float* const partial_row0 =
+      kDeterministic ? p.partial + (w.local_token * gridDim.y + w.head_group) * p.K * int64_t(kQkCols) : nullptr;
+  DkvRows r;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int ab = 0; ab < 2; ++ab) {
+      const int row = 16 * warp + (lane >> 2) + 8 * half - odd + ab;
+      const int32_t key = sm.idx[stage][row];
+      r.valid[half][ab] = key_valid(key, p.T_kv);
+      const int64_t at = kDeterministic ? int64_t(blk) * kBlockKeys + row : (r.valid[half][ab] ? key : 0);
+      r.dst[half][ab] = (kDeterministic ? partial_row0 : p.dkv) + at * kQkCols + col;
+    }
+  }
+  return r;
+}
+
+__device__ __forceinline__ float4 shfl_xor4(float4 v, int mask) {
+  return make_float4(__shfl_xor_sync(0xffffffffu, v.x, mask), __shfl_xor_sync(0xffffffffu, v.y, mask),
+                     __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
+}
+
+// Fast mode: atomic add into dkv; deterministic mode: plain store into the slot's partial row.
+template <bool kDeterministic>
+__device__ __forceinline__ void put_dkv(float* dst, float4 v) {
+  if constexpr (kDeterministic) hw::st_global_v4(dst, v);
+  else hw::red_add_v4(dst, v);
+}
+
+// Emits one [64 keys x 64 cols] fp32 dKV chunk (global column block `chunk`) held as a wgmma
+// accumulator over permuted column positions. Thread (quad member q) holds, for its rows r0 and
+// r0 + 8, the columns 16m + 4q .. +3 in n-groups 2m, 2m+1 (stored_col). The even quad of a quad
+// pair keeps m = 0, 2 of its row and receives m = 0, 2 of the odd quad's row; the odd quad keeps
+// m = 1, 3 and receives the even quad's m = 1, 3. Then each 16-byte store of the 8 lanes covers one
+// full 128-byte line of one row: 4 lines per warp instruction.
+template <bool kDeterministic>
+__device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRows& rows, int lane) {
+  const bool odd = (lane >> 2) & 1;
+  const int c0 = chunk * kColsPerBlock;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float4 piece[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      piece[m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
+                             acc[8 * m + 5 + 2 * half]);
+    const float4 got0 = shfl_xor4(odd ? piece[0] : piece[1], 4);
+    const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
+    const float4 a0 = odd ? got0 : piece[0], a1 = odd ? got1 : piece[2];  // row A, columns +0 / +32
+    const float4 b0 = odd ? piece[1] : got0, b1 = odd ? piece[3] : got1;  // row B
+    float* const dst_a = rows.dst[half][0] + c0;
+    float* const dst_b = rows.dst[half][1] + c0;
+    if (rows.valid[half][0]) {
+      put_dkv<kDeterministic>(dst_a, a0);
+      put_dkv<kDeterministic>(dst_a + 32, a1);
+    }
+    if (rows.valid[half][1]) {
+      put_dkv<kDeterministic>(dst_b, b0);
+      put_dkv<kDeterministic>(dst_b + 32, b1);
+    }
+  }
+}
+
+// Writes a [64 heads x 64 kBlocks] fp32 dQ accumulator (kv blocks first_block..) as bf16: n-groups
+// 2m, 2m+1 of each block hold columns 16m + 4q .. +3 (stored_col), stored as one 8-byte vector.
+template <int kBlocks>
+__device__ __forceinline__ void store_dq(const float (&acc)[kBlocks * 32], __nv_bfloat16* dq_head0, int heads,
+                                         int first_block, int r0, int q4) {
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = r0 + 8 * half;
+      if (row >= heads) continue;
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float* a = acc + 32 * j + 8 * m + 2 * half;
+        const uint2 v = make_uint2(hw::pack_bf16(a[0], a[1]), hw::pack_bf16(a[4], a[5]));
+        *reinterpret_cast<uint2*>(dq_head0 + int64_t(row) * kQkCols + (first_block + j) * kColsPerBlock + 16 * m +
+                                  4 * q4) = v;
+      }
+    }
+  }
+}
+
+// A fragments of the transposed [64 h][64 keys] tile (M = keys, K = heads), 4 k-steps of 16 heads.
+__device__ __forceinline__ void load_transposed_frags(const void* tile, uint32_t (&frag)[4][4], int warp, int lane) {
+  const int m = lane / 8;  // matrix: heads +8*(m/2), keys +8*(m%2)
+  const uint32_t base = hw::smem_u32(tile);
+#pragma unroll
+  for (int hk = 0; hk < 4; ++hk) {
+    const int head = 16 * hk + 8 * (m / 2) + lane % 8;
+    hw::ldmatrix_x4_trans(frag[hk], base + hw::sw128_offset(head, 2 * warp + m % 2));
+  }
+}
+
+// Offsets of the accumulator element pairs (row r0 / r0 + 8, keys 8n + 2q4, +1) in a [64 h][64 keys]
+// bf16 SW128 tile.
+__device__ __forceinline__ uint32_t tile_pair_offset(int row, int n, int q4) {
+  return hw::sw128_offset(row, n) + 4 * q4;
+}
+
+// ---- WG0: S, P; dQ for kv blocks [0, 5); dKV value chunks [5, 8) and the rope chunk -----------
+template <bool kDeterministic>
+__device__ void wg0_scores(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
   const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
   const int r0 = 16 * warp + lane / 4;  // accumulator rows (heads) r0 and r0 + 8
-  constexpr int kDq = Cfg::kWg0DqBlocks;
-  float dq[kDq * 32];
+  float dq_a[4 * 32], dq_b[32];         // dQ columns of kv blocks 0..3 and 4
 #pragma unroll
-  for (int i = 0; i < kDq * 32; ++i) dq[i] = 0.f;
+  for (int i = 0; i < 4 * 32; ++i) dq_a[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq_b[i] = 0.f;
 
   hw::mbar_wait(&sm.qdo_full, 0);
   hw::fence_proxy_async();  // cp.async (generic proxy) data is read by wgmma (async proxy)
   const float lse2_lo = sm.lse2[r0], lse2_hi = sm.lse2[r0 + 8];
-  const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
-  const uint32_t peer_xchg = hw::map_to_cta(&sm.xchg[0][tid], peer);
-  const uint32_t peer_xchg_full = hw::map_to_cta(&sm.xchg_full, peer);
-  const uint32_t peer_xchg_free = hw::map_to_cta(&sm.xchg_free, peer);
   const int num_blocks = sm.num_blocks;
+  char* const p_tile = reinterpret_cast<char*>(sm.p);
 
+#pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
     const int st = i & 1;
-    const uint32_t ph = (i >> 1) & 1;
-    hw::mbar_wait(&sm.kv_full[st], ph);
+    const uint32_t ph = i & 1;
+    hw::mbar_wait(&sm.kv_full, ph);
     hw::fence_proxy_async();
 
-    // Partial S (own Q / kv columns) and dP (own value columns): [64 heads x 64 keys] each.
-    float s[32], dp[32];
+    float s[32];  // S = Q . KV^T: [64 heads x 64 keys]
     hw::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4 * Cfg::kKvBlocks; ++ks)
-      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_k_major(sm.q, kHeadsPerCta, ks), desc_k_major(sm.kv[st], kBlockKeys, ks),
+    for (int ks = 0; ks < 4 * kQkBlocks; ++ks)
+      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_k_major(sm.q, kHeadsPerCta, ks), desc_k_major(sm.kv, kBlockKeys, ks),
                                    ks > 0);
-#pragma unroll
-    for (int ks = 0; ks < 4 * kVBlocksPerCta; ++ks)
-      hw::wgmma_ss_m64n64k16<0, 0>(dp, desc_k_major(sm.dout, kHeadsPerCta, ks),
-                                   desc_k_major(sm.kv[st], kBlockKeys, ks), ks > 0);
     hw::wgmma_commit();
     hw::wgmma_wait<0>();
     hw::fence_regs(s);
-    hw::fence_regs(dp);
 
-    // Exchange partials with the peer CTA: write ours into its xchg, read its from ours. Both CTAs
-    // then add own + peer: fp32 addition commutes, so both get bitwise the same S and dP.
-    if (i > 0) hw::mbar_wait_cluster(&sm.xchg_free, (i - 1) & 1);
-#pragma unroll
-    for (int v = 0; v < 8; ++v) {
-      hw::st_cluster_v4(peer_xchg + v * 128 * 16, make_float4(s[4 * v], s[4 * v + 1], s[4 * v + 2], s[4 * v + 3]));
-      hw::st_cluster_v4(peer_xchg + (8 + v) * 128 * 16,
-                        make_float4(dp[4 * v], dp[4 * v + 1], dp[4 * v + 2], dp[4 * v + 3]));
-    }
-    hw::mbar_arrive_cluster(peer_xchg_full);
-    hw::mbar_wait_cluster(&sm.xchg_full, i & 1);
-#pragma unroll
-    for (int v = 0; v < 8; ++v) {
-      const float4 ps = sm.xchg[v][tid], pd = sm.xchg[8 + v][tid];
-      s[4 * v] += ps.x, s[4 * v + 1] += ps.y, s[4 * v + 2] += ps.z, s[4 * v + 3] += ps.w;
-      dp[4 * v] += pd.x, dp[4 * v + 1] += pd.y, dp[4 * v + 2] += pd.z, dp[4 * v + 3] += pd.w;
-    }
-    hw::mbar_arrive_cluster(peer_xchg_free);
-
-    // P = exp(scale S - lse) on valid keys, dS = scale P (dP - Delta), in place (s -> P, dp -> dS).
+    // P = exp(scale S - lse) on valid keys, 0 elsewhere.
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
       const int2 keys = *reinterpret_cast<const int2*>(&sm.idx[st][8 * n + 2 * q4]);
       const bool valid[2] = {key_valid(keys.x, p.T_kv), key_valid(keys.y, p.T_kv)};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float lse2 = e < 2 ? lse2_lo : lse2_hi;
-        const float delta = e < 2 ? delta_lo : delta_hi;
-        const float pv = valid[e & 1] ? exp2f(fmaf(s[4 * n + e], p.scale_log2, -lse2)) : 0.f;
-        s[4 * n + e] = pv;
-        dp[4 * n + e] = pv * (dp[4 * n + e] - delta) * p.scale;
-      }
+      for (int e = 0; e < 4; ++e)
+        s[4 * n + e] = valid[e & 1] ? exp2f(fmaf(s[4 * n + e], p.scale_log2, -(e < 2 ? lse2_lo : lse2_hi))) : 0.f;
     }
-
-    // P and dS as bf16 [64 h][64 keys] tiles for WG1 (dQ of its blocks, dKV).
-    const int b = st;
-    if (i >= 2) hw::mbar_wait(&sm.tiles_free[b], ph ^ 1);
-    char* p_tile = reinterpret_cast<char*>(sm.p[b]);
-    char* ds_tile = reinterpret_cast<char*>(sm.ds[b]);
+    if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // WG1 has read P of block i - 1
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      const uint32_t lo = hw::sw128_offset(r0, n) + 4 * q4, hi = hw::sw128_offset(r0 + 8, n) + 4 * q4;
-      *reinterpret_cast<uint32_t*>(p_tile + lo) = hw::pack_bf16(s[4 * n], s[4 * n + 1]);
-      *reinterpret_cast<uint32_t*>(p_tile + hi) = hw::pack_bf16(s[4 * n + 2], s[4 * n + 3]);
-      *reinterpret_cast<uint32_t*>(ds_tile + lo) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
-      *reinterpret_cast<uint32_t*>(ds_tile + hi) = hw::pack_bf16(dp[4 * n + 2], dp[4 * n + 3]);
+      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(s[4 * n], s[4 * n + 1]);
+      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0 + 8, n, q4)) =
+          hw::pack_bf16(s[4 * n + 2], s[4 * n + 3]);
     }
-    hw::fence_proxy_async();  // ds tile is a wgmma operand of WG1
-    hw::mbar_arrive(&sm.tiles_full[b]);
+    hw::fence_proxy_async();  // the P tile is a wgmma operand (dKV below)
+    hw::mbar_arrive(&sm.p_full);
 
-    // dQ[:, kv blocks 0..kDq) += dS . KV: A straight from the dS accumulator (converted before the
+    // dQ[:, kv blocks 0..4] += dS . KV (A = dS tile, K-major; B = kv, MN-major).
+    hw::mbar_wait(&sm.ds_full, ph);
+    hw::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t a = desc_k_major(sm.ds, kHeadsPerCta, kk);
+      hw::wgmma_ss_m64n256k16<0, 1>(dq_a, a, desc_mn_major(sm.kv, kBlockKeys, kk, 0), true);
+      hw::wgmma_ss_m64n64k16<0, 1>(dq_b, a, desc_mn_major(sm.kv, kBlockKeys, kk, 4), true);
+    }
+    hw::wgmma_commit();
+    const DkvRows rows = dkv_rows<kDeterministic>(p, sm, w, st, sm.block_list[i], warp, lane);
+    hw::wgmma_wait<0>();
+    hw::fence_regs(dq_a);
+    hw::fence_regs(dq_b);
+    hw::mbar_arrive(&sm.kv_empty);
+
+    // dKV[:, c] = dS^T . Q[:, c] (+ P^T . dO[:, c] on value chunks); A read transposed from the tiles.
+#pragma unroll
+    for (int c = kWg1DkvChunks; c < kQkBlocks; ++c) {
+      float acc[32];
+      hw::wgmma_fence();
+#pragma unroll
+      for (int hk = 0; hk < 4; ++hk)
+        hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.ds, kHeadsPerCta, hk, 0),
+                                     desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
+      if (c < kVBlocks) {
+#pragma unroll
+        for (int hk = 0; hk < 4; ++hk)
+          hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.p, kHeadsPerCta, hk, 0),
+                                       desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
+      }
+      hw::wgmma_commit();
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc);
+      emit_dkv_chunk<kDeterministic>(acc, c, rows, lane);
+    }
+  }
+
+  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4>(dq_a, dq_head0, w.heads, 0, r0, q4);
+  store_dq<1>(dq_b, dq_head0, w.heads, 4, r0, q4);
+}
+
+// ---- WG1: dP, dS; dQ for kv blocks [5, 9); dKV value chunks [0, 5) ------------------------------
+template <bool kDeterministic>
+__device__ void wg1_grads(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
+  const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
+  const int r0 = 16 * warp + lane / 4;
+  float dq[kWg1DqBlocks * 32];
+#pragma unroll
+  for (int i = 0; i < kWg1DqBlocks * 32; ++i) dq[i] = 0.f;
+
+  hw::mbar_wait(&sm.qdo_full, 0);
+  hw::fence_proxy_async();
+  const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
+  const int num_blocks = sm.num_blocks;
+  char* const p_tile = reinterpret_cast<char*>(sm.p);
+  char* const ds_tile = reinterpret_cast<char*>(sm.ds);
+
+#pragma unroll 1
+  for (int i = 0; i < num_blocks; ++i) {
+    const int st = i & 1;
+    const uint32_t ph = i & 1;
+    hw::mbar_wait(&sm.kv_full, ph);
+    hw::fence_proxy_async();
+
+    float dp[32];  // dP = dO . V^T: [64 heads x 64 keys]
+    hw::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4 * kVBlocks; ++ks)
+      hw::wgmma_ss_m64n64k16<0, 0>(dp, desc_k_major(sm.dout, kHeadsPerCta, ks), desc_k_major(sm.kv, kBlockKeys, ks),
+                                   ks > 0);
+    hw::wgmma_commit();
+    const DkvRows rows = dkv_rows<kDeterministic>(p, sm, w, st, sm.block_list[i], warp, lane);
+    hw::wgmma_wait<0>();
+    hw::fence_regs(dp);
+
+    // dS = scale P (dP - Delta), in place, with P (bf16) from WG0's tile.
+    hw::mbar_wait(&sm.p_full, ph);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float2 p_lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p_tile + tile_pair_offset(r0, n, q4)));
+      const float2 p_hi =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p_tile + tile_pair_offset(r0 + 8, n, q4)));
+      dp[4 * n + 0] = p_lo.x * (dp[4 * n + 0] - delta_lo) * p.scale;
+      dp[4 * n + 1] = p_lo.y * (dp[4 * n + 1] - delta_lo) * p.scale;
+      dp[4 * n + 2] = p_hi.x * (dp[4 * n + 2] - delta_hi) * p.scale;
+      dp[4 * n + 3] = p_hi.y * (dp[4 * n + 3] - delta_hi) * p.scale;
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
+      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
+          hw::pack_bf16(dp[4 * n + 2], dp[4 * n + 3]);
+    }
+    hw::fence_proxy_async();  // the dS tile is a wgmma operand of WG0
+    hw::mbar_arrive(&sm.ds_full);
+
+    // dQ[:, kv blocks 5..8] += dS . KV: A straight from the dS accumulator (converted before the
     // fence: wgmma.fence must separate register writes from the wgmma reading them).
     uint32_t a[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) hw::acc_to_a_frag(dp, kk, a[kk]);
     hw::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) dq_rs<kDq>(dq, a[kk], desc_mn_major(sm.kv[st], kBlockKeys, kk, 0));
-    hw::wgmma_commit();
-    hw::wgmma_wait<0>();
-    hw::fence_regs(dq);
-    hw::mbar_arrive(&sm.kv_empty[st]);
-  }
-
-  store_dq<Cfg, kDq>(dq, p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols), w.heads, 0, r0, q4);
-}
-
-// ---- WG1: dQ for kv blocks 2.., then dKV chunk by chunk, emitted as atomics or partials ---------
-template <class Cfg, bool kDeterministic>
-__device__ void dq_and_dkv(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
-  const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
-  const int r0 = 16 * warp + lane / 4;
-  const int my_key_row = r0 + 8 * (lane & 1);  // dkv row this thread emits (see flush_dkv_chunk)
-  const int colbase = (lane & 2) * 2;          // first of its 4 columns within each 8-column group
-  constexpr int kDq = Cfg::kWg1DqBlocks;
-  constexpr int kChunks = Cfg::kDkvChunks;
-  // dkv rows go to dkv[key] (fast) or to the partial row of the (token, head group, slot).
-  float* const dst_base =
-      (kDeterministic ? p.partial + (w.local_token * gridDim.y + w.head_group) * p.K * int64_t(kQkCols) : p.dkv) +
-      colbase;
-  float dq[kDq * 32];
-#pragma unroll
-  for (int i = 0; i < kDq * 32; ++i) dq[i] = 0.f;
-
-  hw::mbar_wait(&sm.qdo_full, 0);
-  hw::fence_proxy_async();
-  const int num_blocks = sm.num_blocks;
-
-  for (int i = 0; i < num_blocks; ++i) {
-    const int st = i & 1, b = i & 1;
-    const uint32_t ph = (i >> 1) & 1;
-    hw::mbar_wait(&sm.kv_full[st], ph);
-    hw::mbar_wait(&sm.tiles_full[b], ph);
-    hw::fence_proxy_async();
-    const int32_t key = sm.idx[st][my_key_row];
-    const int slot = sm.block_list[i] * kBlockKeys + my_key_row;
-
-    hw::wgmma_fence();
-#pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      dq_ss<kDq>(dq, desc_k_major(sm.ds[b], kHeadsPerCta, kk),
-                 desc_mn_major(sm.kv[st], kBlockKeys, kk, Cfg::kWg0DqBlocks));
+      hw::wgmma_rs_m64n256k16<1>(dq, a[kk], desc_mn_major(sm.kv, kBlockKeys, kk, kWg0DqBlocks), true);
     hw::wgmma_commit();
     uint32_t ds_t[4][4], p_t[4][4];  // dS^T, P^T: M = keys, K = heads
-    load_transposed_frags(sm.ds[b], ds_t, warp, lane);
-    load_transposed_frags(sm.p[b], p_t, warp, lane);
+    load_transposed_frags(sm.ds, ds_t, warp, lane);
+    load_transposed_frags(sm.p, p_t, warp, lane);
+    hw::mbar_arrive(&sm.tiles_free);
     hw::wgmma_wait<0>();
     hw::fence_regs(dq);
-    hw::mbar_arrive(&sm.kv_empty[st]);
-    hw::mbar_arrive(&sm.tiles_free[b]);
+    hw::mbar_arrive(&sm.kv_empty);
 
-    const bool valid = key_valid(key, p.T_kv);
-    float* const dst = dst_base + (kDeterministic ? slot : (valid ? key : 0)) * int64_t(kQkCols);
-
-    // dKV[:, chunk c] = dS^T . Q[:, c] (+ P^T . dO[:, c] on value columns). Two accumulators:
-    // chunk c's wgmmas run while chunk c-1 is emitted.
-    float acc[2][32];
+    // dKV[:, c] = dS^T . Q[:, c] + P^T . dO[:, c] for value chunks 0..4.
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
+    for (int c = 0; c < kWg1DkvChunks; ++c) {
+      float acc[32];
       hw::wgmma_fence();
 #pragma unroll
       for (int hk = 0; hk < 4; ++hk)
-        hw::wgmma_rs_m64n64k16<1>(acc[c & 1], ds_t[hk], desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
-      if (c < kVBlocksPerCta) {
+        hw::wgmma_rs_m64n64k16<1>(acc, ds_t[hk], desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
 #pragma unroll
-        for (int hk = 0; hk < 4; ++hk)
-          hw::wgmma_rs_m64n64k16<1>(acc[c & 1], p_t[hk], desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
-      }
+      for (int hk = 0; hk < 4; ++hk)
+        hw::wgmma_rs_m64n64k16<1>(acc, p_t[hk], desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
       hw::wgmma_commit();
-      if (c > 0) {
-        hw::wgmma_wait<1>();
-        hw::fence_regs(acc[(c - 1) & 1]);
-        flush_dkv_chunk<kDeterministic>(acc[(c - 1) & 1], dst + Cfg::global_block(c - 1) * kColsPerBlock, valid, lane);
-      }
-    }
-    hw::wgmma_wait<0>();
-    hw::fence_regs(acc[(kChunks - 1) & 1]);
-    flush_dkv_chunk<kDeterministic>(acc[(kChunks - 1) & 1], dst + Cfg::global_block(kChunks - 1) * kColsPerBlock,
-                                    valid, lane);
-  }
-
-  store_dq<Cfg, kDq>(dq, p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols), w.heads,
-                     Cfg::kWg0DqBlocks, r0, q4);
-}
-
-template <class Cfg, bool kDeterministic>
-__device__ void run_cta(const MainParams& p, SmemPlan& sm, const Work& w, uint32_t peer) {
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  if (wg == 2) {
-    hw::reg_dealloc<kProducerRegs>();
-    produce<Cfg>(p, sm, w, tid);
-  } else {
-    hw::reg_alloc<kConsumerRegs>();
-    if (wg == 0) {
-      scores_and_dq<Cfg>(p, sm, w, tid, peer);
-    } else {
-      const uint64_t start = hw::global_timer_ns();
-      dq_and_dkv<Cfg, kDeterministic>(p, sm, w, tid);
-      // Feed the sweep: one token's duration, measured on full rows by one thread per cluster.
-      if (p.sweep_guess_ns != 0 && tid == 0 && peer == 1 && sm.num_blocks == p.K / kBlockKeys)  // CTA 0
-        *reinterpret_cast<volatile uint64_t*>(p.sweep_period_ns) = hw::global_timer_ns() - start;
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc);
+      emit_dkv_chunk<kDeterministic>(acc, c, rows, lane);
     }
   }
+
+  store_dq<kWg1DqBlocks>(dq, p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols), w.heads,
+                         kWg0DqBlocks, r0, q4);
 }
 
 }  // namespace detail
 
-// grid = (2 * tokens of this launch, ceil(H / 64)), cluster (2, 1, 1), kThreads, kSmemBytes dynamic.
+// grid = (tokens of this launch, ceil(H / 64)), kThreads, kSmemBytes dynamic.
 template <bool kDeterministic>
-__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
-    sparse_mla_bwd_main_kernel(const __grid_constant__ MainParams p) {
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
   SmemPlan& sm = *reinterpret_cast<SmemPlan*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t rank = hw::cluster_ctarank();
-  const uint32_t peer = rank ^ 1u;
   detail::Work w;
-  w.local_token = blockIdx.x >> 1;
+  w.local_token = blockIdx.x;
   w.token = p.token_begin + w.local_token;
   w.head_group = blockIdx.y;
   w.heads = min(p.H - w.head_group * kHeadsPerCta, kHeadsPerCta);
 
   if (threadIdx.x == 0) {
     hw::mbar_init(&sm.qdo_full, 256);  // 128 cp.async arrivals + 128 producer arrivals
-    for (int s = 0; s < 2; ++s) {
-      hw::mbar_init(&sm.kv_full[s], 256);
-      hw::mbar_init(&sm.kv_empty[s], 256);  // every consumer thread
-      hw::mbar_init(&sm.tiles_full[s], 128);
-      hw::mbar_init(&sm.tiles_free[s], 128);
-    }
-    hw::mbar_init(&sm.xchg_full, 128);  // the peer's WG0 threads
-    hw::mbar_init(&sm.xchg_free, 128);
+    hw::mbar_init(&sm.kv_full, 256);
+    hw::mbar_init(&sm.kv_empty, 256);  // every consumer thread
+    hw::mbar_init(&sm.p_full, 128);
+    hw::mbar_init(&sm.ds_full, 128);
+    hw::mbar_init(&sm.tiles_free, 128);
     hw::mbar_fence_init();
-    // Sweep: all clusters walk their (key-sorted) rows in step with the global clock, so the kv and
-    // dkv rows being touched at any moment lie in a narrow key window that stays in L2. CTA 0
-    // decides the phase for both CTAs (they must process the same blocks in the same order).
-    if (rank == 0) {
-      float phase = 0.f;
-      if (p.sweep_guess_ns != 0) {
-        uint64_t period = *reinterpret_cast<volatile uint64_t*>(p.sweep_period_ns);
-        if (period == 0) period = p.sweep_guess_ns;
-        phase = static_cast<float>(hw::global_timer_ns() % period) / static_cast<float>(period);
-      }
-      sm.phase = phase;
-      hw::st_cluster_f32(hw::map_to_cta(&sm.phase, peer), phase);
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (wg == 2) {
+    hw::reg_dealloc<kProducerRegs>();
+    detail::produce(p, sm, w, tid);
+  } else {
+    hw::reg_alloc<kConsumerRegs>();
+    if (wg == 0) {
+      const uint64_t start = hw::global_timer_ns();
+      detail::wg0_scores<kDeterministic>(p, sm, w, tid);
+      // Feed the sweep: one token's duration, measured on full rows by one thread per CTA.
+      if (p.sweep_guess_ns != 0 && tid == 0 && sm.num_blocks == p.K / kBlockKeys)
+        *reinterpret_cast<volatile uint64_t*>(p.sweep_period_ns) = hw::global_timer_ns() - start;
+    } else {
+      detail::wg1_grads<kDeterministic>(p, sm, w, tid);
     }
   }
-  hw::cluster_sync();  // barriers of both CTAs initialized, phase visible
-
-  if (rank == 0) detail::run_cta<RankConfig<0>, kDeterministic>(p, sm, w, peer);
-  else detail::run_cta<RankConfig<1>, kDeterministic>(p, sm, w, peer);
-
-  hw::cluster_sync();  // the peer may still write into our smem until it gets here
 }
 
 }  // namespace flashdsa::sm90::mla_bwd

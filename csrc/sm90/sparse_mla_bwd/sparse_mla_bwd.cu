@@ -4,8 +4,8 @@
 //   1. dkv = 0; Delta[t, h] = sum_d dout * out (fp32, workspace).
 //   2. fast mode: main kernel with vector fp32 atomics into dkv. When kv does not fit in L2
 //      (T_kv >= kSweepMinKeys), each row's indices are first sorted (a copy, per chunk of tokens)
-//      and the clusters sweep the key range in step with the clock, so the atomics and gathers of
-//      concurrently running clusters hit a narrow, L2-resident key window.
+//      and the CTAs sweep the key range in step with the clock, so the atomics and gathers of
+//      concurrently running CTAs hit a narrow, L2-resident key window.
 //   3. deterministic mode, per chunk of tokens: the main kernel stores each (token, slot) dkv
 //      partial; the chunk's (key, pair) list is radix-sorted by key (stable); one CTA per key sums
 //      its partials in pair order and adds the sum to dkv. No float atomics anywhere.
@@ -29,7 +29,7 @@ namespace {
 constexpr int64_t kSweepMinKeys = 16384;              // kv + dkv of fewer keys stay in L2 anyway
 constexpr int64_t kSortChunkEntries = int64_t(1) << 24;  // sorted-index chunk: 64 MiB per copy
 constexpr int64_t kDetChunkBytes = int64_t(2) << 30;     // deterministic partial buffer bound: 2 GiB
-constexpr double kAssumedClusterFlopsPerNs = 6000.0;    // first guess of one cluster's speed (sweep)
+constexpr double kAssumedCtaFlopsPerNs = 3500.0;        // first guess of one CTA's speed (sweep)
 constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per thread
 
 // ---- small kernels --------------------------------------------------------------------------
@@ -165,7 +165,7 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
     FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const int64_t per_token = int64_t(pl.num_head_groups) * p.K * kQkCols * int64_t(sizeof(float));
     int64_t c = std::max<int64_t>(1, kDetChunkBytes / per_token);
-    const int64_t wave = std::max(1, sms / 2);  // clusters resident at once
+    const int64_t wave = sms;  // CTAs resident at once (one per SM)
     if (c > wave) c -= c % wave;
     pl.chunk_tokens = std::min(c, T);
     const int64_t pairs = pl.chunk_tokens * p.K;
@@ -222,7 +222,7 @@ template <bool kDeterministic>
 Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, cudaStream_t stream) {
   auto* kernel = sparse_mla_bwd_main_kernel<kDeterministic>;
   FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-  kernel<<<dim3(static_cast<unsigned>(2 * tokens), num_head_groups), kThreads, kSmemBytes, stream>>>(mp);
+  kernel<<<dim3(static_cast<unsigned>(tokens), num_head_groups), kThreads, kSmemBytes, stream>>>(mp);
   FLASHDSA_CHECK_LAUNCH("sparse_mla_bwd_main_kernel");
   return Status::OK();
 }
@@ -294,7 +294,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   if (pl.sweep) {
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_period_ns, 0, sizeof(uint64_t), stream));
     mp.sweep_guess_ns = static_cast<uint64_t>(2.0 * kHeadsPerCta * p.K * (3 * kQkCols + 2 * kVCols) /
-                                              kAssumedClusterFlopsPerNs);
+                                              kAssumedCtaFlopsPerNs);
     int32_t* offsets = reinterpret_cast<int32_t*>(ws + pl.segment_offsets);
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
       const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
