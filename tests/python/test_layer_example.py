@@ -18,6 +18,11 @@ def example_code() -> str:
     return match.group(1)
 
 
+def test_readme_shows_the_same_example():
+    readme = (DOC.parents[1] / "README.md").read_text()
+    assert example_code() in readme, "README.md's two-layer example must be the block of docs/layer.md"
+
+
 def test_readme_example_runs_and_trains_the_indexer(monkeypatch):
     calls = []
     real = flashdsa.ops.indexer_topk
