@@ -38,6 +38,7 @@
 #include "flashdsa/types.h"
 #include "sm90/indexer_topk/indexer_topk.h"
 #include "sm90/sm90_backend.h"
+#include "check_common.cuh"
 
 namespace {
 
@@ -497,23 +498,7 @@ bool benchmark(uint64_t seed) {
       }
       CHECK_CUDA(cudaDeviceSynchronize());
       CHECK_CUDA(cudaMemGetInfo(&free_after, &total));
-      cudaEvent_t e0, e1;
-      CHECK_CUDA(cudaEventCreate(&e0));
-      CHECK_CUDA(cudaEventCreate(&e1));
-      std::vector<float> ms;
-      for (int rep = 0; rep < 10; ++rep) {
-        CHECK_CUDA(cudaEventRecord(e0));
-        (void)flashdsa::sm90::indexer_topk(prm);
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float m = 0;
-        CHECK_CUDA(cudaEventElapsedTime(&m, e0, e1));
-        ms.push_back(m);
-      }
-      CHECK_CUDA(cudaEventDestroy(e0));
-      CHECK_CUDA(cudaEventDestroy(e1));
-      std::sort(ms.begin(), ms.end());
-      const double med = 0.5 * (ms[4] + ms[5]);
+      const double med = flashdsa_check::median_ms([&] { (void)flashdsa::sm90::indexer_topk(prm); }, 0, 10);
       const double pairs = double(T) * double(T + 1) / 2.0;
       const double tflops = 2.0 * pairs * H * D / (med * 1e-3) / 1e12;
 

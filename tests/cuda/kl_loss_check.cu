@@ -27,6 +27,7 @@
 
 #include "flashdsa/ops.h"
 #include "sm90/sm90_backend.h"
+#include "check_common.cuh"
 
 namespace {
 
@@ -594,22 +595,7 @@ void fill_f32(float* p, size_t n, uint64_t seed, float lo, float hi) {
 
 // Median milliseconds of `reps` timed runs after `warmup` untimed ones.
 double time_ms(const std::function<void()>& fn, int warmup = 2, int reps = 10) {
-  cudaEvent_t a, b;
-  CUDA_OK(cudaEventCreate(&a));
-  CUDA_OK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    CUDA_OK(cudaEventRecord(a));
-    fn();
-    CUDA_OK(cudaEventRecord(b));
-    CUDA_OK(cudaEventSynchronize(b));
-    CUDA_OK(cudaEventElapsedTime(&ms[i], a, b));
-  }
-  CUDA_OK(cudaEventDestroy(a));
-  CUDA_OK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[reps / 2];
+  return flashdsa_check::median_ms(fn, warmup, reps);
 }
 
 void print_row(const char* name, int64_t T, double ms, double flops) {

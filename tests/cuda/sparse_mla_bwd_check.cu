@@ -28,6 +28,7 @@
 
 #include "flashdsa/ops.h"
 #include "sm90/sm90_backend.h"
+#include "check_common.cuh"
 
 namespace {
 
@@ -320,26 +321,7 @@ __global__ void fill_indices_kernel(int32_t* p, int64_t n, int64_t range, uint64
     p[i] = static_cast<int32_t>(hash64(seed + i) % static_cast<uint64_t>(range));
 }
 
-template <class F>
-float median_ms(F&& body, int warmup, int reps) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) body();
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    CHECK_CUDA(cudaEventRecord(a));
-    body();
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float x = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&x, a, b));
-    ms.push_back(x);
-  }
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+using flashdsa_check::median_ms;
 
 int64_t count_nonfinite(const float* d_ptr, int64_t n) {
   std::vector<float> h(n);

@@ -33,6 +33,7 @@
 
 #include "flashdsa/ops.h"
 #include "sm90/sm90_backend.h"
+#include "check_common.cuh"
 
 #ifdef FLASHDSA_CHECK_WITH_CUBLAS
 #include <cublas_v2.h>
@@ -318,25 +319,7 @@ __global__ void fill_indices_causal(int32_t* p, int64_t T, int K, uint64_t seed)
   }
 }
 
-template <typename Launch>
-double median_ms(Launch&& launch, int warmup, int reps) {
-  cudaEvent_t start, stop;
-  CK(cudaEventCreate(&start));
-  CK(cudaEventCreate(&stop));
-  for (int i = 0; i < warmup; ++i) launch();
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(start));
-    launch();
-    CK(cudaEventRecord(stop));
-    CK(cudaEventSynchronize(stop));
-    CK(cudaEventElapsedTime(&ms[i], start, stop));
-  }
-  CK(cudaEventDestroy(start));
-  CK(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  return ms[reps / 2];
-}
+using flashdsa_check::median_ms;
 
 #ifdef FLASHDSA_CHECK_WITH_CUBLAS
 void print_gemm_ceiling() {
