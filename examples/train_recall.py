@@ -290,7 +290,10 @@ class ReferenceDSAAttention(nn.Module):
     def __init__(self, topk: int, scale: float, *, index_share: str = "full",
                  loss_coeff: Optional[float] = None, layer_id=None):
         super().__init__()
-        self.topk, self.scale, self.index_share = topk, scale, index_share
+        # The kernels take the softmax scale as fp32 (include/flashdsa/ops.h): round it alike, or
+        # fp64 runs would differ by that rounding (~1e-8).
+        self.scale = float(torch.tensor(scale, dtype=torch.float32))
+        self.topk, self.index_share = topk, index_share
         self.loss_coeff, self.layer_id = loss_coeff, layer_id
         self.last_indexer_loss: Optional[torch.Tensor] = None
         self.last_topk_mismatch: Optional[torch.Tensor] = None  # rows whose own top-k differs
@@ -485,7 +488,7 @@ class Decoder(nn.Module):
     def indexer_losses(self) -> torch.Tensor:
         """Latest KL loss of each full layer divided by its coefficient (the plain KL), ``[#full]``."""
         losses = [self.blocks[i].attn.core.last_indexer_loss for i in self.full_layers()]
-        return torch.stack([loss.float() for loss in losses]) / self.cfg.loss_coeff
+        return torch.stack([loss.double() for loss in losses]) / self.cfg.loss_coeff
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,7 +608,8 @@ class Run:
         with torch.no_grad():  # one host transfer for the step's numbers
             correct = logits.argmax(-1) == batch.answers
             chance = (self.cfg.topk / batch.visible.float()).clamp(max=1).mean()
-            scalars = torch.stack([loss.detach().float(), grad_norm.float(), correct.float().mean(), chance]).tolist()
+            numbers = [loss.detach(), grad_norm, correct.float().mean(), chance]  # fp64 keeps fp64 losses exact
+            scalars = torch.stack([t.double() for t in numbers]).tolist()
             selected = torch.stack([pair_selected(ix, batch) for ix in indices])  # [#full, N]
             recall = selected.float().mean(dim=1).tolist()
             in_any = selected.any(dim=0)

@@ -134,3 +134,11 @@ def test_parity_mode_agrees(example, tmp_path):
     assert shared["own_topk_mismatch_fraction"] < 0.01
     assert result["runs"]["fused"]["lm_loss"][0] == pytest.approx(result["runs"]["reference"]["lm_loss"][0], rel=1e-6)
     assert (tmp_path / "parity.png").stat().st_size > 10_000
+
+
+def test_parity_in_fp64_is_exact_to_rounding(example, tmp_path):
+    # Same selections and the same math: only the summation order differs.
+    report = example.main(TINY + ["--parity", "--fp64", "--steps", "4", "--out", str(tmp_path)])["parity"]
+    for entry in report.values():
+        assert entry["steps_with_identical_topk"] == 4
+        assert entry["max_rel_lm_loss_diff"] < 1e-12 and entry["max_rel_kl_loss_diff"] < 1e-12
