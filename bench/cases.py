@@ -136,15 +136,18 @@ class CaseBuilder:
             q_idx, k_idx, weights, _, _ = index_inputs(cfg, t)
             idx = causal_topk_indices(t, s.topk, dev)
             grad_rows = torch.full((t,), 1.0 / t, device=dev)
-            return q_idx, k_idx, weights, idx, random_mass(idx), grad_rows
+            mass = random_mass(idx)
+            # The backward starts from the forward's row statistics, as the autograd does.
+            _, row_stats = ops.sparse_kl_fwd(q_idx, k_idx, weights, idx, mass, True)
+            return q_idx, k_idx, weights, idx, mass, grad_rows, row_stats
 
-        kl_set_bytes = index_input_bytes(t, s) + 2 * t * s.topk * 4
+        kl_set_bytes = index_input_bytes(t, s) + 2 * t * s.topk * 4 + 8 * t
 
         def kl_fwd() -> Prepared:
             return Prepared(lambda a: ops.sparse_kl_fwd(*a[:5], True), self._sets(kl_inputs, kl_set_bytes))
 
         def kl_bwd() -> Prepared:
-            return Prepared(lambda a: ops.sparse_kl_bwd(*a[:5], True, a[5]), self._sets(kl_inputs, kl_set_bytes))
+            return Prepared(lambda a: ops.sparse_kl_bwd(*a[:5], True, a[5], a[6]), self._sets(kl_inputs, kl_set_bytes))
 
         return [
             Case(KERNEL, "indexer_topk", t, indexer, flops=flops.indexer_flops(t, s), requires=("indexer_topk",),

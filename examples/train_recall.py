@@ -341,6 +341,8 @@ ATTENTION_CORES: Dict[str, Callable[..., nn.Module]] = {
 
 
 class RMSNorm(nn.Module):
+    """RMS normalization over the last dim (computed in fp32, or fp64), with a learned gain."""
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -388,11 +390,12 @@ class Indexer(nn.Module):
         self.w = nn.Linear(cfg.d_model, cfg.idx_heads, bias=False)
 
     def forward(self, x: torch.Tensor, rope: Rope, act_dtype: torch.dtype):
-        """``x [T, d]`` → ``q_idx [T, H_I, D_I]``, ``k_idx [T, D_I]`` (act dtype), ``weights [T, H_I]`` fp32."""
+        """``x [T, d]`` → ``q_idx [T, H_I, D_I]``, ``k_idx [T, D_I]`` (act dtype), ``weights [T, H_I]``
+        (fp32; fp64 in fp64 runs)."""
         x = x.detach()
         q_idx = rope.apply(self.q(x).unflatten(-1, (self.heads, self.dim)))
         k_idx = rope.apply(self.k_norm(self.k(x)))
-        weights = _acc(self.w(x)) * (self.heads * self.dim) ** -0.5  # fp32 (fp64), scale factors folded in
+        weights = _acc(self.w(x)) * (self.heads * self.dim) ** -0.5  # scale factors folded in
         return q_idx.to(act_dtype), k_idx.to(act_dtype), weights
 
 
@@ -436,6 +439,8 @@ class MLAttention(nn.Module):
 
 
 class Block(nn.Module):
+    """Pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
     def __init__(self, cfg: Config, mode: str, layer_id: int, core):
         super().__init__()
         self.attn_norm, self.mlp_norm = RMSNorm(cfg.d_model), RMSNorm(cfg.d_model)
@@ -552,8 +557,8 @@ def activation_dtype(device: str, fp64: bool = False) -> torch.dtype:
     return torch.bfloat16
 
 
-METRICS = ("lm_loss", "kl_loss", "grad_norm", "accuracy", "recall", "selected_split", "chance_recall", "lr",
-           "seconds", "index_digest", "topk_mismatch")
+METRICS = ("lm_loss", "kl_loss", "grad_norm", "indexer_grad_norm", "accuracy", "recall", "selected_split",
+           "chance_recall", "lr", "seconds", "index_digest", "topk_mismatch")
 
 
 # Run name -> (attention core, whether it attends to the first run's top-k instead of its own).
@@ -573,6 +578,11 @@ class Run:
         backend, self.follows_leader = RUN_KINDS[name]
         # Parameters in fp32 (bf16 autocast on CUDA), or fp64 for an fp64 run.
         self.model = Decoder(cfg, ATTENTION_CORES[backend]).to(device, torch.float64 if dtype == torch.float64 else None)
+        # The indexer learns only from its KL loss (detached input): its gradient is clipped on its
+        # own, so that a burst in one loss does not shrink the other's update.
+        named = list(self.model.named_parameters())
+        self.indexer_params = [p for n, p in named if ".indexer." in n]
+        self.lm_params = [p for n, p in named if ".indexer." not in n]
         matrices = [p for p in self.model.parameters() if p.dim() >= 2]
         vectors = [p for p in self.model.parameters() if p.dim() < 2]
         self.opt = torch.optim.AdamW([{"params": matrices, "weight_decay": cfg.weight_decay},
@@ -600,7 +610,8 @@ class Run:
             logits, full_indices = self.model(batch, act_dtype)
         loss = F.cross_entropy(_acc(logits), batch.answers)
         loss.backward()  # also back-propagates the full layers' KL losses (attached to their outputs)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.lm_params, self.cfg.clip)
+        indexer_grad_norm = torch.nn.utils.clip_grad_norm_(self.indexer_params, self.cfg.clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
@@ -608,14 +619,14 @@ class Run:
         with torch.no_grad():  # one host transfer for the step's numbers
             correct = logits.argmax(-1) == batch.answers
             chance = (self.cfg.topk / batch.visible.float()).clamp(max=1).mean()
-            numbers = [loss.detach(), grad_norm, correct.float().mean(), chance]  # fp64 keeps fp64 losses exact
+            numbers = [loss.detach(), grad_norm, indexer_grad_norm, correct.float().mean(), chance]  # fp64 stays exact
             scalars = torch.stack([t.double() for t in numbers]).tolist()
             selected = torch.stack([pair_selected(ix, batch) for ix in indices])  # [#full, N]
             recall = selected.float().mean(dim=1).tolist()
             in_any = selected.any(dim=0)
             split = torch.stack([in_any.sum(), (correct & in_any).sum(), (~in_any).sum(), (correct & ~in_any).sum()])
         h = self.hist
-        for key, value in zip(("lm_loss", "grad_norm", "accuracy", "chance_recall"), scalars):
+        for key, value in zip(("lm_loss", "grad_norm", "indexer_grad_norm", "accuracy", "chance_recall"), scalars):
             h[key].append(value)
         h["kl_loss"].append(self.model.indexer_losses().tolist())
         h["recall"].append(recall)
@@ -643,7 +654,8 @@ def train(cfg: Config, names: List[str], device: str, *, fp64: bool = False, tim
     own top-k is still computed: ``topk_mismatch`` counts the rows per full layer where it differs).
 
     Returns ``{name: metrics}``, each metric a per-step list: lm_loss, kl_loss (per full layer,
-    plain KL), grad_norm (before clipping), accuracy, recall (per full layer), selected_split
+    plain KL), grad_norm and indexer_grad_norm (of the model's and the indexers' parameters, before
+    clipping), accuracy, recall (per full layer), selected_split
     (queries whose pair some full layer selected, how many of them were answered right, the other
     queries, how many of them were right), chance_recall (of a random top-k), lr, seconds,
     index_digest (per full layer), topk_mismatch (per full layer, the fraction of rows; shared-top-k
@@ -730,7 +742,9 @@ def plot_training(hist: Dict[str, list], cfg: Config, path: Path, title: str) ->
         ax[0, 1].plot(steps, per_layer("kl_loss", j), label=f"full layer {layer}")
     ax[0, 1].set(title="indexer KL loss (sparse, per full layer)", xlabel="step")
     ax[0, 1].legend()
-    ax[1, 0].plot(steps, hist["grad_norm"], color="C2", lw=0.8)
+    ax[1, 0].plot(steps, hist["grad_norm"], color="C2", lw=0.8, label="model (LM loss)")
+    ax[1, 0].plot(steps, hist["indexer_grad_norm"], color="C4", lw=0.8, alpha=0.7, label="indexers (KL loss)")
+    ax[1, 0].legend()
     ax[1, 0].set(title=f"gradient norm before clipping (clip {cfg.clip})", xlabel="step", yscale="log")
     ax[1, 1].plot(steps, smooth(hist["accuracy"], w), color="k", lw=2, label="task accuracy")
     sel, sel_right = ([split[i] for split in hist["selected_split"]] for i in (0, 1))
@@ -741,7 +755,7 @@ def plot_training(hist: Dict[str, list], cfg: Config, path: Path, title: str) ->
         ax[1, 1].plot(steps, per_layer("recall", j), label=f"top-{cfg.topk} recall, full layer {layer}")
     ax[1, 1].plot(steps, smooth(hist["chance_recall"], w), ls="--", color="gray", label="recall of a random top-k")
     ax[1, 1].set(title="accuracy; indexer recall of the queried pair", xlabel="step", ylim=(0, 1.02))
-    ax[1, 1].legend(fontsize=8)
+    ax[1, 1].legend(fontsize=8, loc="upper left")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -795,13 +809,15 @@ def plot_parity(runs: Dict[str, Dict[str, list]], report: Dict[str, Dict], path:
             axis.plot(steps, [v if key == "lm_loss" else sum(v) for v in hist[key][:n]], label=run, **styles[run])
         axis.set(title=name, xlabel="step")
         axis.legend()
+    diffs = [r for entry in report.values() for key in ("lm_rel_diff", "kl_rel_diff") for r in entry[key][:n]]
+    floor = min([r for r in diffs if r > 0], default=1e-18) / 2  # where equal losses are drawn
     for run, entry in report.items():
         color = styles[run]["color"]
-        ax[2].semilogy(steps, [max(r, 1e-9) for r in entry["lm_rel_diff"][:n]], color=color, lw=1,
+        ax[2].semilogy(steps, [max(r, floor) for r in entry["lm_rel_diff"][:n]], color=color, lw=1,
                        label=f"{run}: LM loss (max {entry['max_rel_lm_loss_diff']:.1e})")
-        ax[2].semilogy(steps, [max(r, 1e-9) for r in entry["kl_rel_diff"][:n]], color=color, lw=0.6, alpha=0.5,
+        ax[2].semilogy(steps, [max(r, floor) for r in entry["kl_rel_diff"][:n]], color=color, lw=0.6, alpha=0.5,
                        label=f"{run}: KL loss (max {entry['max_rel_kl_loss_diff']:.1e})")
-    ax[2].set(title="|fused − reference| / reference (floored at 1e-9)", xlabel="step")
+    ax[2].set(title=f"|fused − reference| / reference (equal: drawn at {floor:.0e})", xlabel="step")
     ax[2].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()

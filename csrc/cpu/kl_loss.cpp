@@ -8,6 +8,8 @@
 // An empty support gives loss 0 and zero gradients. So does a sparse row whose mass sums to 0
 // (no target distribution exists).
 //
+// The forward also writes the optional row statistics {lse of the scores, sum of the mass}; the
+// backward recomputes them and ignores row_stats.
 // Backward: dweights and dq_idx row by row; dk_idx key-major (key_partition.h), so it is bitwise
 // reproducible for any thread count. The sparse pass keeps g in a [T, K] buffer; the dense pass
 // cannot (T x T_kv) and recomputes g for every pair from the saved row statistics.
@@ -81,6 +83,7 @@ Status sparse_kl_impl(const SparseKlParams& p, bool backward) {
       double mass_sum = 0;
       for (int i = 0; i < n; ++i) mass_sum += mass[t * K + slots[i]];
       double loss = 0;
+      double lse = neg_inf<double>();  // of the scores; stays -inf for a row without a target
       std::fill(dw, dw + H, 0.0);
       int n_grad = 0;  // slots that carry a gradient
       if (n > 0 && mass_sum != 0) {
@@ -88,7 +91,8 @@ Status sparse_kl_impl(const SparseKlParams& p, bool backward) {
         in.scores(q, in.w(t), rows, n, qk, K, score);
         for (int i = 0; i < n; ++i) target[i] = mass[t * K + slots[i]] / mass_sum;
         const double G = backward ? loss_row_grad<Acc>(p.grad_scale, p.grad_rows, t) : 0;
-        loss = kl_terms(score, logsumexp(score, n), target, n, G, backward ? g : nullptr);
+        lse = logsumexp(score, n);
+        loss = kl_terms(score, lse, target, n, G, backward ? g : nullptr);
         if (backward) {
           in.score_grads(in.w(t), g, n, qk, K, dw);
           n_grad = n;
@@ -96,6 +100,11 @@ Status sparse_kl_impl(const SparseKlParams& p, bool backward) {
       }
       if (!backward) {
         static_cast<Acc*>(p.loss_rows)[t] = static_cast<Acc>(loss);
+        if (p.row_stats) {  // {lse, sum of mass}, {-inf, 0} without a target (ops.h)
+          Acc* stats = static_cast<Acc*>(p.row_stats) + 2 * t;
+          stats[0] = static_cast<Acc>(lse);
+          stats[1] = static_cast<Acc>(lse == neg_inf<double>() ? 0.0 : mass_sum);
+        }
         continue;
       }
       Acc* g_t = g_all.data() + t * K;

@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -137,8 +138,9 @@ SparseKlParams sparse_kl_params(const IndexerInputs& in, const Tensor& idx, cons
   return p;
 }
 
-Tensor sparse_kl_fwd(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights, const Tensor& indices,
-                     const Tensor& mass, bool relu) {
+// Returns loss_rows [T] and the row statistics [T, 2] that let sparse_kl_bwd skip recomputing them.
+std::tuple<Tensor, Tensor> sparse_kl_fwd(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights,
+                                         const Tensor& indices, const Tensor& mass, bool relu) {
   const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
   const Tensor idx = topk_indices(indices, q_idx, in.T);
   const Tensor mass_c = stat_tensor(mass, q_idx, in.dtype, {in.T, idx.size(1)}, "mass ([T, K] of indices)");
@@ -147,9 +149,11 @@ Tensor sparse_kl_fwd(const Tensor& q_idx, const Tensor& k_idx, const Tensor& wei
   SparseKlParams p = sparse_kl_params(in, idx, mass_c, relu);
   scope.fill(p);
   Tensor loss_rows = at::empty({in.T}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
+  Tensor row_stats = at::empty({in.T, 2}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
   p.loss_rows = loss_rows.data_ptr();
+  p.row_stats = row_stats.data_ptr();
   throw_if_error(run_sparse_kl_fwd(p), "sparse_kl_fwd");
-  return loss_rows;
+  return {loss_rows, row_stats};
 }
 
 // Indexer gradients [dq_idx (act), dk_idx (stat), dweights (stat)], allocated and wired into `p`.
@@ -166,16 +170,19 @@ std::tuple<Tensor, Tensor, Tensor> indexer_grads(Params& p, const IndexerInputs&
 
 std::tuple<Tensor, Tensor, Tensor> sparse_kl_bwd(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights,
                                                  const Tensor& indices, const Tensor& mass, bool relu,
-                                                 const Tensor& grad_rows) {
+                                                 const Tensor& grad_rows, const std::optional<Tensor>& row_stats) {
   const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
   const Tensor idx = topk_indices(indices, q_idx, in.T);
   const Tensor mass_c = stat_tensor(mass, q_idx, in.dtype, {in.T, idx.size(1)}, "mass ([T, K] of indices)");
   const Tensor grad_c = stat_tensor(grad_rows, q_idx, in.dtype, {in.T}, "grad_rows");
+  const Tensor stats_c =
+      row_stats ? stat_tensor(*row_stats, q_idx, in.dtype, {in.T, 2}, "row_stats ([T, 2] of sparse_kl_fwd)") : Tensor();
   const CallScope scope(q_idx);
 
   SparseKlParams p = sparse_kl_params(in, idx, mass_c, relu);
   scope.fill(p);
   p.grad_rows = grad_c.data_ptr();
+  if (stats_c.defined()) p.row_stats = stats_c.data_ptr();
   auto grads = indexer_grads(p, in, q_idx);
   throw_if_error(run_sparse_kl_bwd(p), "sparse_kl_bwd");
   return grads;
@@ -287,10 +294,10 @@ TORCH_LIBRARY(flashdsa, m) {
         traceable);
   m.def("attention_mass(Tensor q, Tensor kv, Tensor indices, Tensor lse, float scale) -> Tensor mass", traceable);
   m.def("sparse_kl_fwd(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor indices, Tensor mass, bool relu) "
-        "-> Tensor loss_rows",
+        "-> (Tensor loss_rows, Tensor row_stats)",
         traceable);
   m.def("sparse_kl_bwd(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor indices, Tensor mass, bool relu, "
-        "Tensor grad_rows) -> (Tensor dq_idx, Tensor dk_idx, Tensor dweights)",
+        "Tensor grad_rows, Tensor? row_stats=None) -> (Tensor dq_idx, Tensor dk_idx, Tensor dweights)",
         traceable);
   m.def("dense_kl_fwd(Tensor q, Tensor kv, float scale, Tensor q_idx, Tensor k_idx, Tensor weights, "
         "Tensor k_start, Tensor k_end, bool relu) -> Tensor loss_rows",

@@ -147,6 +147,12 @@ struct SparseKlParams : CallContext {
           indices_stride_t = 0;
   // forward output
   void* loss_rows = nullptr;     // [T] stat out (fwd)
+  // Optional per-row statistics [T, 2] stat, contiguous: {log-sum-exp over the support of the scores,
+  // sum of the mass over the support}; {-inf, 0} for a row without a target (empty support or zero
+  // mass). The forward writes it when non-null. The backward, when non-null, takes it as the
+  // forward's output for the same inputs and skips recomputing it (CUDA: one pass over the keys
+  // instead of two; CPU: ignored).
+  void* row_stats = nullptr;
   // backward: per-row upstream gradient, d total / d loss_rows[t] = grad_scale * (grad_rows ? grad_rows[t] : 1)
   double grad_scale = 1.0;
   const void* grad_rows = nullptr;  // [T] stat, optional

@@ -112,7 +112,8 @@ def _attention_mass_fake(q, kv, indices, lse, scale):
 
 @torch.library.register_fake("flashdsa::sparse_kl_fwd")
 def _sparse_kl_fwd_fake(q_idx, k_idx, weights, indices, mass, relu):
-    return q_idx.new_empty((q_idx.shape[0],), dtype=_stat_dtype(q_idx.dtype))
+    T, stat = q_idx.shape[0], _stat_dtype(q_idx.dtype)
+    return q_idx.new_empty((T,), dtype=stat), q_idx.new_empty((T, 2), dtype=stat)
 
 
 def _indexer_grads_fake(q_idx, k_idx):
@@ -123,7 +124,7 @@ def _indexer_grads_fake(q_idx, k_idx):
 
 
 @torch.library.register_fake("flashdsa::sparse_kl_bwd")
-def _sparse_kl_bwd_fake(q_idx, k_idx, weights, indices, mass, relu, grad_rows):
+def _sparse_kl_bwd_fake(q_idx, k_idx, weights, indices, mass, relu, grad_rows, row_stats=None):
     return _indexer_grads_fake(q_idx, k_idx)
 
 
@@ -165,7 +166,11 @@ class _SparseMla(torch.autograd.Function):
 
 
 class _SparseKlRows(torch.autograd.Function):
-    """Per-row sparse KL loss; gradients to q_idx, k_idx, weights (the target `mass` gets none)."""
+    """Per-row sparse KL loss; gradients to q_idx, k_idx, weights (the target `mass` gets none).
+
+    Returns (loss_rows, row_stats); the row statistics [T, 2] are saved so that the backward reads
+    the keys once instead of recomputing them (not differentiable).
+    """
 
     @staticmethod
     def forward(q_idx, k_idx, weights, indices, mass, relu):
@@ -174,13 +179,16 @@ class _SparseKlRows(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         q_idx, k_idx, weights, indices, mass, relu = inputs
-        ctx.save_for_backward(q_idx, k_idx, weights, indices, mass)
+        _, row_stats = output
+        ctx.save_for_backward(q_idx, k_idx, weights, indices, mass, row_stats)
         ctx.relu = relu
+        ctx.mark_non_differentiable(row_stats)
 
     @staticmethod
-    def backward(ctx, grad_rows):
-        q_idx, k_idx, weights, indices, mass = ctx.saved_tensors
-        dq_idx, dk_idx, dweights = _ops.sparse_kl_bwd(q_idx, k_idx, weights, indices, mass, ctx.relu, grad_rows)
+    def backward(ctx, grad_rows, _grad_row_stats):
+        q_idx, k_idx, weights, indices, mass, row_stats = ctx.saved_tensors
+        dq_idx, dk_idx, dweights = _ops.sparse_kl_bwd(q_idx, k_idx, weights, indices, mass, ctx.relu, grad_rows,
+                                                      row_stats)
         return dq_idx, dk_idx.to(k_idx.dtype), dweights, None, None, None
 
 
@@ -275,7 +283,7 @@ def _kl_rows(q_idx, k_idx, weights, *, formulation, relu, indices, mass, q, kv, 
     if formulation == "sparse":
         if indices is None or mass is None:
             raise ValueError('formulation="sparse" needs indices= and mass=')
-        return _SparseKlRows.apply(q_idx, k_idx, weights, indices, mass.detach(), bool(relu))
+        return _SparseKlRows.apply(q_idx, k_idx, weights, indices, mass.detach(), bool(relu))[0]
     if formulation == "dense":
         if q is None or kv is None or scale is None or k_start is None or k_end is None:
             raise ValueError('formulation="dense" needs q=, kv=, scale=, k_start= and k_end=')

@@ -88,6 +88,45 @@ void check_sparse(const Shape& shape, bool with_grad_rows) {
   }
 }
 
+// The forward's optional row statistics: {lse of the scores, sum of the mass} on rows with a target,
+// exactly {-inf, 0} on the others (row 3: no valid slot, row 5: zero mass).
+template <class Act>
+void check_sparse_row_stats(const Shape& shape) {
+  using Stat = StatOf<Act>;
+  const Problem<Act> pb(shape);
+  Rng rng(shape.seed + 300);
+  const auto mass = random_mass<Stat>(pb.T, shape.K, rng);
+  std::vector<Stat> loss_rows(pb.T), stats(2 * pb.T, Stat(-7));
+  auto p = pb.sparse_kl(mass.data());
+  p.loss_rows = loss_rows.data();
+  p.row_stats = stats.data();
+  FDT_ASSERT_OK(flashdsa::run_sparse_kl_fwd(p));
+
+  const ref::Indexer ix = pb.ref_indexer();
+  std::vector<double> want, got;
+  for (int64_t t = 0; t < pb.T; ++t) {
+    std::vector<double> scores;
+    double mass_sum = 0;
+    for (int j = 0; j < shape.K; ++j) {
+      const int32_t key = pb.indices[t * shape.K + j];
+      if (!ref::valid(key, pb.T_kv)) continue;
+      scores.push_back(ix.score(t, key));
+      mass_sum += mass[t * shape.K + j];
+    }
+    if (scores.empty() || mass_sum == 0) {
+      EXPECT_EQ(stats[2 * t], -std::numeric_limits<Stat>::infinity()) << "row " << t;
+      EXPECT_EQ(stats[2 * t + 1], Stat(0)) << "row " << t;
+      continue;
+    }
+    const double m = *std::max_element(scores.begin(), scores.end());
+    double sum = 0;
+    for (double x : scores) sum += std::exp(x - m);
+    want.insert(want.end(), {m + std::log(sum), mass_sum});
+    got.insert(got.end(), {static_cast<double>(stats[2 * t]), static_cast<double>(stats[2 * t + 1])});
+  }
+  expect_close(got, want, stat_rtol<Act>(), stat_rtol<Act>(), "row_stats");
+}
+
 template <class Act>
 void check_dense(const Problem<Act>& pb, bool with_grad_rows) {
   using Stat = StatOf<Act>;
@@ -112,6 +151,8 @@ TYPED_TEST(KlLoss, SparseIdentityNoGradRowsMatchesReference) {
   s.seed = 5;
   check_sparse<TypeParam>(s, false);
 }
+
+TYPED_TEST(KlLoss, SparseForwardWritesRowStats) { check_sparse_row_stats<TypeParam>(Shape{}); }
 
 TYPED_TEST(KlLoss, DenseMatchesReference) { check_dense(Problem<TypeParam>(Shape{}), true); }
 

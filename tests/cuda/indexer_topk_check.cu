@@ -415,6 +415,8 @@ std::vector<Problem> correctness_problems(bool small, std::mt19937_64& rng) {
   add("thd H64 D128 K128 relu", 64, 128, 128, true, [](Problem& p) { thd_causal_ranges({1, 700, 63, 65, 1201}, p); });
   add("causal H32 D64 K2048 relu", 32, 64, 2048, true, [](Problem& p) { thd_causal_ranges({3000}, p); });
   add("causal H64 D128 K2048 linear", 64, 128, 2048, false, [](Problem& p) { thd_causal_ranges({2500}, p); });
+  // Lists longer than the register-resident selection takes (4096): the streamed selection path.
+  add("causal H32 D64 K4096 relu", 32, 64, 4096, true, [](Problem& p) { thd_causal_ranges({4400}, p); });
   add("cp4 H64 D64 K128 relu", 64, 64, 128, true, [](Problem& p) { cp_zigzag_ranges({1600, 800}, 4, 1, p); });
   add("cp2 H32 D128 K64 linear", 32, 128, 64, false, [](Problem& p) { cp_zigzag_ranges({2048}, 2, 0, p); });
   add("ties H32 D128 K128 relu", 32, 128, 128, true, [](Problem& p) { thd_causal_ranges({1500, 333}, p); }, true);

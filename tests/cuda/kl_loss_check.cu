@@ -3,7 +3,8 @@
 //   (a) correctness at small sizes against a double-precision CPU reference written here (packed THD
 //       with odd sequence lengths, -1 and out-of-range indices, rows with fewer than K valid slots, an
 //       all-empty row, a row with zero attention mass, relu on/off, H in {16, 32, 64, 128},
-//       H_I in {32, 64}, D_I in {64, 128});
+//       H_I in {32, 64}, D_I in {64, 128}); the sparse forward's row_stats, and the sparse backward both
+//       from them (one pass) and without them;
 //   (b) unless --no-bench, timings at the issue's shapes (H=64, K=2048, H_I=32, D_I=128).
 // Build (see docs/kernels/kl_loss.md):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xptxas -v \
@@ -210,6 +211,7 @@ struct IndexerData {
 };
 struct KlResult {
   std::vector<double> loss, dq, dk, dw;
+  std::vector<double> lse;  // per row: log-sum-exp of the scores over the support (rows with a target)
 };
 
 // Loss of row t over support `keys` with target `tgt` (sums to 1), and its gradients (scaled by gs).
@@ -231,6 +233,7 @@ double ref_kl_row(const IndexerData& in, int64_t t, const std::vector<int64_t>& 
   for (double v : s) mx = std::max(mx, v);
   for (double v : s) se += std::exp(v - mx);
   const double lse = mx + std::log(se);
+  r.lse[t] = lse;
   double loss = 0.0;
   for (size_t j = 0; j < n; ++j)
     if (tgt[j] > 0.0) loss += tgt[j] * (std::log(tgt[j]) - (s[j] - lse));
@@ -256,6 +259,7 @@ KlResult new_result(int64_t T, int64_t T_kv, int HI, int DI) {
   r.dq.assign(static_cast<size_t>(T) * HI * DI, 0.0);
   r.dk.assign(static_cast<size_t>(T_kv) * DI, 0.0);
   r.dw.assign(static_cast<size_t>(T) * HI, 0.0);
+  r.lse.assign(T, -INFINITY);
   return r;
 }
 
@@ -408,6 +412,9 @@ struct KlDevice {
       : q_idx(in.q_idx.bits), k_idx(in.k_idx.bits), dq(static_cast<size_t>(T) * in.HI * in.DI), w(in.w), loss(T),
         dk(static_cast<size_t>(T_kv) * in.DI), dw(static_cast<size_t>(T) * in.HI), grad_rows(grad_rows_h) {
     loss.fill_garbage();
+    fill_grads_garbage();
+  }
+  void fill_grads_garbage() {
     dq.fill_garbage();
     dk.fill_garbage();
     dw.fill_garbage();
@@ -457,6 +464,29 @@ std::vector<float> make_grad_rows(int64_t T, std::mt19937_64& rng) {
   return g;
 }
 
+// row_stats of the forward: {lse, sum of mass} on rows with a target, exactly {-inf, 0} elsewhere.
+void check_row_stats(const KlResult& ref, const std::vector<int32_t>& idx, const std::vector<float>& mass, int64_t T,
+                     int64_t T_kv, int K, const std::vector<float>& got) {
+  std::vector<double> want, have;
+  int bad_empty = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    double msum = 0.0;
+    for (int j = 0; j < K; ++j)
+      if (valid_index(idx[t * K + j], T_kv)) msum += mass[t * K + j];
+    if (ref.lse[t] == -INFINITY) {
+      bad_empty += !(got[2 * t] == -INFINITY && got[2 * t + 1] == 0.f);
+      continue;
+    }
+    want.insert(want.end(), {ref.lse[t], msum});
+    have.insert(have.end(), {got[2 * t], got[2 * t + 1]});
+  }
+  check("row_stats", want, have, kTolLoss);
+  if (bad_empty) {
+    std::printf("    %-10s %d rows without a target not {-inf, 0}  FAIL\n", "row_stats", bad_empty);
+    ++g_failures;
+  }
+}
+
 void case_sparse_kl(const std::vector<int>& seqlens, int K, const KlCase& kc, std::mt19937_64& rng) {
   const Layout L = thd_causal(seqlens);
   const int64_t T = L.T, T_kv = L.T, empty_row = T / 3, zero_mass_row = T - 1;
@@ -480,18 +510,28 @@ void case_sparse_kl(const std::vector<int>& seqlens, int K, const KlCase& kc, st
 
   KlDevice dev(in, T, T_kv, grad_rows);
   DevBuf<int32_t> didx(idx);
-  DevBuf<float> dmass(mass);
+  DevBuf<float> dmass(mass), dstats(static_cast<size_t>(T) * 2);
+  dstats.fill_garbage();
   flashdsa::SparseKlParams p;
   dev.fill(p, in, T, T_kv, grad_scale, kc.use_grad_rows);
   p.indices = didx.p;
   p.indices_stride_t = K;
   p.mass = dmass.p;
   p.K = K;
+  p.row_stats = dstats.p;
   status_ok(flashdsa::sm90::sparse_kl_fwd(p), "sparse_kl_fwd");
-  status_ok(flashdsa::sm90::sparse_kl_bwd(p), "sparse_kl_bwd");
   CUDA_OK(cudaDeviceSynchronize());
   dev.compare(ref, in, {empty_row, zero_mass_row}, false);
-  dev.compare(ref, in, {empty_row, zero_mass_row}, true);
+  check_row_stats(ref, idx, mass, T, T_kv, K, dstats.download());
+  // The backward from the saved statistics (one pass), then without them (statistics pass first).
+  for (const bool saved : {true, false}) {
+    std::printf("   bwd %s\n", saved ? "from saved row_stats" : "without row_stats");
+    p.row_stats = saved ? dstats.p : nullptr;
+    dev.fill_grads_garbage();
+    status_ok(flashdsa::sm90::sparse_kl_bwd(p), "sparse_kl_bwd");
+    CUDA_OK(cudaDeviceSynchronize());
+    dev.compare(ref, in, {empty_row, zero_mass_row}, true);
+  }
 }
 
 void case_dense_kl(const std::vector<int>& seqlens, int H, const KlCase& kc, std::mt19937_64& rng) {
@@ -618,7 +658,7 @@ void bench_sparse(int64_t T) {
   DevBuf<__nv_bfloat16> dq_idx(static_cast<size_t>(T) * HI * DI);
   DevBuf<int32_t> idx(static_cast<size_t>(T) * K);
   DevBuf<float> lse(static_cast<size_t>(T) * H), mass(static_cast<size_t>(T) * K), w(static_cast<size_t>(T) * HI);
-  DevBuf<float> loss(T), dk(static_cast<size_t>(T) * DI), dw(static_cast<size_t>(T) * HI);
+  DevBuf<float> loss(T), dk(static_cast<size_t>(T) * DI), dw(static_cast<size_t>(T) * HI), stats(2 * T);
   fill_bf16(q.p, q.n, 1, 1.f);
   fill_bf16(kv.p, kv.n, 2, 1.f);
   fill_bf16(q_idx.p, q_idx.n, 3, 1.f);
@@ -663,6 +703,7 @@ void bench_sparse(int64_t T) {
   kp.weights_stride_t = HI;
   kp.indices_stride_t = K;
   kp.loss_rows = loss.p;
+  kp.row_stats = stats.p;
   kp.grad_scale = 1e-3 / static_cast<double>(T);
   kp.dq_idx = dq_idx.p;
   kp.dk_idx = dk.p;
@@ -671,10 +712,14 @@ void bench_sparse(int64_t T) {
   const double mass_ms = time_ms([&] { status_ok(flashdsa::sm90::attention_mass(mp), "attention_mass"); });
   const double fwd_ms = time_ms([&] { status_ok(flashdsa::sm90::sparse_kl_fwd(kp), "sparse_kl_fwd"); });
   const double bwd_ms = time_ms([&] { status_ok(flashdsa::sm90::sparse_kl_bwd(kp), "sparse_kl_bwd"); });
+  flashdsa::SparseKlParams kp_no_stats = kp;
+  kp_no_stats.row_stats = nullptr;
+  const double bwd2_ms = time_ms([&] { status_ok(flashdsa::sm90::sparse_kl_bwd(kp_no_stats), "sparse_kl_bwd"); });
   const double kl_pass = 2.0 * T * K * HI * DI;
   print_row("attention mass (H=64)", T, mass_ms, 2.0 * T * H * K * kDqk);
   print_row("sparse KL fwd", T, fwd_ms, kl_pass);
-  print_row("sparse KL bwd", T, bwd_ms, 3.0 * kl_pass);
+  print_row("sparse KL bwd (row_stats)", T, bwd_ms, 3.0 * kl_pass);
+  print_row("sparse KL bwd (no row_stats)", T, bwd2_ms, 3.0 * kl_pass);
   std::printf("  %-28s T=%-7lld %10.3f ms\n", "sparse loss path (sum)", static_cast<long long>(T),
               mass_ms + fwd_ms + bwd_ms);
 }

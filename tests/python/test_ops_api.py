@@ -117,6 +117,8 @@ def test_opcheck_every_op():
         (ops.attention_mass, (q, kv, indices, lse, scale)),
         (ops.sparse_kl_fwd, (idx.q_idx, idx.k_idx, idx.weights, indices, mass, False)),
         (ops.sparse_kl_bwd, (idx.q_idx, idx.k_idx, idx.weights, indices, mass, False, grad_rows)),
+        (ops.sparse_kl_bwd, (idx.q_idx, idx.k_idx, idx.weights, indices, mass, False, grad_rows,
+                             ops.sparse_kl_fwd(idx.q_idx, idx.k_idx, idx.weights, indices, mass, False)[1])),
         (ops.dense_kl_fwd, dense_args),
         (ops.dense_kl_bwd, dense_args + (grad_rows,)),
     ]

@@ -183,11 +183,10 @@ __device__ __forceinline__ void compact_full_lists(const KernelArgs& a, float* c
     if (n <= a.cap - kTileKeys) continue;
     float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    const KeepRule rule = select_top_k(list_s, n, a.K, sc);  // n > cap - 64 >= K
-    const int kept = filter_keep(list_s, list_i, n, rule, list_s, list_i, sc);
+    const Kept kept = keep_top_k(list_s, list_i, n, a.K, list_s, list_i, sc);  // n > cap - 64 >= K
     if (threadIdx.x == 0) {
-      count[r] = kept;
-      thr[r] = rule.thr;
+      count[r] = kept.count;
+      thr[r] = kept.thr;
     }
   }
   __syncthreads();
@@ -318,10 +317,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
       const int n = sm.count[r];
       const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
       const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-      const KeepRule rule = n > a.K ? select_top_k(list_s, n, a.K, sm.sel) : keep_all();
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
       float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
-      const int kept = filter_keep(list_s, list_i, n, rule, out_s, out_i, sm.sel);
+      const int kept = keep_top_k(list_s, list_i, n, a.K, out_s, out_i, sm.sel).count;
       for (int j = kept + tid; j < a.K; j += kThreads) {
         out_i[j] = -1;
         if (out_s != nullptr) out_s[j] = -INFINITY;

@@ -3,9 +3,12 @@
 //
 // Scores are compared through an order-preserving 32-bit key (score_key). A selection returns a
 // KeepRule: keep every element with key > thr, and among the elements with key == thr the first
-// `quota` met (ties are broken arbitrarily, as DSA_SPEC §3 allows). The rule is found by an exact
-// MSB-first radix select (11 + 11 + 10 bits, each pass one shared-memory histogram over the list),
-// and applied by filter_keep, which may compact the list in place.
+// `quota` met (ties are broken arbitrarily, as DSA_SPEC §3 allows). keep_top_k finds the rule and
+// applies it, possibly in place. Lists of up to kResidentElems entries (every list when K <= 2048)
+// are read from memory once and selected from registers: an exact MSB-first radix select over the
+// offsets key - min key, in 11-bit digits of the list's own key span, then a filter whose slots are
+// allocated once per warp. Longer lists are streamed from memory on every pass: radix select over the
+// raw keys (11 + 11 + 10 bits, select_top_k), then filter_keep.
 // The lists are rewritten by the kernel that reads them: their pointers are deliberately not
 // __restrict__, so that loads never take the non-coherent read-only path.
 #pragma once
@@ -23,6 +26,11 @@ constexpr int kHistBins = 2048;  // widest radix digit: 11 bits
 // Elements per thread per sweep of the list (4 x 16-byte vectors), for memory-level parallelism.
 constexpr int kSweepVecs = 4;
 constexpr int kSweepElems = kSelectThreads * kSweepVecs * 4;
+// Register-resident selection: 16-byte vectors of scores (and of key indices) per thread, and the
+// longest list it takes. 4096 = K + 2048, the default candidate capacity for K = 2048.
+constexpr int kResidentVecs = 8;
+constexpr int kResidentSlots = kResidentVecs * 4;
+constexpr int kResidentElems = kSelectThreads * kResidentSlots;
 
 // Shared-memory scratch of the selection routines.
 struct SelectScratch {
@@ -31,14 +39,21 @@ struct SelectScratch {
   int bin;        // radix pass result: the bin holding the need-th largest key
   int above;      // number of matching keys in bins above `bin`
   int bin_count;  // number of matching keys in `bin`
-  int out_count;  // filter_keep: slots handed out so far
-  int eq_count;   // filter_keep: tickets handed to keys equal to the threshold
+  int out_count;  // filter: slots handed out so far
+  int eq_count;   // filter: tickets handed to keys equal to the threshold
+  uint32_t warp_lo[kSelectWarps];  // resident select: per-warp smallest / largest key of the list
+  uint32_t warp_hi[kSelectWarps];
 };
 
 // a < b  <=>  score_key(a) < score_key(b) for all non-NaN floats (with -0 < +0).
+// Every non-NaN score's key is >= 1, so key 0 can mark an empty slot.
 __device__ __forceinline__ uint32_t score_key(float s) {
   const uint32_t u = __float_as_uint(s);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+// Inverse of score_key.
+__device__ __forceinline__ float score_from_key(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
 // Keep every element with key > thr; of those with key == thr, keep `quota`.
@@ -49,6 +64,23 @@ struct KeepRule {
 
 // Keeps everything (key 0 is below every real score's key).
 __device__ __forceinline__ KeepRule keep_all() { return KeepRule{0u, INT_MAX}; }
+
+// Rule "keep every key >= edge" (edge = a bin's lower bound, all of which is taken).
+__device__ __forceinline__ KeepRule keep_from_edge(uint32_t edge) {
+  // edge == 0 would mean "take everything": it cannot happen when n > k, kept for safety.
+  return edge == 0u ? keep_all() : KeepRule{edge - 1u, 0};
+}
+
+// Whether `rule` keeps an element with this key (a key equal to the threshold takes a ticket).
+__device__ __forceinline__ bool rule_keeps(uint32_t key, KeepRule rule, SelectScratch& sc) {
+  return key > rule.thr || (key == rule.thr && atomicAdd(&sc.eq_count, 1) < rule.quota);
+}
+
+// Result of keep_top_k: entries written, and the threshold of the rule (later candidates must beat it).
+struct Kept {
+  int count;
+  uint32_t thr;
+};
 
 // Slot allocation for a warp: lanes with `pred` get consecutive positions from *counter.
 // Must be called by all 32 lanes. Returns the lane's position (meaningless when !pred).
@@ -72,37 +104,31 @@ __device__ __forceinline__ int4 load_index4(const int* list, int e, int n) {
   return e < n ? *reinterpret_cast<const int4*>(list + e) : make_int4(0, 0, 0, 0);
 }
 
-// One radix pass: histogram of digit [kShift, kShift + kBits) over the keys whose higher bits equal
-// `prefix` (under `prefix_mask`), then the bin holding the need-th largest of them. Updates
-// prefix / prefix_mask / need (need becomes the number still to take inside the chosen bin).
-// Returns true when the chosen bin is taken whole (the selection is complete).
-template <int kShift, int kBits>
-__device__ __forceinline__ bool radix_pass(const float* scores, int n, uint32_t& prefix,
-                                           uint32_t& prefix_mask, int& need, SelectScratch& sc) {
-  constexpr int kBins = 1 << kBits;
+// Clears the first kBins histogram bins. All threads; the first barrier lets earlier readers of the
+// histogram and of the pass results finish.
+template <int kBins>
+__device__ __forceinline__ void clear_hist(SelectScratch& sc) {
+  __syncthreads();
+  for (int b = threadIdx.x; b < kBins; b += kSelectThreads) sc.hist[b] = 0u;
+  __syncthreads();
+}
+
+// Where a radix pass goes next: the bin holding the need-th largest counted key, the number of
+// counted keys in the bins above it, and the number in it.
+struct BinPick {
+  int bin;
+  int above;
+  int count;
+};
+
+// Finds the bin holding the need-th largest key of a filled histogram of kBins bins (bins store
+// larger keys at higher indices; the histogram counts at least `need` keys). All threads, after the
+// histogram is complete (the first barrier).
+template <int kBins>
+__device__ __forceinline__ BinPick pick_bin(int need, SelectScratch& sc) {
   constexpr int kBinsPerThread = kBins / kSelectThreads;
   static_assert(kBins <= kHistBins && kBinsPerThread >= 1, "digit too wide for the histogram");
   const int tid = threadIdx.x;
-
-  __syncthreads();  // earlier readers of hist / the pass results are done
-  for (int b = tid; b < kBins; b += kSelectThreads) sc.hist[b] = 0u;
-  __syncthreads();
-
-  for (int base = 0; base < n; base += kSweepElems) {
-    float4 v[kSweepVecs];
-#pragma unroll
-    for (int i = 0; i < kSweepVecs; ++i) v[i] = load_scores4(scores, base + 4 * (tid + kSelectThreads * i), n);
-#pragma unroll
-    for (int i = 0; i < kSweepVecs; ++i) {
-      const int e = base + 4 * (tid + kSelectThreads * i);
-      const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const uint32_t key = score_key(s[x]);
-        if (e + x < n && (key & prefix_mask) == prefix) atomicAdd(&sc.hist[(key >> kShift) & (kBins - 1)], 1u);
-      }
-    }
-  }
   __syncthreads();
 
   // Thread t owns bins [hi - kBinsPerThread, hi), hi = kBins - t * kBinsPerThread: thread 0 holds the
@@ -122,7 +148,7 @@ __device__ __forceinline__ bool radix_pass(const float* scores, int n, uint32_t&
   __syncthreads();
   int above = incl - local;
   for (int w = 0; w < warp; ++w) above += sc.warp_sum[w];
-  if (above < need && need <= above + local) {  // exactly one thread: the keys matched total >= need
+  if (above < need && need <= above + local) {  // exactly one thread: the keys counted total >= need
     int cum = above;
 #pragma unroll
     for (int b = 0; b < kBinsPerThread; ++b) {
@@ -137,19 +163,43 @@ __device__ __forceinline__ bool radix_pass(const float* scores, int n, uint32_t&
     }
   }
   __syncthreads();
-  need -= sc.above;
-  prefix |= static_cast<uint32_t>(sc.bin) << kShift;
+  return BinPick{sc.bin, sc.above, sc.bin_count};
+}
+
+// One streamed radix pass: histogram of digit [kShift, kShift + kBits) over the keys whose higher
+// bits equal `prefix` (under `prefix_mask`), then the bin holding the need-th largest of them. Updates
+// prefix / prefix_mask / need (need becomes the number still to take inside the chosen bin).
+// Returns true when the chosen bin is taken whole (the selection is complete).
+template <int kShift, int kBits>
+__device__ __forceinline__ bool radix_pass(const float* scores, int n, uint32_t& prefix,
+                                           uint32_t& prefix_mask, int& need, SelectScratch& sc) {
+  constexpr int kBins = 1 << kBits;
+  const int tid = threadIdx.x;
+  clear_hist<kBins>(sc);
+  for (int base = 0; base < n; base += kSweepElems) {
+    float4 v[kSweepVecs];
+#pragma unroll
+    for (int i = 0; i < kSweepVecs; ++i) v[i] = load_scores4(scores, base + 4 * (tid + kSelectThreads * i), n);
+#pragma unroll
+    for (int i = 0; i < kSweepVecs; ++i) {
+      const int e = base + 4 * (tid + kSelectThreads * i);
+      const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const uint32_t key = score_key(s[x]);
+        if (e + x < n && (key & prefix_mask) == prefix) atomicAdd(&sc.hist[(key >> kShift) & (kBins - 1)], 1u);
+      }
+    }
+  }
+  const BinPick pick = pick_bin<kBins>(need, sc);
+  need -= pick.above;
+  prefix |= static_cast<uint32_t>(pick.bin) << kShift;
   prefix_mask |= static_cast<uint32_t>(kBins - 1) << kShift;
-  return sc.bin_count == need;
+  return pick.count == need;
 }
 
-// Rule "keep every key >= edge" (edge = a bin's lower bound, all of which is taken).
-__device__ __forceinline__ KeepRule keep_from_edge(uint32_t edge) {
-  // edge == 0 would mean "take everything": it cannot happen when n > k, kept for safety.
-  return edge == 0u ? keep_all() : KeepRule{edge - 1u, 0};
-}
-
-// The rule that keeps exactly the k largest of scores[0, n). Requires n > k >= 1. All 128 threads.
+// The rule that keeps exactly the k largest of scores[0, n), streaming the list on every pass.
+// Requires n > k >= 1. All 128 threads.
 __device__ __forceinline__ KeepRule select_top_k(const float* scores, int n, int k, SelectScratch& sc) {
   uint32_t prefix = 0u, prefix_mask = 0u;
   int need = k;
@@ -186,7 +236,7 @@ __device__ __forceinline__ int filter_keep(const float* scores, const int* idx, 
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
         const uint32_t key = score_key(s[4 * i + x]);
-        keep[4 * i + x] = e + x < n && (key > rule.thr || (key == rule.thr && atomicAdd(&sc.eq_count, 1) < rule.quota));
+        keep[4 * i + x] = e + x < n && rule_keeps(key, rule, sc);
       }
     }
     __syncthreads();  // the whole chunk is read before any write (dst may alias the source)
@@ -201,6 +251,158 @@ __device__ __forceinline__ int filter_keep(const float* scores, const int* idx, 
   }
   __syncthreads();
   return sc.out_count;
+}
+
+// ---- register-resident path ----------------------------------------------------------------------
+
+// This thread's slots of a list held in registers: slot 4 i + x is element 4 (tid + kSelectThreads i) + x,
+// the layout of coalesced 16-byte loads. Slots past the end of the list have key 0.
+struct ResidentList {
+  uint32_t key[kResidentSlots];
+  int idx[kResidentSlots];
+};
+
+// Reads (scores, idx)[0, n), n <= kResidentElems, into registers, aiming for one memory latency:
+// every load is issued before the barrier that separates them from their first use (the compiler
+// does not move loads across it), and a vector past the end rereads the list's first vector (its slots
+// are marked empty) rather than being predicated off into a zero-filled destination, which makes the
+// compiler wait for one load before issuing the next into the same registers. The barrier also lets
+// earlier readers of the scratch finish. All threads.
+__device__ __forceinline__ void load_resident(const float* scores, const int* idx, int n, ResidentList& list) {
+  const int tid = threadIdx.x;
+  float4 v[kResidentVecs];
+  int4 w[kResidentVecs];
+#pragma unroll
+  for (int i = 0; i < kResidentVecs; ++i) {
+    const int e = 4 * (tid + kSelectThreads * i);
+    const int src = e < n ? e : 0;
+    v[i] = *reinterpret_cast<const float4*>(scores + src);
+    w[i] = *reinterpret_cast<const int4*>(idx + src);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kResidentVecs; ++i) {
+    const int e = 4 * (tid + kSelectThreads * i);
+    const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+    const int id[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      list.key[4 * i + x] = e + x < n ? score_key(s[x]) : 0u;
+      list.idx[4 * i + x] = id[x];
+    }
+  }
+}
+
+// The smallest and the largest key of a resident list (UINT_MAX and 0 when it is empty), in every
+// thread. Also resets the filter's counters. All threads, right after load_resident.
+__device__ __forceinline__ void resident_range(const ResidentList& list, uint32_t& lo, uint32_t& hi,
+                                               SelectScratch& sc) {
+  uint32_t l = UINT_MAX, h = 0u;
+#pragma unroll
+  for (int s = 0; s < kResidentSlots; ++s) {
+    l = min(l, list.key[s] != 0u ? list.key[s] : UINT_MAX);
+    h = max(h, list.key[s]);
+  }
+  l = __reduce_min_sync(0xffffffffu, l);
+  h = __reduce_max_sync(0xffffffffu, h);
+  const int tid = threadIdx.x;
+  if ((tid & 31) == 0) {
+    sc.warp_lo[tid >> 5] = l;
+    sc.warp_hi[tid >> 5] = h;
+  }
+  if (tid == 0) {
+    sc.out_count = 0;
+    sc.eq_count = 0;
+  }
+  __syncthreads();
+  lo = sc.warp_lo[0];
+  hi = sc.warp_hi[0];
+#pragma unroll
+  for (int w = 1; w < kSelectWarps; ++w) {
+    lo = min(lo, sc.warp_lo[w]);
+    hi = max(hi, sc.warp_hi[w]);
+  }
+}
+
+// The rule that keeps exactly the k largest entries of a resident list of n > k >= 1 entries with keys
+// in [lo, hi]. Exact MSB-first radix select over the offsets key - lo in 11-bit digits that start at
+// the top bit of hi - lo: the first digit spreads the list over the histogram even when every score
+// shares its sign, exponent and leading mantissa bits. All threads.
+__device__ __forceinline__ KeepRule resident_select(const ResidentList& list, uint32_t lo, uint32_t hi, int k,
+                                                    SelectScratch& sc) {
+  const uint32_t span = hi - lo;
+  int shift = span == 0u ? 0 : 32 - __clz(static_cast<int>(span));  // every offset is < 2^shift
+  uint32_t prefix = 0u, mask = 0u;  // the selection goes on among the offsets o with (o & mask) == prefix
+  int need = k;
+  while (shift > 0) {
+    const int bits = min(shift, 11);
+    shift -= bits;
+    const uint32_t digit_mask = (1u << bits) - 1u;
+    clear_hist<kHistBins>(sc);
+#pragma unroll
+    for (int s = 0; s < kResidentSlots; ++s) {
+      const uint32_t off = list.key[s] - lo;
+      if (list.key[s] != 0u && (off & mask) == prefix) atomicAdd(&sc.hist[(off >> shift) & digit_mask], 1u);
+    }
+    const BinPick pick = pick_bin<kHistBins>(need, sc);
+    need -= pick.above;
+    prefix |= static_cast<uint32_t>(pick.bin) << shift;
+    mask |= digit_mask << shift;
+    if (pick.count == need) return keep_from_edge(lo + prefix);
+  }
+  return KeepRule{lo + prefix, need};  // lo + prefix is now one exact key: all above it, `need` equal to it
+}
+
+// Writes the entries of a resident list that `rule` keeps to (dst_scores, dst_idx)[0, kept), in
+// arbitrary order, and returns kept (same value in every thread). One shared-memory atomic per warp
+// hands out the warp's slots; lanes write consecutive positions per register slot, so the stores
+// coalesce. dst may alias the list's memory (every thread read all of it before the barrier in
+// load_resident). dst_scores may be null. All threads, after resident_range.
+__device__ __forceinline__ int resident_filter(const ResidentList& list, KeepRule rule, float* dst_scores,
+                                               int* dst_idx, SelectScratch& sc) {
+  uint32_t keep = 0u;  // bit s: slot s is kept
+#pragma unroll
+  for (int s = 0; s < kResidentSlots; ++s)
+    if (list.key[s] != 0u && rule_keeps(list.key[s], rule, sc)) keep |= 1u << s;
+  const int lane = threadIdx.x & 31;
+  const int warp_total = __reduce_add_sync(0xffffffffu, __popc(keep));
+  int pos = 0;
+  if (lane == 0) pos = atomicAdd(&sc.out_count, warp_total);
+  pos = __shfl_sync(0xffffffffu, pos, 0);
+  const unsigned lanes_below = (1u << lane) - 1u;
+#pragma unroll
+  for (int s = 0; s < kResidentSlots; ++s) {
+    const bool kept = ((keep >> s) & 1u) != 0u;
+    const unsigned ballot = __ballot_sync(0xffffffffu, kept);
+    if (kept) {
+      const int at = pos + __popc(ballot & lanes_below);
+      dst_idx[at] = list.idx[s];
+      if (dst_scores != nullptr) dst_scores[at] = score_from_key(list.key[s]);
+    }
+    pos += __popc(ballot);
+  }
+  __syncthreads();
+  return sc.out_count;
+}
+
+// ---- entry point ---------------------------------------------------------------------------------
+
+// Writes the k largest entries of (scores, idx)[0, n) (all of them when n <= k) to
+// (dst_scores, dst_idx)[0, count), in arbitrary order, and returns count and the threshold of the
+// rule applied. dst may alias the list (in-place compaction); dst_scores may be null. All 128 threads;
+// every thread gets the same result.
+__device__ __forceinline__ Kept keep_top_k(const float* scores, const int* idx, int n, int k, float* dst_scores,
+                                           int* dst_idx, SelectScratch& sc) {
+  if (n <= kResidentElems) {
+    ResidentList list;
+    load_resident(scores, idx, n, list);
+    uint32_t lo, hi;
+    resident_range(list, lo, hi, sc);
+    const KeepRule rule = n > k ? resident_select(list, lo, hi, k, sc) : keep_all();
+    return Kept{resident_filter(list, rule, dst_scores, dst_idx, sc), rule.thr};
+  }
+  const KeepRule rule = n > k ? select_top_k(scores, n, k, sc) : keep_all();
+  return Kept{filter_keep(scores, idx, n, rule, dst_scores, dst_idx, sc), rule.thr};
 }
 
 }  // namespace flashdsa::sm90::indexer_topk_impl

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "sm90/common/hopper.cuh"
+#include "sm90/sparse_mla_bwd/ptx_ops.cuh"  // cp_async_4, red_add_v4 (candidates for common/)
 
 namespace flashdsa::sm90::kl {
 
@@ -224,6 +225,19 @@ __device__ __forceinline__ void load_tile_sw128(uint8_t* tile, int tid, const __
   }
 }
 
+// Column permutation that makes the dk GEMM's accumulator emit full 128-byte lines (the sparse
+// backward's "permuted Q_I" tile): inside each group of 16 columns, original column 4q + e is stored at
+// 2q + e (e < 2) or 8 + 2q + (e - 2). Accumulator n-chunks 2m, 2m+1 of quad member q then hold the
+// four consecutive original columns 16m + 4q .. +3. Even columns stay paired (4-byte copies suffice).
+__host__ __device__ constexpr int permuted_col(int c) {
+  return (c & ~15) + ((c & 3) < 2 ? 2 * ((c & 15) >> 2) + (c & 3) : 8 + 2 * ((c & 15) >> 2) + (c & 3) - 2);
+}
+
+__device__ __forceinline__ float4 shfl_xor_f4(float4 v, int mask) {
+  return make_float4(__shfl_xor_sync(0xffffffffu, v.x, mask), __shfl_xor_sync(0xffffffffu, v.y, mask),
+                     __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
+}
+
 // ---- indexer steps of one 64-key block ------------------------------------------------------------------
 // The indexer GEMMs of a block of 64 keys against one query token, all on one warpgroup:
 //   scores: acc [64 keys x HI]  = K_I [64 x DI] . Q_I^T            (SS, both K-major)
@@ -336,6 +350,62 @@ struct IndexerBlock {
 #pragma unroll
     for (int j = 0; j < DI / 8; ++j)
       red_add_f32x2(dk_row + 8 * j + 2 * q, c_acc[4 * j + 2 * half], c_acc[4 * j + 2 * half + 1]);
+  }
+
+  // Q_I [HI x DI] (rows q_t + h * stride_h) into a SW128 tile with permuted columns (permuted_col), by
+  // 4-byte cp.async of all 128 threads; the B operand of issue_dk for scatter_dk_lines.
+  __device__ static void load_q_permuted(uint8_t* tile, int tid, const __nv_bfloat16* q_t, int64_t stride_h) {
+    constexpr int kPairs = DI / 2;  // column pairs per row
+    static_assert((HI * kPairs) % kWarpgroup == 0, "pairs must split evenly over the warpgroup");
+#pragma unroll
+    for (int i = 0; i < HI * kPairs / kWarpgroup; ++i) {
+      const int p = tid + i * kWarpgroup;
+      const int h = p / kPairs, col = 2 * (p % kPairs);
+      hw::cp_async_4(hw::smem_u32(tile + hw::sw128_elem_offset(HI, h, permuted_col(col))), q_t + h * stride_h + col,
+                     true);
+    }
+  }
+
+  // dk_idx[key(row)] += C[row, :] for the 64 rows of the block, with C = dqk . Q_I computed against the
+  // permuted Q_I tile. The lanes of quads 2k, 2k+1 swap halves (shfl.xor 4) so that each 16-byte
+  // red.global.add of the 8 lanes covers one full 128-byte line of one row: 4 whole lines per warp
+  // instruction (a line-aligned dk_idx). Thread (r0, q) emits rows A = r0 + 8 half - odd and B = A + 1,
+  // odd = (lane / 4) % 2. keys: the block's 64 key ids (smem); g0 / g1: d loss / d score of this
+  // thread's rows r0 / r0 + 8, exactly 0 for an empty slot (nothing to add; the key is never used).
+  __device__ static void scatter_dk_lines(float* dk_idx, const float (&c_acc)[kOut], const int32_t* keys, float g0,
+                                          float g1, const AccCoord& c) {
+    const bool odd = (c.lane >> 2) & 1;
+    const int col = 16 * odd + 4 * c.q;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float g_own = half ? g1 : g0;
+      const float g_pair = __shfl_xor_sync(0xffffffffu, g_own, 4);
+      const int row_a = c.r0 + 8 * half - odd;
+      const bool put_a = (odd ? g_pair : g_own) != 0.f, put_b = (odd ? g_own : g_pair) != 0.f;
+      float* const dst_a = dk_idx + int64_t{keys[row_a]} * DI + col;
+      float* const dst_b = dk_idx + int64_t{keys[row_a + 1]} * DI + col;
+#pragma unroll
+      for (int cc = 0; cc < DI / 64; ++cc) {
+        float4 piece[4];  // own row, original columns 64cc + 16m + 4q .. +3
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const float* a = c_acc + 32 * cc + 8 * m + 2 * half;
+          piece[m] = make_float4(a[0], a[1], a[4], a[5]);
+        }
+        // The even quad keeps m = 0, 2 of its row (A) and receives m = 0, 2 of row B; the odd quad
+        // keeps m = 1, 3 of its row (B) and receives m = 1, 3 of row A.
+        const float4 got0 = shfl_xor_f4(odd ? piece[0] : piece[1], 4);
+        const float4 got1 = shfl_xor_f4(odd ? piece[2] : piece[3], 4);
+        if (put_a) {
+          hw::red_add_v4(dst_a + 64 * cc, odd ? got0 : piece[0]);
+          hw::red_add_v4(dst_a + 64 * cc + 32, odd ? got1 : piece[2]);
+        }
+        if (put_b) {
+          hw::red_add_v4(dst_b + 64 * cc, odd ? piece[1] : got0);
+          hw::red_add_v4(dst_b + 64 * cc + 32, odd ? piece[3] : got1);
+        }
+      }
+    }
   }
 
   // dq_t [HI, DI] (bf16, contiguous) from the dQ accumulator rows < HI.

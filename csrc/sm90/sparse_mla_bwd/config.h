@@ -40,6 +40,10 @@ constexpr int kWg1DqBlocks = kQkBlocks - kWg0DqBlocks;
 constexpr int kWg1DkvChunks = 5;  // value chunks [0, 5) on WG1, the rest on WG0
 
 // Register budgets after setmaxnreg (kernel compiled at 168 = 65536 / 384, rounded down to 8).
+// Named barriers (0 is __syncthreads), 128 threads each.
+constexpr int kBarProducer = 1;  // the producer warpgroup's own steps
+constexpr int kBarWg1Tiles = 2;  // WG1: its dS tile stores are complete before it reads dS^T
+
 constexpr int kConsumerRegs = 232;
 constexpr int kProducerRegs = 40;
 static_assert(2 * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "register file");

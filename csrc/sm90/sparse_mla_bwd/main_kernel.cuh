@@ -25,14 +25,14 @@ struct MainParams {
   __nv_bfloat16* dq;          // [T, H, 576]
   float* dkv;                 // [T_kv, 576] fast mode: accumulated with vector atomics
   float* partial;             // [tokens of this launch, G, K, 576] deterministic mode: per-slot dkv
-  uint64_t* sweep_period_ns;  // fast mode: measured duration of one token, shared by all CTAs
+  uint32_t* sweep_counter;    // sweep mode (rows sorted): key blocks issued by all CTAs; else null
   int64_t q_stride_t, q_stride_h, kv_stride_t, indices_stride_t;
   int64_t token_begin;        // global token of local token 0 (grid.x = tokens of this launch)
   int64_t T_kv;
   int H, K;
   float scale;                // softmax scale
   float scale_log2;           // scale * log2(e)
-  uint64_t sweep_guess_ns;    // 0: process key blocks in row order; else rotate (see produce())
+  int resident_ctas;          // sweep mode: CTAs of this launch running at once
 };
 
 namespace detail {
@@ -73,6 +73,19 @@ struct RowSegmentCopier {
   }
 };
 
+// L2 prefetch of the first kLines 128-byte lines of the rows base + key * pitch_bytes whose keys lanes
+// 0..15 of the warp hold (invalid keys skipped): one warp instruction per row, lane l fetching line l.
+template <int kLines>
+__device__ __forceinline__ void prefetch_rows_l2(const void* base, int64_t pitch_bytes, int32_t key, int64_t t_kv,
+                                                 int lane) {
+#pragma unroll 1
+  for (int j = 0; j < 16; ++j) {
+    const int32_t k = __shfl_sync(0xffffffffu, key, j);
+    if (key_valid(k, t_kv) && lane < kLines)
+      hw::prefetch_l2(static_cast<const char*>(base) + k * pitch_bytes + 128 * lane);
+  }
+}
+
 // Loads Q, dO, lse, Delta, lists the non-empty key blocks of the row (rotated by the sweep phase),
 // then gathers the kv rows of each block. Warp w handles tile rows w, w + 4, ..., w + 60.
 __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
@@ -107,7 +120,7 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int ti
     const bool any = __any_sync(0xffffffffu, v);
     if (lane == 0) sm.block_list[blk] = any ? 1 : 0;  // flags first, compacted below
   }
-  hw::named_bar_sync(1, 128);
+  hw::named_bar_sync(kBarProducer, 128);
   if (warp == 0) {
     uint32_t ballot[kMaxBlocksPerRow / 32];
     int total = 0;
@@ -118,16 +131,16 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int ti
       total += __popc(ballot[r]);
     }
     __syncwarp();
-    // Sweep: all CTAs walk their (key-sorted) rows in step with the global clock, so the kv and dkv
-    // rows being touched at any moment lie in a narrow key window that stays in L2. Start at the
-    // block the clock points to (0 without sweep), wrap around.
-    float phase = 0.f;
-    if (p.sweep_guess_ns != 0) {
-      uint64_t period = *reinterpret_cast<volatile uint64_t*>(p.sweep_period_ns);
-      if (period == 0) period = p.sweep_guess_ns;
-      phase = static_cast<float>(hw::global_timer_ns() % period) / static_cast<float>(period);
+    // Sweep: all CTAs walk their (key-sorted) rows in step, so the kv and dkv rows being touched at
+    // any moment lie in a narrow key window that stays in L2. Every CTA counts the blocks it issues;
+    // counter / resident CTAs (mod blocks per row) is the average position of the running CTAs, and
+    // a new row starts there (0 without sweep), wrapping around.
+    int rot = 0;
+    if (p.sweep_counter != nullptr && total > 0) {
+      const uint32_t issued = *reinterpret_cast<volatile uint32_t*>(p.sweep_counter);
+      const int position = static_cast<int>((issued / static_cast<uint32_t>(p.resident_ctas)) % num_row_blocks);
+      rot = position * total / num_row_blocks;
     }
-    const int rot = total > 0 ? min(static_cast<int>(phase * total), total - 1) : 0;
     int before = 0;
 #pragma unroll
     for (int r = 0; r < kMaxBlocksPerRow / 32; ++r) {
@@ -140,14 +153,18 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int ti
     }
     if (lane == 0) sm.num_blocks = total;
   }
-  hw::named_bar_sync(1, 128);
+  hw::named_bar_sync(kBarProducer, 128);
   hw::mbar_arrive(&sm.qdo_full);
 
   const int num_blocks = sm.num_blocks;
+  const bool sweep = p.sweep_counter != nullptr;
+  // Index of tile row warp + 4 lane (lanes < 16) of block i of the list.
+  auto block_indices = [&](int i) {
+    return lane < 16 && i < num_blocks ? idx_row[sm.block_list[i] * kBlockKeys + warp + 4 * lane] : -1;
+  };
+  int32_t my_idx = block_indices(0);
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
-    const int blk = sm.block_list[i];
-    const int32_t my_idx = lane < 16 ? idx_row[blk * kBlockKeys + warp + 4 * lane] : 0;  // row warp + 4 lane
     // The single kv tile is free once both consumer warpgroups finished dQ of block i - 1; that also
     // ends every read of idx[i % 2] by block i - 2.
     if (i > 0) hw::mbar_wait(&sm.kv_empty, (i - 1) & 1);
@@ -161,6 +178,16 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int ti
     }
     hw::cp_async_arrive(&sm.kv_full);
     hw::mbar_arrive(&sm.kv_full);
+    const int32_t next_idx = block_indices(i + 1);
+    if (sweep) {
+      if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
+      // kv and dkv no longer fit in L2: fetch the dkv rows this block's atomics will update (about
+      // half a block from now) and the kv rows of the next block (gathered about a block from now),
+      // so that neither waits for DRAM.
+      prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, my_idx, p.T_kv, lane);
+      prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, next_idx, p.T_kv, lane);
+    }
+    my_idx = next_idx;
   }
 }
 
@@ -443,6 +470,9 @@ __device__ void wg1_grads(const MainParams& p, SmemPlan& sm, const Work& w, int 
       hw::wgmma_rs_m64n256k16<1>(dq, a[kk], desc_mn_major(sm.kv, kBlockKeys, kk, kWg0DqBlocks), true);
     hw::wgmma_commit();
     uint32_t ds_t[4][4], p_t[4][4];  // dS^T, P^T: M = keys, K = heads
+    // Each warp reads dS^T rows (keys 16w..16w+15) of all 64 heads, i.e. values the other three
+    // warps of this warpgroup stored above: wait for all of them (P is ordered by p_full).
+    hw::named_bar_sync(kBarWg1Tiles, 128);
     load_transposed_frags(sm.ds, ds_t, warp, lane);
     load_transposed_frags(sm.p, p_t, warp, lane);
     hw::mbar_arrive(&sm.tiles_free);
@@ -502,15 +532,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const 
     detail::produce(p, sm, w, tid);
   } else {
     hw::reg_alloc<kConsumerRegs>();
-    if (wg == 0) {
-      const uint64_t start = hw::global_timer_ns();
-      detail::wg0_scores<kDeterministic>(p, sm, w, tid);
-      // Feed the sweep: one token's duration, measured on full rows by one thread per CTA.
-      if (p.sweep_guess_ns != 0 && tid == 0 && sm.num_blocks == p.K / kBlockKeys)
-        *reinterpret_cast<volatile uint64_t*>(p.sweep_period_ns) = hw::global_timer_ns() - start;
-    } else {
-      detail::wg1_grads<kDeterministic>(p, sm, w, tid);
-    }
+    if (wg == 0) detail::wg0_scores<kDeterministic>(p, sm, w, tid);
+    else detail::wg1_grads<kDeterministic>(p, sm, w, tid);
   }
 }
 

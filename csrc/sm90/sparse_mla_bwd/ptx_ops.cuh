@@ -1,6 +1,6 @@
 // Internal: sm_90 primitives the sparse MLA backward needs beyond csrc/sm90/common/hopper.cuh:
-// 4-byte cp.async with zero fill, a transposing ldmatrix, 16-byte global reductions / stores and
-// the global timer. Candidates for common/.
+// 4-byte cp.async with zero fill, a transposing ldmatrix, 16-byte global reductions / stores, an
+// integer reduction and an L2 prefetch. Candidates for common/.
 #pragma once
 
 #include <cstdint>
@@ -36,11 +36,14 @@ __device__ __forceinline__ void st_global_v4(float* gptr, float4 v) {
                : "memory");
 }
 
-// Nanoseconds, shared by all SMs of the GPU.
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
+// Integer atomic add without return (relaxed, GPU scope).
+__device__ __forceinline__ void red_add_u32(uint32_t* gptr, uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(gptr), "r"(v) : "memory");
+}
+
+// Hint: bring the line holding `gptr` into L2.
+__device__ __forceinline__ void prefetch_l2(const void* gptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gptr));
 }
 
 }  // namespace flashdsa::sm90::hw

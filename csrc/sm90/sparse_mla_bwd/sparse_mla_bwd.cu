@@ -4,8 +4,9 @@
 //   1. dkv = 0; Delta[t, h] = sum_d dout * out (fp32, workspace).
 //   2. fast mode: main kernel with vector fp32 atomics into dkv. When kv does not fit in L2
 //      (T_kv >= kSweepMinKeys), each row's indices are first sorted (a copy, per chunk of tokens)
-//      and the CTAs sweep the key range in step with the clock, so the atomics and gathers of
-//      concurrently running CTAs hit a narrow, L2-resident key window.
+//      and the CTAs sweep the key range in step (a shared progress counter), so the atomics and
+//      gathers of concurrently running CTAs hit a narrow, L2-resident key window; the rows about to
+//      be gathered or updated are prefetched into L2.
 //   3. deterministic mode, per chunk of tokens: the main kernel stores each (token, slot) dkv
 //      partial; the chunk's (key, pair) list is radix-sorted by key (stable); one CTA per key sums
 //      its partials in pair order and adds the sum to dkv. No float atomics anywhere.
@@ -29,7 +30,6 @@ namespace {
 constexpr int64_t kSweepMinKeys = 16384;              // kv + dkv of fewer keys stay in L2 anyway
 constexpr int64_t kSortChunkEntries = int64_t(1) << 24;  // sorted-index chunk: 64 MiB per copy
 constexpr int64_t kDetChunkBytes = int64_t(2) << 30;     // deterministic partial buffer bound: 2 GiB
-constexpr double kAssumedCtaFlopsPerNs = 3500.0;        // first guess of one CTA's speed (sweep)
 constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per thread
 
 // ---- small kernels --------------------------------------------------------------------------
@@ -132,7 +132,7 @@ struct Plan {
   int num_head_groups = 1;
   int64_t chunk_tokens = 0;    // tokens per main-kernel launch
   // byte offsets into the workspace (only those of the chosen mode are used)
-  size_t delta = 0, sweep_period = 0;
+  size_t delta = 0, sweep_counter = 0;
   size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0, segment_offsets = 0;
   size_t partial = 0, key_count = 0, key_offset = 0, cub_temp = 0;
   size_t cub_temp_bytes = 0;
@@ -158,7 +158,7 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
   const int64_t T = std::max<int64_t>(p.T, 1);
   size_t cur = 0;
   pl.delta = carve(&cur, size_t(T) * p.H * sizeof(float));
-  pl.sweep_period = carve(&cur, sizeof(uint64_t));
+  pl.sweep_counter = carve(&cur, sizeof(uint32_t));
   if (p.deterministic) {
     int device = 0, sms = 132;
     FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
@@ -270,7 +270,6 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   mp.dout = static_cast<const __nv_bfloat16*>(p.dout);
   mp.dq = static_cast<__nv_bfloat16*>(p.dq);
   mp.dkv = dkv;
-  mp.sweep_period_ns = reinterpret_cast<uint64_t*>(ws + pl.sweep_period);
   mp.q_stride_t = p.q_stride_t;
   mp.q_stride_h = p.q_stride_h;
   mp.kv_stride_t = p.kv_stride_t;
@@ -292,9 +291,11 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   const int kMapThreads = 256;
 
   if (pl.sweep) {
-    FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_period_ns, 0, sizeof(uint64_t), stream));
-    mp.sweep_guess_ns = static_cast<uint64_t>(2.0 * kHeadsPerCta * p.K * (3 * kQkCols + 2 * kVCols) /
-                                              kAssumedCtaFlopsPerNs);
+    mp.sweep_counter = reinterpret_cast<uint32_t*>(ws + pl.sweep_counter);
+    FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
+    int device = 0, sms = 132;
+    FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
+    FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     int32_t* offsets = reinterpret_cast<int32_t*>(ws + pl.segment_offsets);
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
       const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
@@ -309,6 +310,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
       mp.indices = keys_out;
       mp.indices_stride_t = p.K;
       mp.token_begin = t0;
+      mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
       st = launch_main<false>(mp, tokens, pl.num_head_groups, stream);
       if (!st.ok()) return st;
     }

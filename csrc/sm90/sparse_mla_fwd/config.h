@@ -57,14 +57,22 @@ constexpr int kCpAsyncArrivals = kWarpgroupThreads;  // one cp.async.mbarrier.ar
 constexpr int kMaskWriters = kBlockKeys / 32;        // producer warps that publish a 32-key validity word
 constexpr int kReleaseArrivals = 4;                  // one per warp of the releasing consumer
 
-// Named barriers (0 is __syncthreads). "X from WGc": warpgroup c arrives, the other one syncs.
-enum NamedBarrier : int {
-  kMaxFromWg0 = 1,   // running max of block 2i published in SmemPlan::max_wg0
-  kMaxFromWg1 = 2,   // running max of the pair published in SmemPlan::max_wg1
-  kPFromWg0 = 3,     // P of block 2i (rescaled to the pair max) stored in stage 0's RoPE tile
-  kPFromWg1 = 4,     // P of block 2i+1 stored in SmemPlan::p_wg1
-  kRowSumExchange = 5,
+constexpr int kExchangeArrivals = kWarpgroupThreads;  // every thread of the publishing consumer
+
+// Consumer <-> consumer hand-offs, one mbarrier each (SmemPlan::exchange), one phase per key-block
+// pair: "X from WGc" = warpgroup c publishes X and arrives (all 128 threads), the other one waits.
+// (mbarriers rather than bar.arrive / bar.sync pairs: same cost here, and compute-sanitizer's
+// racecheck follows mbarrier ordering, so the tool can verify these exchanges.)
+enum Exchange : int {
+  kMaxFromWg0 = 0,  // running max of block 2i published in SmemPlan::max_wg0
+  kMaxFromWg1 = 1,  // running max of the pair published in SmemPlan::max_wg1
+  kPFromWg0 = 2,    // P of block 2i (rescaled to the pair max) stored in stage 0's RoPE tile
+  kPFromWg1 = 3,    // P of block 2i+1 stored in SmemPlan::p_wg1 (pairs with an odd block only)
+  kNumExchanges = 4,
 };
+
+// Named barrier (0 is __syncthreads): both consumers, once, for the row-sum exchange.
+constexpr int kRowSumExchange = 5;
 
 // Dynamic shared memory (the kernel aligns its base to 1024 bytes; every tile offset below is a
 // multiple of 1024, as SW128 atoms require). sizeof + alignment slack = the launch size.
@@ -79,6 +87,7 @@ struct SmemPlan {
   uint64_t q_ready;
   uint64_t kv_ready[kNumStages][kNumHalves];
   uint64_t kv_free[kNumStages][kNumHalves];
+  uint64_t exchange[kNumExchanges];
 };
 
 static_assert(offsetof(SmemPlan, kv) % 1024 == 0 && offsetof(SmemPlan, p_wg1) % 1024 == 0, "SW128 tiles");

@@ -253,8 +253,8 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
   // P1 V1_left of pair i-1 is issued at the top of pair i, next to S0, so that no wgmma is in flight
   // across the loop's back edge. The first pair is peeled (kPrevOdd = false) because ptxas
   // serializes every wgmma of the kernel when a wgmma on `o` is issued under a runtime condition here.
-  const auto issue_odd_pv = [&] {
-    hw::named_bar_sync(kPFromWg1, kNumConsumers * kWarpgroupThreads);
+  const auto issue_odd_pv = [&](int odd_pair) {  // the odd block of pair `odd_pair`
+    hw::mbar_wait(&sm.exchange[kPFromWg1], (odd_pair & 1));
     hw::wgmma_fence();
     issue_pv_ss(o, p1_desc, v1_desc);
     hw::wgmma_commit();
@@ -262,7 +262,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
   const auto run_pair = [&](auto prev_odd, int i) {
     constexpr bool kPrevOdd = decltype(prev_odd)::value;
     const uint32_t parity = i & 1;
-    if constexpr (kPrevOdd) issue_odd_pv();
+    if constexpr (kPrevOdd) issue_odd_pv(i - 1);
     hw::mbar_wait(&sm.kv_ready[0][kLeft], parity);
     hw::wgmma_fence();
     issue_qk<0, kVTilesPerConsumer>(s, q_desc, k0_desc, true);
@@ -285,7 +285,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
 #pragma unroll
     for (int h = 0; h < 2; ++h) blk_max[h] = fmaxf(run_max[h], row_max(s, h));
     publish_rows(sm.max_wg0, blk_max, ct.row0, ct.quad);
-    hw::named_bar_arrive(kMaxFromWg0, kNumConsumers * kWarpgroupThreads);
+    hw::mbar_arrive(&sm.exchange[kMaxFromWg0]);
     float rescale[2], blk_sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(run_max[h] - finite_or_zero(blk_max[h]));
@@ -300,13 +300,13 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     hw::wgmma_commit();
 
     // Pair max from WG1: hand P0, rescaled to it, to WG1.
-    hw::named_bar_sync(kMaxFromWg1, kNumConsumers * kWarpgroupThreads);
+    hw::mbar_wait(&sm.exchange[kMaxFromWg1], parity);
     const float pair_max[2] = {sm.max_wg1[ct.row0], sm.max_wg1[ct.row0 + 8]};
 #pragma unroll
     for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(blk_max[h] - finite_or_zero(pair_max[h]));
     store_p_tile(p0_tile, s, rescale, ct.row0, ct.quad);
     hw::fence_proxy_async();
-    hw::named_bar_arrive(kPFromWg0, kNumConsumers * kWarpgroupThreads);
+    hw::mbar_arrive(&sm.exchange[kPFromWg0]);
 
     hw::wgmma_wait<0>();
     hw::fence_regs(o);
@@ -324,7 +324,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
   if (num_pairs > 0) run_pair(std::false_type{}, 0);
   for (int i = 1; i < num_pairs; ++i) run_pair(std::true_type{}, i);  // every pair but the last has an odd block
   if (a.num_blocks % 2 == 0 && a.num_blocks > 0) {  // the last pair's odd block
-    issue_odd_pv();
+    issue_odd_pv(num_pairs - 1);
     hw::wgmma_wait<0>();
     hw::fence_regs(o);
   }
@@ -367,12 +367,12 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
     }
 
     // Pair max = max(WG0's running max after block 2i, this block); publish it for WG0.
-    hw::named_bar_sync(kMaxFromWg0, kNumConsumers * kWarpgroupThreads);
+    hw::mbar_wait(&sm.exchange[kMaxFromWg0], i & 1);
     float pair_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) pair_max[h] = fmaxf(sm.max_wg0[ct.row0 + 8 * h], blk_max[h]);
     publish_rows(sm.max_wg1, pair_max, ct.row0, ct.quad);
-    hw::named_bar_arrive(kMaxFromWg1, kNumConsumers * kWarpgroupThreads);
+    hw::mbar_arrive(&sm.exchange[kMaxFromWg1]);
     float rescale[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -396,13 +396,13 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       store_p_tile(p1_tile, s, unscaled, ct.row0, ct.quad);
     }
 
-    hw::named_bar_sync(kPFromWg0, kNumConsumers * kWarpgroupThreads);
+    hw::mbar_wait(&sm.exchange[kPFromWg0], i & 1);
     hw::wgmma_fence();
     issue_pv_ss(o, p0_desc, v0_desc);
     hw::wgmma_commit();
     if (has_odd) {
       hw::fence_proxy_async();
-      hw::named_bar_arrive(kPFromWg1, kNumConsumers * kWarpgroupThreads);
+      hw::mbar_arrive(&sm.exchange[kPFromWg1]);
       hw::wgmma_wait<1>();
       fence_frags(p_frag);
       release(&sm.kv_free[1][kRight]);
@@ -543,6 +543,8 @@ __global__ void __launch_bounds__(kNumThreads, 1) sparse_mla_fwd_kernel(const __
         hw::mbar_init(&sm.kv_ready[s][h], kCpAsyncArrivals + (h == mask_half(s) ? kMaskWriters : 0));
         hw::mbar_init(&sm.kv_free[s][h], kReleaseArrivals);
       }
+#pragma unroll
+    for (int e = 0; e < kNumExchanges; ++e) hw::mbar_init(&sm.exchange[e], kExchangeArrivals);
     hw::mbar_fence_init();
   }
   __syncthreads();
