@@ -201,10 +201,10 @@ __global__ void __launch_bounds__(kWarpgroup, kBwd ? 2 : 3) sparse_kl_kernel(con
     if (st.live) {
       for (int j = tid; j < a.K; j += kWarpgroup) {
         const float m = row[j] != -INFINITY ? mass_row[j] : 0.f;
-        if (m > 0.f) {
-          const float tg = m * inv_ms;
-          term += tg * (logf(tg) - (row[j] - st.lse));  // target (log target - log p_I); 0 log 0 = 0
-        }
+        // Test the target itself, not the mass: a denormal mass times 1/Σmass can round to 0, and
+        // 0 · log 0 would be NaN (0 log 0 = 0).
+        const float tg = m * inv_ms;
+        if (tg > 0.f) term += tg * (logf(tg) - (row[j] - st.lse));  // target (log target - log p_I)
       }
     }
     term = warpgroup_allreduce<false>(term, red, tid, 1);
