@@ -331,6 +331,87 @@ int64_t count_nonfinite(const float* d_ptr, int64_t n) {
   return bad;
 }
 
+// Causal top-k-like rows of packed sequences of `seq_len` tokens: row t of a sequence starting at s
+// draws min(K, t - s + 1) keys from [s, t] (with repeats), the remaining slots are -1.
+__global__ void fill_causal_indices_kernel(int32_t* p, int64_t T, int K, int64_t seq_len, uint64_t seed) {
+  const int64_t n = T * K;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / K, j = i % K, start = t - t % seq_len, visible = t - start + 1;
+    p[i] = j < visible ? static_cast<int32_t>(start + int64_t(hash64(seed + i) % uint64_t(visible))) : -1;
+  }
+}
+
+// At scale (T_kv >= 16384) the fast mode sorts each row and sweeps the key range with rotated row
+// starts; the deterministic mode does neither. Both must give the same dq and dkv (the
+// deterministic mode is checked against the double reference above). Causal rows with -1 padding,
+// packed sequences, H = 16 (padded heads) and 64.
+bool scale_check() {
+  struct ScaleCase {
+    int64_t T;
+    int H, K;
+    int64_t seq_len;
+  };
+  const ScaleCase cases[] = {{16384, 16, 512, 2048}, {32768, 64, 2048, 8192}};
+  bool all_ok = true;
+  std::printf("\nat scale: fast (sorted sweep) vs deterministic, causal packed rows\n");
+  for (const ScaleCase& sc : cases) {
+    const int64_t T = sc.T;
+    const int H = sc.H, K = sc.K;
+    DeviceBuffers b;
+    CHECK_CUDA(cudaMalloc(&b.q, size_t(T) * H * kDqk * 2));
+    CHECK_CUDA(cudaMalloc(&b.dq, size_t(T) * H * kDqk * 2));
+    CHECK_CUDA(cudaMalloc(&b.out, size_t(T) * H * kDv * 2));
+    CHECK_CUDA(cudaMalloc(&b.dout, size_t(T) * H * kDv * 2));
+    CHECK_CUDA(cudaMalloc(&b.kv, size_t(T) * kDqk * 2));
+    CHECK_CUDA(cudaMalloc(&b.dkv, size_t(T) * kDqk * 4));
+    CHECK_CUDA(cudaMalloc(&b.idx, size_t(T) * K * 4));
+    CHECK_CUDA(cudaMalloc(&b.lse, size_t(T) * H * 4));
+    const dim3 grid(4096), block(256);
+    fill_bf16_kernel<<<grid, block>>>(reinterpret_cast<__nv_bfloat16*>(b.q), T * H * kDqk, 11, 1.f);
+    fill_bf16_kernel<<<grid, block>>>(reinterpret_cast<__nv_bfloat16*>(b.kv), T * kDqk, 12, 1.f);
+    fill_bf16_kernel<<<grid, block>>>(reinterpret_cast<__nv_bfloat16*>(b.dout), T * H * kDv, 13, 1.f);
+    fill_bf16_kernel<<<grid, block>>>(reinterpret_cast<__nv_bfloat16*>(b.out), T * H * kDv, 14, 0.05f);
+    fill_f32_kernel<<<grid, block>>>(b.lse, T * H, std::log(float(K)) + 1.f / 18.f);
+    fill_causal_indices_kernel<<<grid, block>>>(b.idx, T, K, sc.seq_len, 15 + T);
+    CHECK_CUDA(cudaGetLastError());
+    Inputs shape;
+    shape.c = Case{T, T, H, K, false};
+    shape.q_st = int64_t(H) * kDqk, shape.q_sh = kDqk, shape.kv_st = kDqk, shape.idx_st = K;
+    shape.scale = 1.f / std::sqrt(float(kDqk));
+    // dkv in full; dq of 256 tokens spread over the range (incl. the first rows of sequences).
+    std::vector<float> dkv[2];
+    std::vector<float> dq[2];
+    const int64_t samples = 256, step = T / samples;
+    bool ran = true;
+    for (int mode = 0; mode < 2 && ran; ++mode) {
+      ran = run_op(make_params(shape, b, mode == 1), b);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      dkv[mode].resize(size_t(T) * kDqk);
+      CHECK_CUDA(cudaMemcpy(dkv[mode].data(), b.dkv, dkv[mode].size() * 4, cudaMemcpyDeviceToHost));
+      std::vector<bf16> rows(size_t(H) * kDqk);
+      for (int64_t k = 0; k < samples; ++k) {
+        const int64_t t = k * step + (k % 7);
+        CHECK_CUDA(cudaMemcpy(rows.data(), b.dq + t * H * kDqk, rows.size() * 2, cudaMemcpyDeviceToHost));
+        for (const bf16& v : rows) dq[mode].push_back(f(v));
+      }
+    }
+    if (!ran) {
+      all_ok = false;
+      continue;
+    }
+    const Errors e_dkv = compare(dkv[0], std::vector<double>(dkv[1].begin(), dkv[1].end()));
+    const Errors e_dq = compare(dq[0], std::vector<double>(dq[1].begin(), dq[1].end()));
+    // Same math, different summation order (fp32 atomics vs fixed order; dq rounded to bf16).
+    const bool ok = e_dkv.rel_l2 < 1e-4 && e_dq.rel_l2 < 1e-2 && count_nonfinite(b.dkv, T * kDqk) == 0;
+    std::printf("  T=%lld H=%d K=%d seq %lld: dkv rel_l2 %.1e, dq (256 rows) rel_l2 %.1e  %s\n", (long long)T, H, K,
+                (long long)sc.seq_len, e_dkv.rel_l2, e_dq.rel_l2, ok ? "PASS" : "FAIL");
+    all_ok = all_ok && ok;
+    cudaFree(b.q), cudaFree(b.dq), cudaFree(b.out), cudaFree(b.dout), cudaFree(b.kv), cudaFree(b.dkv);
+    cudaFree(b.idx), cudaFree(b.lse), cudaFree(b.workspace);
+  }
+  return all_ok;
+}
+
 bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
   const int H = 64, K = 2048;
   const int64_t t_max = *std::max_element(Ts.begin(), Ts.end());
@@ -455,6 +536,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1234;
   for (const Case& c : cases) failed += !check_case(c, seed++);
   std::printf("correctness: %d passed, %d failed\n", int(cases.size()) - failed, failed);
+  if (correctness && !small && !scale_check()) ++failed;
   if (bench && !small && !bench_T.empty() && !benchmark(bench_T, fast_only)) ++failed;
   return failed == 0 ? 0 : 1;
 }
