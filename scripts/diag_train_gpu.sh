@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GPU diagnosis of the training example not learning on the H200 (docs/training.md, "GPU runs").
+# One device call (< 10 min): builds the extension, runs the at-scale backward checks, then two short
+# trainings side by side (T = 8192: sparse MLA bwd without the sorted sweep; T = 16384: with it) and
+# a fused-vs-reference parity run. Logs and metrics under ${OUT:-/tmp/flashdsa_diag}.
+#   bash scripts/diag_train_gpu.sh [--minutes M]   (M: training time of each run, default 3)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flashdsa_diag}; mkdir -p "$OUT"
+minutes=3
+[ "${1:-}" = "--minutes" ] && minutes=$2
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FLASHDSA_WITH_CUDA=1
+python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+python3 -m pytest -q -k "at_scale and cuda" tests/python/test_ops_mla.py >"$OUT/pytest_at_scale.log" 2>&1
+echo "at-scale pytest: $(tail -1 "$OUT/pytest_at_scale.log")"
+# Task A of docs/training.md (pairs 500-1700 rows back, 16 values, K = 512).
+train="python3 examples/train_recall.py --device cuda --steps 100000 --lr 3e-3 --warmup 50 --log-every 100
+       --min-len 1024 --max-len 2048 --num-keys 256 --num-values 16 --topk 512 --time-limit $minutes"
+$train --tokens 8192 --out "$OUT/A_8k" >"$OUT/A_8k.log" 2>&1 &
+$train --tokens 16384 --out "$OUT/A_16k" >"$OUT/A_16k.log" 2>&1 &
+wait
+for run in A_8k A_16k; do echo "$run: $(grep -a '^steps=' "$OUT/$run.log")"; done
+python3 examples/train_recall.py --device cuda --parity --tokens 8192 --topk 256 --steps 150 \
+  --out "$OUT/parity" >"$OUT/parity.log" 2>&1
+echo "parity: $(grep -a -i 'max_rel\|rel' "$OUT/parity.log" | tail -3)"
