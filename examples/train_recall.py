@@ -683,6 +683,39 @@ def train(cfg: Config, names: List[str], device: str, *, fp64: bool = False, tim
     return {run.name: run.hist for run in runs}
 
 
+def gradient_check(cfg: Config, device: str, *, fp64: bool = False) -> Dict[str, Dict[str, float]]:
+    """One forward + backward (no optimizer step) of the fused model and of the reference model
+    attending to the fused model's top-k, from the same initialization and batch.
+
+    Returns, per parameter: ``rel_diff`` = |g_fused - g_ref| / |g_ref|, ``cosine`` of the two
+    gradients and ``norm`` = |g_ref|; plus ``"lm_loss"``: the two LM losses. A wrong kernel gradient
+    shows here at once, where a training run would only plateau.
+    """
+    act_dtype = activation_dtype(device, fp64)
+    runs = [Run(cfg, name, device, act_dtype) for name in ("fused", "reference-shared-topk")]
+    batch = make_batch(cfg, Vocab.of(cfg), torch.Generator().manual_seed(cfg.seed + 1)).to(device)
+    leader, losses = None, []
+    for run in runs:
+        if leader is not None:
+            for core, indices in zip(run.full_cores(), leader):
+                core.use_indices(indices)
+        with run.autocast:
+            logits, full_indices = run.model(batch, act_dtype)
+        loss = F.cross_entropy(_acc(logits), batch.answers)
+        loss.backward()
+        losses.append(float(loss.detach()))
+        leader = leader or list(full_indices.values())
+    report: Dict[str, Dict[str, float]] = {"lm_loss": {"fused": losses[0], "reference": losses[1]}}
+    for (name, p_fused), (_, p_ref) in zip(runs[0].model.named_parameters(), runs[1].model.named_parameters()):
+        if p_ref.grad is None:
+            continue
+        g_f, g_r = p_fused.grad.double().flatten(), p_ref.grad.double().flatten()
+        norm = float(g_r.norm())
+        report[name] = {"rel_diff": float((g_f - g_r).norm()) / max(norm, 1e-300),
+                        "cosine": float(F.cosine_similarity(g_f, g_r, dim=0)), "norm": norm}
+    return report
+
+
 # ---------------------------------------------------------------------------------------------
 # Reporting
 
@@ -836,6 +869,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="attention core of a plain training run (default: fused)")
     ap.add_argument("--parity", action="store_true",
                     help="train fused, reference and reference-shared-topk in lockstep from the same seed and data")
+    ap.add_argument("--grad-check", action="store_true",
+                    help="compare the fused model's gradients with the reference's on one batch (no training)")
     ap.add_argument("--out", type=Path, default=Path("train_recall_out"), help="output folder")
     ap.add_argument("--time-limit", type=float, default=None, help="stop each run after this many minutes")
     ap.add_argument("--log-every", type=int, default=50, help="steps between printed lines (without tqdm)")
@@ -871,6 +906,18 @@ def main(argv=None) -> Dict:
              f"H_I={cfg.idx_heads} D_I={cfg.idx_dim}, {cfg.layers} layers, IndexShare 1-in-{cfg.topk_freq}")
     print(f"key-value recall on {where}: {shape}")
     print(describe_task(cfg))
+
+    if args.grad_check:
+        report = gradient_check(cfg, args.device, fp64=args.fp64)
+        (args.out / "grad_check.json").write_text(json.dumps(report, indent=1))
+        print(f"LM loss: fused {report['lm_loss']['fused']:.6f}, reference {report['lm_loss']['reference']:.6f}")
+        params = sorted((k for k in report if k != "lm_loss"), key=lambda k: -report[k]["rel_diff"])
+        print(f"{'parameter':48s} {'|g_ref|':>10s} {'rel diff':>10s} {'cosine':>9s}")
+        for name in params:
+            e = report[name]
+            print(f"{name:48s} {e['norm']:10.3e} {e['rel_diff']:10.2e} {e['cosine']:9.6f}")
+        print(f"wrote {args.out / 'grad_check.json'}")
+        return {"config": dataclasses.asdict(cfg), "grad_check": report}
 
     if args.parity:
         runs = train(cfg, PARITY_RUNS, args.device, fp64=args.fp64, time_limit=limit, log_every=args.log_every)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU diagnosis of the training example not learning on the H200 (docs/training.md, "GPU runs").
-# One device call (< 10 min): builds the extension, runs the at-scale backward checks, then two short
+# One device call (< 10 min): builds the extension, runs the at-scale backward checks and a one-batch
+# gradient comparison (fused vs reference) at T = 8K and 16K, then two short
 # trainings side by side (T = 8192: sparse MLA bwd without the sorted sweep; T = 16384: with it) and
 # a fused-vs-reference parity run. Logs and metrics under ${OUT:-/tmp/flashdsa_diag}.
 #   bash scripts/diag_train_gpu.sh [--minutes M]   (M: training time of each run, default 3)
@@ -13,6 +14,12 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FLASHDSA_WITH_CUDA=1
 python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 python3 -m pytest -q -k "at_scale and cuda" tests/python/test_ops_mla.py >"$OUT/pytest_at_scale.log" 2>&1
 echo "at-scale pytest: $(tail -1 "$OUT/pytest_at_scale.log")"
+# Gradients of the fused model vs the reference on one batch, at T = 8K (no sweep) and 16K (sweep).
+for T in 8192 16384; do
+  python3 examples/train_recall.py --device cuda --grad-check --tokens $T --min-len 1024 --max-len 2048 \
+    --num-keys 256 --num-values 16 --topk 256 --out "$OUT/grad_$T" >"$OUT/grad_$T.log" 2>&1
+  echo "grad-check T=$T (worst 5 by rel diff):"; grep -a -A6 "^LM loss" "$OUT/grad_$T.log"
+done
 # Task A of docs/training.md (pairs 500-1700 rows back, 16 values, K = 512).
 train="python3 examples/train_recall.py --device cuda --steps 100000 --lr 3e-3 --warmup 50 --log-every 100
        --min-len 1024 --max-len 2048 --num-keys 256 --num-values 16 --topk 512 --time-limit $minutes"

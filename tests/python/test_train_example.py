@@ -163,3 +163,30 @@ def test_cuda_preset_trains_and_matches_the_reference(example, tmp_path, device)
     shared = report["reference-shared-topk"]
     assert shared["steps_with_identical_topk"] == 5
     assert shared["max_rel_lm_loss_diff"] < 2e-2  # bf16 activations: rounding of the kernels' outputs
+
+
+def test_gradient_check_fused_equals_reference_cpu(example, tmp_path):
+    """One batch, same weights and top-k: the fused CPU ops give the reference's gradients."""
+    report = example.main(["--grad-check", *TINY, "--out", str(tmp_path)])["grad_check"]
+    assert report["lm_loss"]["fused"] == pytest.approx(report["lm_loss"]["reference"], rel=1e-6)
+    params = {k: v for k, v in report.items() if k != "lm_loss"}
+    assert len(params) > 20 and any(".indexer." in k for k in params)
+    for name, entry in params.items():
+        assert entry["rel_diff"] < 1e-4 and entry["cosine"] > 0.9999, (name, entry)
+    assert (tmp_path / "grad_check.json").exists()
+
+
+@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd",
+                     "sparse_kl_bwd")
+def test_gradient_check_cuda_at_16k_tokens(example, tmp_path, device):
+    """The CUDA kernels' gradients at training scale (T = 16384: the sparse MLA backward's sorted-sweep
+    path) against the plain-PyTorch reference on the same top-k; bf16 rounding only."""
+    if device != "cuda":
+        pytest.skip("the CPU case is above")
+    report = example.main(["--device", "cuda", "--grad-check", "--tokens", "16384", "--min-len", "1024",
+                           "--max-len", "2048", "--num-keys", "256", "--num-values", "16", "--topk", "256",
+                           "--out", str(tmp_path)])["grad_check"]
+    params = {k: v for k, v in report.items() if k != "lm_loss"}
+    largest = max(v["norm"] for v in params.values())
+    bad = {k: v for k, v in params.items() if v["norm"] > 1e-4 * largest and (v["cosine"] < 0.99 or v["rel_diff"] > 0.15)}
+    assert not bad, bad
