@@ -17,12 +17,12 @@ echo "at-scale pytest: $(tail -1 "$OUT/pytest_at_scale.log")"
 # Gradients of the fused model vs the reference on one batch, at T = 8K (no sweep) and 16K (sweep).
 for T in 8192 16384; do
   python3 examples/train_recall.py --device cuda --grad-check --tokens $T --min-len 1024 --max-len 2048 \
-    --num-keys 256 --num-values 16 --topk 256 --out "$OUT/grad_$T" >"$OUT/grad_$T.log" 2>&1
+    --num-keys 512 --query-every 32 --num-values 16 --topk 256 --out "$OUT/grad_$T" >"$OUT/grad_$T.log" 2>&1
   echo "grad-check T=$T (worst 5 by rel diff):"; grep -a -A6 "^LM loss" "$OUT/grad_$T.log"
 done
 # Task A of docs/training.md (pairs 500-1700 rows back, 16 values, K = 512).
 train="python3 examples/train_recall.py --device cuda --steps 100000 --lr 3e-3 --warmup 50 --log-every 100
-       --min-len 1024 --max-len 2048 --num-keys 256 --num-values 16 --topk 512 --time-limit $minutes"
+       --min-len 1024 --max-len 2048 --num-keys 512 --query-every 32 --num-values 16 --topk 512 --time-limit $minutes"
 $train --tokens 8192 --out "$OUT/A_8k" >"$OUT/A_8k.log" 2>&1 &
 $train --tokens 16384 --out "$OUT/A_16k" >"$OUT/A_16k.log" 2>&1 &
 wait

@@ -2,7 +2,8 @@
 
 Checks the data generator's bookkeeping, the plain-PyTorch reference core against the fused ops,
 a few training steps (finite, decreasing loss; PNG and JSON written) and the parity mode (fp32 and
-fp64). One CUDA case runs the CUDA preset's shapes for a few steps when the kernels are present.
+fp64), the one-batch gradient check; CUDA cases (preset shapes for a few steps, gradient check at 16K
+tokens) run when the kernels are present.
 """
 
 import importlib.util
@@ -184,7 +185,7 @@ def test_gradient_check_cuda_at_16k_tokens(example, tmp_path, device):
     if device != "cuda":
         pytest.skip("the CPU case is above")
     report = example.main(["--device", "cuda", "--grad-check", "--tokens", "16384", "--min-len", "1024",
-                           "--max-len", "2048", "--num-keys", "256", "--num-values", "16", "--topk", "256",
+                           "--max-len", "2048", "--num-keys", "512", "--query-every", "32", "--num-values", "16", "--topk", "256",
                            "--out", str(tmp_path)])["grad_check"]
     params = {k: v for k, v in report.items() if k != "lm_loss"}
     largest = max(v["norm"] for v in params.values())
