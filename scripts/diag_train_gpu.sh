@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU diagnosis of the training example not learning on the H200 (docs/training.md, "GPU runs").
 # One device call (< 10 min): builds the extension, runs the at-scale backward checks and a one-batch
-# gradient comparison (fused vs reference) at T = 8K and 16K, then two short
-# trainings side by side (T = 8192: sparse MLA bwd without the sorted sweep; T = 16384: with it) and
-# a fused-vs-reference parity run. Logs and metrics under ${OUT:-/tmp/flashdsa_diag}.
+# gradient comparison (fused vs reference) at T = 8K and 16K, then the CUDA preset trained at 8K and
+# 16K tokens per step side by side (8K: sparse MLA bwd without the sorted sweep; 16K: with it) and a
+# fused-vs-reference parity run. Logs and metrics under ${OUT:-/tmp/flashdsa_diag}.
 #   bash scripts/diag_train_gpu.sh [--minutes M]   (M: training time of each run, default 3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,13 +20,13 @@ for T in 8192 16384; do
     --num-keys 512 --query-every 32 --num-values 16 --topk 256 --out "$OUT/grad_$T" >"$OUT/grad_$T.log" 2>&1
   echo "grad-check T=$T (worst 5 by rel diff):"; grep -a -A6 "^LM loss" "$OUT/grad_$T.log"
 done
-# Task A of docs/training.md (pairs 500-1700 rows back, 16 values, K = 512).
-train="python3 examples/train_recall.py --device cuda --steps 100000 --lr 3e-3 --warmup 50 --log-every 100
-       --min-len 1024 --max-len 2048 --num-keys 512 --query-every 32 --num-values 16 --topk 512 --time-limit $minutes"
-$train --tokens 8192 --out "$OUT/A_8k" >"$OUT/A_8k.log" 2>&1 &
-$train --tokens 16384 --out "$OUT/A_16k" >"$OUT/A_16k.log" 2>&1 &
+# The CUDA preset (CPU task x16 sequences, K = 64, lr 1e-3) at 8K tokens per step (sparse MLA bwd
+# without the sorted sweep) and at its own 16K (with it), side by side.
+train="python3 examples/train_recall.py --device cuda --log-every 100 --time-limit $minutes"
+$train --tokens 8192 --out "$OUT/preset_8k" >"$OUT/preset_8k.log" 2>&1 &
+$train --out "$OUT/preset_16k" >"$OUT/preset_16k.log" 2>&1 &
 wait
-for run in A_8k A_16k; do echo "$run: $(grep -a '^steps=' "$OUT/$run.log")"; done
+for run in preset_8k preset_16k; do echo "$run: $(grep -a '^steps=' "$OUT/$run.log")"; done
 python3 examples/train_recall.py --device cuda --parity --tokens 8192 --topk 256 --steps 150 \
   --out "$OUT/parity" >"$OUT/parity.log" 2>&1
 echo "parity: $(grep -a -i 'max_rel\|rel' "$OUT/parity.log" | tail -3)"
