@@ -597,6 +597,19 @@ class Run:
     def full_cores(self) -> List[nn.Module]:
         return [self.model.blocks[i].attn.core for i in self.model.full_layers()]
 
+    def forward_backward(self, batch: Batch, act_dtype: torch.dtype,
+                         given_indices: Optional[List[torch.Tensor]] = None):
+        """Forward on ``batch`` (the full layers attend to ``given_indices`` when given: reference
+        core only) and backward of the LM loss; returns (loss, logits, the full layers' indices)."""
+        if given_indices is not None:
+            for core, indices in zip(self.full_cores(), given_indices):
+                core.use_indices(indices)
+        with self.autocast:
+            logits, full_indices = self.model(batch, act_dtype)
+        loss = F.cross_entropy(_acc(logits), batch.answers)
+        loss.backward()  # also back-propagates the full layers' KL losses (attached to their outputs)
+        return loss, logits, full_indices
+
     def step(self, step: int, batch: Batch, act_dtype: torch.dtype,
              given_indices: Optional[List[torch.Tensor]] = None) -> List[torch.Tensor]:
         """One optimizer step on ``batch``; records the metrics; returns the full layers' indices.
@@ -604,15 +617,9 @@ class Run:
         ``given_indices`` (reference core only): the full layers attend to these instead of their
         own top-k.
         """
-        if given_indices is not None:
-            for core, indices in zip(self.full_cores(), given_indices):
-                core.use_indices(indices)
         for group in self.opt.param_groups:
             group["lr"] = lr_at(step, self.cfg)
-        with self.autocast:
-            logits, full_indices = self.model(batch, act_dtype)
-        loss = F.cross_entropy(_acc(logits), batch.answers)
-        loss.backward()  # also back-propagates the full layers' KL losses (attached to their outputs)
+        loss, logits, full_indices = self.forward_backward(batch, act_dtype, given_indices)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.lm_params, self.cfg.clip)
         indexer_grad_norm = torch.nn.utils.clip_grad_norm_(self.indexer_params, self.cfg.clip)
         self.opt.step()
@@ -699,13 +706,7 @@ def gradient_check(cfg: Config, device: str, *, fp64: bool = False) -> Dict[str,
     batch = make_batch(cfg, Vocab.of(cfg), torch.Generator().manual_seed(cfg.seed + 1)).to(device)
     leader, losses = None, []
     for run in runs:
-        if leader is not None:
-            for core, indices in zip(run.full_cores(), leader):
-                core.use_indices(indices)
-        with run.autocast:
-            logits, full_indices = run.model(batch, act_dtype)
-        loss = F.cross_entropy(_acc(logits), batch.answers)
-        loss.backward()
+        loss, _, full_indices = run.forward_backward(batch, act_dtype, leader)
         losses.append(float(loss.detach()))
         leader = leader or list(full_indices.values())
     report: Dict[str, Dict[str, float]] = {"lm_loss": {"fused": losses[0], "reference": losses[1]}}
