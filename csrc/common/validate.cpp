@@ -131,6 +131,18 @@ Status check_ptr(const Check& c, const char* field, const void* ptr, int64_t num
   return Status::OK();
 }
 
+// An output the CUDA kernels write with 16-byte stores must start on a 16-byte boundary (any
+// address is fine on the CPU).
+Status check_aligned(const Check& c, const char* field, const void* ptr) {
+  constexpr uintptr_t kAlignment = 16;
+  if (c.cuda() && reinterpret_cast<uintptr_t>(ptr) % kAlignment != 0) {
+    return Status::InvalidArgument(std::string(c.op) + ": " + field +
+                                   " must be 16-byte aligned on CUDA (address % 16 = " +
+                                   std::to_string(reinterpret_cast<uintptr_t>(ptr) % kAlignment) + ")");
+  }
+  return Status::OK();
+}
+
 // Stride (in elements) of the outer dimension of a tensor whose inner block spans `min_stride`
 // elements. A dimension of size <= 1 is never stepped over, so its stride is not constrained.
 Status check_stride(const Check& c, const std::string& field, int64_t stride, int64_t dim_size, int64_t min_stride) {
@@ -330,7 +342,9 @@ Status validate(const SparseMlaBwdParams& p) {
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.H));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dout", p.dout, p.T * p.H * p.D_v));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq", p.dq, p.T * p.H * p.D_qk));
-  return check_ptr(c, "dkv", p.dkv, p.T_kv * p.D_qk);
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dkv", p.dkv, p.T_kv * p.D_qk));
+  // mass [T, K] is optional (null = not requested); when given, the CUDA kernel stores it in 16 bytes.
+  return p.mass == nullptr ? Status::OK() : check_aligned(c, "mass", p.mass);
 }
 
 Status validate(const AttnMassParams& p) {

@@ -1,9 +1,10 @@
 // CPU sparse MLA forward / backward and attention mass (DSA_SPEC §4, §5, §6).
 //
 // Every op walks the query rows in parallel; a row keeps its scores in a [H, K] scratch (per
-// worker, never T x H x K). The backward computes dq row by row, then dkv key-major (see
-// key_partition.h): each key-range task recomputes the probabilities of the slots that point into
-// its range, so dkv is bitwise reproducible for any thread count.
+// worker, never T x H x K). The backward computes dq (and, when asked, the attention mass from
+// the same probabilities) row by row, then dkv key-major (see key_partition.h): each key-range
+// task recomputes the probabilities of the slots that point into its range, so dkv is bitwise
+// reproducible for any thread count.
 #include <algorithm>
 #include <cmath>
 
@@ -100,6 +101,7 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
   const Acc* lse = static_cast<const Acc*>(p.lse);
   Act* dq_out = static_cast<Act*>(p.dq);
   Acc* dkv = static_cast<Acc*>(p.dkv);
+  Acc* mass_out = static_cast<Acc*>(p.mass);  // optional [T, K]
 
   const int workers = detail::num_threads();
   RowScratch<Acc> scratch(workers, H, K, D_qk);
@@ -110,13 +112,14 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
   Buffer<Acc> delta(static_cast<size_t>(p.T) * H);  // [T, H] rowsum(dout * out)
   auto load_dout = [&](int64_t t, Acc* dst) { load_rows(dout_all + t * H * D_v, D_v, H, D_v, dst); };
 
-  // Pass 1, row-major: Delta and dq.
+  // Pass 1, row-major: Delta, dq and (optionally) the attention mass.
   detail::parallel_for(p.T, row_grain(p.T), [&](int64_t begin, int64_t end, int worker) {
     Acc* q = scratch.q(worker);
     Acc* s = scratch.s(worker);
     Acc* dp = dp_scratch(worker);
     Acc* dout = dout_scratch(worker);
     Acc* dq = dq_scratch(worker);
+    int32_t* slots = scratch.slots(worker);
     const Acc** rows = scratch.rows(worker);
     Acc** dq_rows = head_rows_scratch(worker);
     row_pointers(dq, H, D_qk, dq_rows);
@@ -129,12 +132,21 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
         for (int d = 0; d < D_v; ++d) sum += dout[h * D_v + d] * to_acc(out_th[d]);
         delta_t[h] = sum;
       }
-      const int n = idx.valid_slots(t, in.kv.data(), D_qk, scratch.slots(worker), rows);
+      const int n = idx.valid_slots(t, in.kv.data(), D_qk, slots, rows);
       if (n > 0) {
         in.load_q(t, q);
         in.scores(q, rows, n, s, K);
         dot_rows(dout, D_v, H, rows, n, D_v, Acc(1), dp, K);
         probabilities_and_score_grads(H, K, n, in.scale, lse + t * H, delta_t, s, dp);
+      }
+      if (mass_out != nullptr) {
+        // dp now holds P [H, n]: mass[t, slot] = sum_h P, in increasing h as attention_mass_impl
+        // sums it (the same values in the same order: bitwise equal to run_attention_mass).
+        Acc* mass_t = mass_out + t * K;
+        std::fill(mass_t, mass_t + K, Acc(0));
+        for (int h = 0; h < H; ++h) {
+          for (int i = 0; i < n; ++i) mass_t[slots[i]] += dp[h * K + i];
+        }
       }
       combine_rows(H, n, D_qk, s, K, 1, rows, dq_rows, false);
       store_row(dq, static_cast<int64_t>(H) * D_qk, dq_out + t * H * D_qk);

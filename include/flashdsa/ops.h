@@ -104,6 +104,11 @@ struct SparseMlaBwdParams : CallContext {
   int D_qk = kDqk, D_v = kDv;
   int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0, indices_stride_t = 0;
   bool deterministic = false;    // bitwise-reproducible dkv (the CPU backend always is)
+  // Optional [T, K] stat out, contiguous (16-byte aligned on CUDA): when non-null, the op also
+  // writes the head-summed attention mass of every slot, exactly what run_attention_mass() computes
+  // (0 for empty slots), from the P = exp(scale S - lse) it forms anyway. The indexer KL loss can
+  // then run after the backward without the mass recompute (python: the layer's training path).
+  void* mass = nullptr;
   void* workspace = nullptr;     // CUDA only: sparse_mla_bwd_workspace_size() bytes
   size_t workspace_bytes = 0;
 };

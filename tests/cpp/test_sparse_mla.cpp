@@ -2,6 +2,9 @@
 // (DSA_SPEC §4-§6), plus finite-difference checks of the backward in fp64.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
+
 #include "problem.h"
 
 namespace fdt {
@@ -78,14 +81,86 @@ void check_mass(const Shape& shape) {
   }
 }
 
+template <class T>
+bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The backward's optional mass output (SparseMlaBwdParams::mass) is bitwise what run_attention_mass
+// computes on the same inputs (the same probabilities summed over h in the same order), every slot
+// is written (the buffer starts as NaN), and dq / dkv do not change with or without it.
+template <class Act>
+void check_backward_mass(const Shape& shape) {
+  using Stat = StatOf<Act>;
+  const Problem<Act> pb(shape);
+  const auto fwd = run_forward(pb);
+  const int64_t T = pb.T, K = shape.K;
+  std::vector<Stat> expected(T * K, Stat(-1));
+  FDT_ASSERT_OK(flashdsa::run_attention_mass(pb.attention_mass(fwd.lse.data(), expected.data())));
+
+  std::vector<Act> dq(T * shape.H * shape.D_qk), dq_plain(dq.size());
+  std::vector<Stat> dkv(pb.T_kv * shape.D_qk), dkv_plain(dkv.size());
+  std::vector<Stat> mass(T * K, std::numeric_limits<Stat>::quiet_NaN());
+  auto p = pb.sparse_bwd(fwd.out.data(), fwd.lse.data(), dq.data(), dkv.data());
+  p.mass = mass.data();
+  FDT_ASSERT_OK(flashdsa::run_sparse_mla_bwd(p));
+  // mass == nullptr (the default) still runs, and gives the same gradients.
+  FDT_ASSERT_OK(
+      flashdsa::run_sparse_mla_bwd(pb.sparse_bwd(fwd.out.data(), fwd.lse.data(), dq_plain.data(), dkv_plain.data())));
+
+  EXPECT_TRUE(bitwise_equal(mass, expected)) << "bwd mass differs from run_attention_mass";
+  EXPECT_TRUE(bitwise_equal(dq, dq_plain)) << "dq changed with the mass output";
+  EXPECT_TRUE(bitwise_equal(dkv, dkv_plain)) << "dkv changed with the mass output";
+  const auto mass_ref = ref::attention_mass(pb.ref_attention(), pb.indices, T, pb.T_kv, shape.K, to_doubles(fwd.lse));
+  expect_stat_close(mass, mass_ref, stat_rtol<Act>(), "bwd mass");
+
+  // The problem covers the cases the op must handle: empty slots (-1 and out of range) get 0, rows
+  // without a valid slot are all 0, a duplicated key gets its mass in each of its slots.
+  int empty_rows = 0, duplicates = 0, out_of_range = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    bool any_valid = false;
+    for (int j = 0; j < K; ++j) {
+      const int32_t key = pb.indices[t * K + j];
+      if (!ref::valid(key, pb.T_kv)) {
+        out_of_range += key != -1;
+        EXPECT_EQ(mass[t * K + j], Stat(0)) << "empty slot " << t << "," << j;
+        continue;
+      }
+      any_valid = true;
+    }
+    empty_rows += !any_valid;
+    const int32_t first = pb.indices[t * K];
+    if (K >= 2 && ref::valid(first, pb.T_kv) && pb.indices[t * K + K - 1] == first) {
+      ++duplicates;
+      EXPECT_EQ(mass[t * K], mass[t * K + K - 1]) << "duplicate key of row " << t;
+    }
+  }
+  EXPECT_GT(empty_rows, 0);
+  EXPECT_GT(duplicates, 0);
+  EXPECT_GT(out_of_range, 0);
+}
+
 TYPED_TEST(SparseMla, ForwardMatchesReference) { check_forward<TypeParam>(Shape{}); }
 TYPED_TEST(SparseMla, BackwardMatchesReference) { check_backward<TypeParam>(Shape{}); }
 TYPED_TEST(SparseMla, AttentionMassMatchesReference) { check_mass<TypeParam>(Shape{}); }
+TYPED_TEST(SparseMla, BackwardMassEqualsAttentionMass) { check_backward_mass<TypeParam>(Shape{}); }
 
 TEST(SparseMlaProductionShape, Bf16ForwardBackwardMass) {
   check_forward<bf16>(production_shape());
   check_backward<bf16>(production_shape());
   check_mass<bf16>(production_shape());
+  check_backward_mass<bf16>(production_shape());
+}
+
+// Many threads' row ranges and K > the SIMD widths: fp64 and fp32 at H = 16, K = 128.
+TEST(SparseMla, BackwardMassEqualsAttentionMassWideRows) {
+  Shape s;
+  s.lengths = {200, 3, 131, 1, 90};
+  s.H = 16;
+  s.K = 128;
+  s.seed = 11;
+  check_backward_mass<double>(s);
+  check_backward_mass<float>(s);
 }
 
 TEST(SparseMla, OneHeadValueEqualsKeyWidth) {

@@ -132,6 +132,37 @@ TEST_F(Validate, SparseMlaForwardAndBackward) {
   expect_rejected<B>(b, vb, "dq", [](B& x) { x.dq = nullptr; });
   expect_rejected<B>(b, vb, "dkv", [](B& x) { x.dkv = nullptr; });
   expect_rejected<B>(b, vb, "kv_stride_t", [](B& x) { x.kv_stride_t = -2; });
+  // The optional mass output: null (not requested) or any address on the CPU.
+  B with_mass = b;
+  with_mass.mass = stat_out.data() + 1;
+  EXPECT_TRUE(vb(with_mass).ok()) << vb(with_mass).to_string();
+}
+
+// On CUDA the bwd's optional mass output must be 16-byte aligned (the kernel stores 16 bytes).
+TEST(ValidateCuda, BackwardMassAlignment) {
+  using B = flashdsa::SparseMlaBwdParams;
+  alignas(16) static uint16_t dummy[16];
+  alignas(16) static int32_t dummy_indices[64];
+  alignas(16) static float mass[8];
+  B p;
+  p.device = Device::kCUDA;
+  p.dtype = DType::kBF16;
+  p.q = p.kv = p.out = p.dout = dummy;
+  p.lse = p.dq = p.dkv = dummy;
+  p.indices = dummy_indices;
+  p.T = p.T_kv = 4;
+  p.H = 16;
+  p.K = 64;
+  p.scale = 0.04f;
+  p.q_stride_t = 16 * 576;
+  p.q_stride_h = 576;
+  p.kv_stride_t = 576;
+  p.indices_stride_t = 64;
+  const auto v = validator<B>();
+  ASSERT_TRUE(v(p).ok()) << v(p).to_string();
+  p.mass = mass;
+  EXPECT_TRUE(v(p).ok()) << v(p).to_string();
+  expect_rejected<B>(p, v, "mass", [](B& x) { x.mass = mass + 1; });
 }
 
 TEST_F(Validate, AttentionMass) {
