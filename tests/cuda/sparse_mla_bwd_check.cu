@@ -162,11 +162,14 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   return in;
 }
 
-// DSA_SPEC §5 in double, from the same bf16 inputs and fp32 lse the kernel sees.
-void reference_backward(const Inputs& in, std::vector<double>& dq, std::vector<double>& dkv) {
+// DSA_SPEC §5 in double, from the same bf16 inputs and fp32 lse the kernel sees; also the optional
+// output mass[t, j] = sum_h P[t, h, j] (DSA_SPEC §6, 0 on invalid slots).
+void reference_backward(const Inputs& in, std::vector<double>& dq, std::vector<double>& dkv,
+                        std::vector<double>& mass) {
   const Case& c = in.c;
   dq.assign(size_t(c.T) * c.H * kDqk, 0.0);
   dkv.assign(size_t(c.T_kv) * kDqk, 0.0);
+  mass.assign(size_t(c.T) * c.K, 0.0);
   for (int64_t t = 0; t < c.T; ++t) {
     const int32_t* row = &in.idx[t * in.idx_st];
     for (int h = 0; h < c.H; ++h) {
@@ -179,6 +182,7 @@ void reference_backward(const Inputs& in, std::vector<double>& dq, std::vector<d
         if (!valid_key(row[j], c.T_kv)) continue;
         const bf16* k = &in.kv[row[j] * in.kv_st];
         const double p = std::exp(score(in, t, h, row[j]) - double(in.lse[t * c.H + h]));
+        mass[size_t(t) * c.K + j] += p;
         double dp = 0;
         for (int d = 0; d < kDv; ++d) dp += double(f(dout[d])) * f(k[d]);
         const double ds = p * (dp - delta) * in.scale;
@@ -200,6 +204,7 @@ struct DeviceBuffers {
   bf16 *q = nullptr, *kv = nullptr, *out = nullptr, *dout = nullptr, *dq = nullptr;
   int32_t* idx = nullptr;
   float *lse = nullptr, *dkv = nullptr;
+  float* mass = nullptr;  // optional [T, K] output; null: not requested
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
@@ -213,6 +218,7 @@ flashdsa::SparseMlaBwdParams make_params(const Inputs& in, const DeviceBuffers& 
   p.T = in.c.T, p.T_kv = in.c.T_kv, p.H = in.c.H, p.K = in.c.K;
   p.q_stride_t = in.q_st, p.q_stride_h = in.q_sh, p.kv_stride_t = in.kv_st, p.indices_stride_t = in.idx_st;
   p.deterministic = deterministic;
+  p.mass = b.mass;
   return p;
 }
 
@@ -252,39 +258,61 @@ constexpr double kTolRelL2 = 1e-2, kTolMaxRel = 5e-2;
 
 bool check_case(const Case& c, uint64_t seed) {
   const Inputs in = make_inputs(c, seed);
-  std::vector<double> ref_dq, ref_dkv;
-  reference_backward(in, ref_dq, ref_dkv);
+  std::vector<double> ref_dq, ref_dkv, ref_mass;
+  reference_backward(in, ref_dq, ref_dkv, ref_mass);
 
   DeviceBuffers b;
   b.q = to_device(in.q), b.kv = to_device(in.kv), b.out = to_device(in.out), b.dout = to_device(in.dout);
   b.idx = to_device(in.idx), b.lse = to_device(in.lse);
   CHECK_CUDA(cudaMalloc(&b.dq, std::max<size_t>(ref_dq.size(), 1) * sizeof(bf16)));
   CHECK_CUDA(cudaMalloc(&b.dkv, ref_dkv.size() * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&b.mass, std::max<size_t>(ref_mass.size(), 1) * sizeof(float)));
 
   bool ok = true;
   std::printf("T=%-3lld T_kv=%-6lld H=%-3d K=%-3d%s\n", (long long)c.T, (long long)c.T_kv, c.H, c.K,
               c.padded_strides ? " (padded strides)" : "");
   std::vector<bf16> dq_raw(ref_dq.size()), first_dq;
-  std::vector<float> dq(ref_dq.size()), dkv(ref_dkv.size()), first_dkv;
-  for (int mode = 0; mode < 2; ++mode) {
-    const bool det = mode == 1;
+  std::vector<float> dq(ref_dq.size()), dkv(ref_dkv.size()), first_dkv, mass(ref_mass.size()), first_mass;
+  float* const mass_buffer = b.mass;
+  // Modes: fast and deterministic with the optional mass output, then fast without it.
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool det = mode == 1, with_mass = mode < 2;
     const int runs = det ? 3 : 1;
     bool bitwise = true;
+    b.mass = with_mass ? mass_buffer : nullptr;
     for (int r = 0; r < runs; ++r) {
       // Poison the outputs: the op must write every element.
       CHECK_CUDA(cudaMemset(b.dq, 0x7f, dq_raw.size() * sizeof(bf16)));
       CHECK_CUDA(cudaMemset(b.dkv, 0x7f, dkv.size() * sizeof(float)));
+      CHECK_CUDA(cudaMemset(mass_buffer, 0x7f, mass.size() * sizeof(float)));
       if (!run_op(make_params(in, b, det), b)) return false;
       CHECK_CUDA(cudaDeviceSynchronize());
       CHECK_CUDA(cudaMemcpy(dq_raw.data(), b.dq, dq_raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
       CHECK_CUDA(cudaMemcpy(dkv.data(), b.dkv, dkv.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(mass.data(), mass_buffer, mass.size() * sizeof(float), cudaMemcpyDeviceToHost));
       if (r == 0) {
         first_dq.assign(dq_raw.begin(), dq_raw.end());
         first_dkv = dkv;
+        first_mass = mass;
       } else {
         bitwise = bitwise && std::memcmp(first_dq.data(), dq_raw.data(), dq_raw.size() * sizeof(bf16)) == 0 &&
-                  std::memcmp(first_dkv.data(), dkv.data(), dkv.size() * sizeof(float)) == 0;
+                  std::memcmp(first_dkv.data(), dkv.data(), dkv.size() * sizeof(float)) == 0 &&
+                  std::memcmp(first_mass.data(), mass.data(), mass.size() * sizeof(float)) == 0;
       }
+    }
+    // The mass: close to the reference, exactly 0 on invalid slots; untouched when not requested.
+    Errors e_mass;
+    bool mass_ok = true;
+    if (with_mass) {
+      e_mass = compare(mass, ref_mass);
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int j = 0; j < c.K; ++j)
+          if (!valid_key(in.idx[t * in.idx_st + j], c.T_kv)) mass_ok = mass_ok && mass[size_t(t) * c.K + j] == 0.f;
+      mass_ok = mass_ok && e_mass.rel_l2 <= 1e-4 && e_mass.max_rel <= 1e-3;
+    } else {
+      uint32_t poison;
+      std::memset(&poison, 0x7f, 4);
+      for (float m : mass) mass_ok = mass_ok && std::memcmp(&m, &poison, 4) == 0;
     }
     for (size_t i = 0; i < dq.size(); ++i) dq[i] = f(dq_raw[i]);
     const Errors e_dq = compare(dq, ref_dq), e_dkv = compare(dkv, ref_dkv);
@@ -292,14 +320,19 @@ bool check_case(const Case& c, uint64_t seed) {
     if (c.T > 1)
       for (int i = 0; i < c.H * kDqk; ++i) empty_row_zero = empty_row_zero && dq[size_t(c.H) * kDqk + i] == 0.f;
     const bool pass = e_dq.rel_l2 <= kTolRelL2 && e_dq.max_rel <= kTolMaxRel && e_dkv.rel_l2 <= kTolRelL2 &&
-                      e_dkv.max_rel <= kTolMaxRel && empty_row_zero && bitwise;
-    std::printf("  %-4s dq rel_l2 %.2e max %.2e | dkv rel_l2 %.2e max %.2e%s%s  %s\n", det ? "det" : "fast",
-                e_dq.rel_l2, e_dq.max_rel, e_dkv.rel_l2, e_dkv.max_rel, empty_row_zero ? "" : " | empty row dq != 0",
-                det ? (bitwise ? " | 3 runs bitwise equal" : " | RUNS DIFFER") : "", pass ? "PASS" : "FAIL");
+                      e_dkv.max_rel <= kTolMaxRel && empty_row_zero && bitwise && mass_ok;
+    char mass_note[96];
+    if (with_mass) std::snprintf(mass_note, sizeof mass_note, " | mass rel_l2 %.1e max %.1e", e_mass.rel_l2, e_mass.max_rel);
+    else std::snprintf(mass_note, sizeof mass_note, " | no mass");
+    std::printf("  %-4s dq rel_l2 %.2e max %.2e | dkv rel_l2 %.2e max %.2e%s%s%s  %s\n", det ? "det" : "fast",
+                e_dq.rel_l2, e_dq.max_rel, e_dkv.rel_l2, e_dkv.max_rel, mass_note,
+                empty_row_zero ? "" : " | empty row dq != 0",
+                det ? (bitwise ? " | 3 runs bitwise equal" : " | RUNS DIFFER") : "",
+                pass ? "PASS" : (mass_ok ? "FAIL" : "FAIL (mass)"));
     ok = ok && pass;
   }
   cudaFree(b.q), cudaFree(b.kv), cudaFree(b.out), cudaFree(b.dout), cudaFree(b.idx), cudaFree(b.lse);
-  cudaFree(b.dq), cudaFree(b.dkv), cudaFree(b.workspace);
+  cudaFree(b.dq), cudaFree(b.dkv), cudaFree(mass_buffer), cudaFree(b.workspace);
   return ok;
 }
 
@@ -393,8 +426,9 @@ bool scale_check() {
     shape.c = Case{T, T, H, K, false};
     shape.q_st = int64_t(H) * kDqk, shape.q_sh = kDqk, shape.kv_st = kDqk, shape.idx_st = K;
     shape.scale = 1.f / std::sqrt(float(kDqk));
-    // dkv in full; dq of 256 tokens spread over the range (incl. the first rows of sequences).
-    std::vector<float> dkv[2];
+    // dkv and the mass in full; dq of 256 tokens spread over the range (incl. first rows of sequences).
+    CHECK_CUDA(cudaMalloc(&b.mass, size_t(T) * K * 4));
+    std::vector<float> dkv[2], mass[2];
     std::vector<float> dq[2];
     const int64_t samples = 256, step = T / samples;
     bool ran = true;
@@ -403,6 +437,8 @@ bool scale_check() {
       CHECK_CUDA(cudaDeviceSynchronize());
       dkv[mode].resize(size_t(T) * kDqk);
       CHECK_CUDA(cudaMemcpy(dkv[mode].data(), b.dkv, dkv[mode].size() * 4, cudaMemcpyDeviceToHost));
+      mass[mode].resize(size_t(T) * K);
+      CHECK_CUDA(cudaMemcpy(mass[mode].data(), b.mass, mass[mode].size() * 4, cudaMemcpyDeviceToHost));
       std::vector<bf16> rows(size_t(H) * kDqk);
       for (int64_t k = 0; k < samples; ++k) {
         const int64_t t = k * step + (k % 7);
@@ -416,11 +452,17 @@ bool scale_check() {
     }
     const Errors e_dkv = compare(dkv[0], std::vector<double>(dkv[1].begin(), dkv[1].end()));
     const Errors e_dq = compare(dq[0], std::vector<double>(dq[1].begin(), dq[1].end()));
+    // The sweep writes the mass of sorted entries through their original slots: it must match the
+    // unsorted deterministic pass slot by slot (same values; only the head-group order could differ).
+    const Errors e_mass = compare(mass[0], std::vector<double>(mass[1].begin(), mass[1].end()));
     // Same math, different summation order (fp32 atomics vs fixed order; dq rounded to bf16).
-    const bool ok = e_dkv.rel_l2 < 1e-4 && e_dq.rel_l2 < 1e-2 && count_nonfinite(b.dkv, T * kDqk) == 0;
-    std::printf("  T=%lld H=%d K=%d seq %lld: dkv rel_l2 %.1e, dq (256 rows) rel_l2 %.1e  %s\n", (long long)T, H, K,
-                (long long)sc.seq_len, e_dkv.rel_l2, e_dq.rel_l2, ok ? "PASS" : "FAIL");
+    const bool ok = e_dkv.rel_l2 < 1e-4 && e_dq.rel_l2 < 1e-2 && e_mass.max_rel < 1e-6 &&
+                    count_nonfinite(b.dkv, T * kDqk) == 0;
+    std::printf("  T=%lld H=%d K=%d seq %lld: dkv rel_l2 %.1e, dq (256 rows) rel_l2 %.1e, mass max %.1e  %s\n",
+                (long long)T, H, K, (long long)sc.seq_len, e_dkv.rel_l2, e_dq.rel_l2, e_mass.max_rel,
+                ok ? "PASS" : "FAIL");
     all_ok = all_ok && ok;
+    cudaFree(b.mass);
     free_buffers(b);
   }
   return all_ok;
@@ -449,8 +491,13 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
   std::printf("ceiling: device copy %.2f TB/s (read + write)\n", 2.0 * copy_bytes / copy_ms / 1e9);
   cudaFree(src), cudaFree(dst);
 
+  // The optional mass output (fast mode), timed separately: its cost is what the indexer-loss
+  // path pays instead of the attention-mass recompute.
+  float* mass_buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&mass_buffer, size_t(t_max) * K * 4));
   bool ok = true;
-  std::printf("%8s | %9s %9s | %9s %9s | %s\n", "T", "fast ms", "TFLOP/s", "det ms", "TFLOP/s", "checks");
+  std::printf("%8s | %9s %9s | %9s %9s | %13s | %s\n", "T", "fast ms", "TFLOP/s", "det ms", "TFLOP/s",
+              "fast+mass ms", "checks");
   for (int64_t T : Ts) {
     fill_indices_kernel<<<grid, block>>>(b.idx, T * K, T, 5 + T);
     CHECK_CUDA(cudaGetLastError());
@@ -459,8 +506,22 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
     shape.q_st = int64_t(H) * kDqk, shape.q_sh = kDqk, shape.kv_st = kDqk, shape.idx_st = K;
     shape.scale = scale;
     const double flops = 2.0 * T * H * K * (3.0 * kDqk + 2.0 * kDv);
+    float ms_mass = 0;
     float ms[2] = {0, 0};
     std::string notes;
+    {
+      b.mass = mass_buffer;
+      const flashdsa::SparseMlaBwdParams p = make_params(shape, b, false);
+      b.mass = nullptr;
+      if (!run_op(p, b)) return false;
+      CHECK_CUDA(cudaDeviceSynchronize());
+      ms_mass = median_ms([&] { run_op(p, b); }, 1, 15);
+      const int64_t bad = count_nonfinite(mass_buffer, T * K);
+      if (bad != 0) {
+        notes += " mass has " + std::to_string(bad) + " non-finite values;";
+        ok = false;
+      }
+    }
     for (int mode = 0; mode < (fast_only ? 1 : 2); ++mode) {
       const flashdsa::SparseMlaBwdParams p = make_params(shape, b, mode == 1);
       if (!run_op(p, b)) return false;
@@ -491,9 +552,10 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
       notes += buf;
       ok = ok && same && e.rel_l2 < 1e-4;
     }
-    std::printf("%8lld | %9.2f %9.1f | %9.2f %9.1f |%s\n", (long long)T, ms[0], flops / ms[0] / 1e9, ms[1],
-                flops / ms[1] / 1e9, notes.c_str());
+    std::printf("%8lld | %9.2f %9.1f | %9.2f %9.1f | %13.2f |%s\n", (long long)T, ms[0], flops / ms[0] / 1e9, ms[1],
+                flops / ms[1] / 1e9, ms_mass, notes.c_str());
   }
+  cudaFree(mass_buffer);
   free_buffers(b);
   return ok;
 }

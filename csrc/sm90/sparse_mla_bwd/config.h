@@ -43,6 +43,7 @@ constexpr int kWg1DkvChunks = 5;  // value chunks [0, 5) on WG1, the rest on WG0
 // Named barriers (0 is __syncthreads), 128 threads each.
 constexpr int kBarProducer = 1;  // the producer warpgroup's own steps
 constexpr int kBarWg1Tiles = 2;  // WG1: its dS tile stores are complete before it reads dS^T
+constexpr int kBarWg0Mass = 3;   // WG0: warps 1..3 stored their attention-mass column sums
 
 constexpr int kConsumerRegs = 232;
 constexpr int kProducerRegs = 40;
@@ -67,6 +68,7 @@ struct alignas(1024) SmemPlan {
   int32_t idx[2][kBlockKeys];       // kv row of each key of blocks i (slot i % 2); any value: invalid
   float lse2[kHeadsPerCta];         // lse * log2(e); +inf on padded heads (so P = 0 there)
   float delta[kHeadsPerCta];        // rowsum(dout * out); 0 on padded heads
+  float mass_part[3][kBlockKeys];   // optional mass output: column sums of P of WG0's warps 1..3
   uint8_t block_list[kMaxBlocksPerRow];  // non-empty key blocks of the row, in processing order
   int32_t num_blocks;               // entries of block_list
   uint64_t qdo_full;                // producer -> consumers: Q, dO, lse, Delta, block list in smem

@@ -26,6 +26,9 @@ struct MainParams {
   float* dkv;                 // [T_kv, 576] fast mode: accumulated with vector atomics
   float* partial;             // [tokens of this launch, G, K, 576] deterministic mode: per-slot dkv
   uint32_t* sweep_counter;    // sweep mode (rows sorted): key blocks issued by all CTAs; else null
+  float* mass;                // optional [T, K] head-summed attention mass (zeroed before; added to)
+  const int32_t* mass_slots;  // sweep mode + mass: [tokens, K] chunk pair id (row * K + original slot)
+                              // of each sorted entry; null: entry j of the row is slot j
   int64_t q_stride_t, q_stride_h, kv_stride_t, indices_stride_t;
   int64_t token_begin;        // global token of local token 0 (grid.x = tokens of this launch)
   int64_t T_kv;
@@ -308,6 +311,54 @@ __device__ __forceinline__ uint32_t tile_pair_offset(int row, int n, int q4) {
   return hw::sw128_offset(row, n) + 4 * q4;
 }
 
+// Attention mass of one key block: the column sums of P [64 heads x 64 keys] over the CTA's heads,
+// added to mass[token, slot] (zeroed before the launch; two head-group CTAs add at H = 128: the sum
+// of two terms onto 0 is order-independent, so the result is still reproducible).
+// P is the accumulator s of WG0 (thread: heads r0, r0 + 8; keys 8n + 2 q4 + {0, 1}). In-thread sum
+// of the two heads, butterfly reduce-scatter over the 8 lanes of equal q4 (lane L ends with keys 2L,
+// 2L + 1), warps 1..3 hand their sums to warp 0 through smem, warp 0 adds them in warp order.
+// `slot` = the slots of keys 2L, 2L + 1 (loaded early by the caller).
+template <int kHalf>
+__device__ __forceinline__ void mass_halve(float (&v)[16], int lane, int mask) {
+  const bool upper = (lane & mask) != 0;
+#pragma unroll
+  for (int j = 0; j < kHalf; ++j) {
+    const float mine = upper ? v[kHalf + j] : v[j];
+    const float other = upper ? v[j] : v[kHalf + j];
+    v[j] = mine + __shfl_xor_sync(0xffffffffu, other, mask);
+  }
+}
+
+__device__ __forceinline__ void emit_mass(const MainParams& p, SmemPlan& sm, const Work& w, const float (&s)[32],
+                                          int2 slot, int warp, int lane) {
+  float v[16];  // v[2n + e]: key 8n + 2 q4 + e, summed over this thread's two heads
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    v[2 * n] = s[4 * n] + s[4 * n + 2];
+    v[2 * n + 1] = s[4 * n + 1] + s[4 * n + 3];
+  }
+  // Three halving steps: lane bit 4 / 3 / 2 selects which half of the remaining keys it keeps.
+  mass_halve<8>(v, lane, 16);
+  mass_halve<4>(v, lane, 8);
+  mass_halve<2>(v, lane, 4);
+  if (warp > 0) *reinterpret_cast<float2*>(&sm.mass_part[warp - 1][2 * lane]) = make_float2(v[0], v[1]);
+  hw::named_bar_sync(kBarWg0Mass, 128);
+  if (warp != 0) return;
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    const float2 o = *reinterpret_cast<const float2*>(&sm.mass_part[k][2 * lane]);
+    v[0] += o.x;
+    v[1] += o.y;
+  }
+  float* const row = p.mass + w.token * int64_t(p.K);
+  if (p.mass_slots == nullptr) {
+    hw::red_add_v2(row + slot.x, make_float2(v[0], v[1]));  // slot.y = slot.x + 1
+  } else {
+    hw::red_add(row + slot.x, v[0]);
+    hw::red_add(row + slot.y, v[1]);
+  }
+}
+
 // ---- WG0: S, P; dQ for kv blocks [0, 5); dKV value chunks [5, 8) and the rope chunk -----------
 template <bool kDeterministic>
 __device__ void wg0_scores(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
@@ -331,6 +382,18 @@ __device__ void wg0_scores(const MainParams& p, SmemPlan& sm, const Work& w, int
     const uint32_t ph = i & 1;
     hw::mbar_wait(&sm.kv_full, ph);
     hw::fence_proxy_async();
+    // Mass output: slots of keys 2 lane, 2 lane + 1 of this block (warp 0 writes them after S).
+    int2 mass_slot = make_int2(0, 0);
+    if (p.mass != nullptr && warp == 0) {
+      const int pos = sm.block_list[i] * kBlockKeys + 2 * lane;
+      if (p.mass_slots == nullptr) {
+        mass_slot = make_int2(pos, pos + 1);
+      } else {
+        const int64_t row0 = w.local_token * int64_t(p.K);
+        const int2 pair = *reinterpret_cast<const int2*>(p.mass_slots + row0 + pos);
+        mass_slot = make_int2(static_cast<int>(pair.x - row0), static_cast<int>(pair.y - row0));
+      }
+    }
 
     float s[32];  // S = Q . KV^T: [64 heads x 64 keys]
     hw::wgmma_fence();
@@ -360,6 +423,9 @@ __device__ void wg0_scores(const MainParams& p, SmemPlan& sm, const Work& w, int
     }
     hw::fence_proxy_async();  // the P tile is a wgmma operand (dKV below)
     hw::mbar_arrive(&sm.p_full);
+    // While WG1 forms dS: the block's attention mass (optional output). mass_part is rewritten by
+    // warps 1..3 only after kv_full of block i + 1, i.e. after warp 0's kv_empty arrival below.
+    if (p.mass != nullptr) emit_mass(p, sm, w, s, mass_slot, warp, lane);
 
     // dQ[:, kv blocks 0..4] += dS . KV (A = dS tile, K-major; B = kv, MN-major).
     hw::mbar_wait(&sm.ds_full, ph);

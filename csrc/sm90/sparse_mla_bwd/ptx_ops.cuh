@@ -31,6 +31,14 @@ __device__ __forceinline__ void red_add_v4(float* gptr, float4 v) {
                : "memory");
 }
 
+__device__ __forceinline__ void red_add_v2(float* gptr, float2 v) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gptr), "f"(v.x), "f"(v.y) : "memory");
+}
+
+__device__ __forceinline__ void red_add(float* gptr, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(gptr), "f"(v) : "memory");
+}
+
 __device__ __forceinline__ void st_global_v4(float* gptr, float4 v) {
   asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gptr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");

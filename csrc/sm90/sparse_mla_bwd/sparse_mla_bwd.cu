@@ -192,9 +192,18 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
     pl.keys_in = carve(&cur, size_t(entries) * 4);
     pl.keys_out = carve(&cur, size_t(entries) * 4);
     pl.segment_offsets = carve(&cur, size_t(pl.chunk_tokens + 1) * 4);
-    FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(
-        nullptr, pl.cub_temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), entries,
-        pl.chunk_tokens, static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
+    if (p.mass != nullptr) {  // the mass of a sorted entry goes to its original slot: sort pair ids too
+      pl.pair_ids_in = carve(&cur, size_t(entries) * 4);
+      pl.pair_ids_out = carve(&cur, size_t(entries) * 4);
+      FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortPairs(
+          nullptr, pl.cub_temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+          static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), entries, pl.chunk_tokens,
+          static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
+    } else {
+      FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(
+          nullptr, pl.cub_temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), entries,
+          pl.chunk_tokens, static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
+    }
     pl.cub_temp = carve(&cur, pl.cub_temp_bytes);
   } else {
     pl.chunk_tokens = T;
@@ -211,9 +220,11 @@ Status check_supported(const SparseMlaBwdParams& p) {
   if (p.K % kBlockKeys != 0 || p.K > kMaxBlocksPerRow * kBlockKeys)
     return Status::NotSupported("sm90 sparse_mla_bwd: K must be a multiple of 64, at most 8192");
   if (!aligned16(p.q) || !aligned16(p.kv) || !aligned16(p.out) || !aligned16(p.dout) || !aligned16(p.dq) ||
-      !aligned16(p.dkv) || p.q_stride_t % 8 != 0 || p.q_stride_h % 8 != 0 || p.kv_stride_t % 8 != 0)
+      !aligned16(p.dkv) || !aligned16(p.mass) || p.q_stride_t % 8 != 0 || p.q_stride_h % 8 != 0 ||
+      p.kv_stride_t % 8 != 0)
     return Status::NotSupported(
-        "sm90 sparse_mla_bwd: q, kv, out, dout, dq, dkv must be 16-byte aligned and q/kv strides multiples of 8");
+        "sm90 sparse_mla_bwd: q, kv, out, dout, dq, dkv, mass must be 16-byte aligned and q/kv strides multiples "
+        "of 8");
   if (p.T_kv >= (int64_t(1) << 31) - 1) return Status::NotSupported("sm90 sparse_mla_bwd: T_kv must be < 2^31 - 1");
   return Status::OK();
 }
@@ -254,6 +265,8 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   char* ws = static_cast<char*>(p.workspace);
   float* dkv = static_cast<float*>(p.dkv);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(dkv, 0, size_t(p.T_kv) * kQkCols * sizeof(float), stream));
+  if (p.mass != nullptr)  // skipped (all-invalid) key blocks are never visited: their mass stays 0
+    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.mass, 0, size_t(p.T) * p.K * sizeof(float), stream));
   if (p.T == 0) return Status::OK();
 
   float* delta = reinterpret_cast<float*>(ws + pl.delta);
@@ -278,6 +291,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   mp.K = p.K;
   mp.scale = p.scale;
   mp.scale_log2 = p.scale * 1.4426950408889634f;
+  mp.mass = static_cast<float*>(p.mass);
 
   if (!p.deterministic && !pl.sweep) {
     mp.indices = p.indices;
@@ -300,15 +314,24 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
       const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
       const int64_t entries = tokens * p.K;
+      int32_t* pair_ids_in = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_in) : nullptr;
+      int32_t* pair_ids_out = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
       keys_kernel<<<grid_for(entries, kMapThreads), kMapThreads, 0, stream>>>(
-          p.indices + t0 * p.indices_stride_t, p.indices_stride_t, tokens, p.K, p.T_kv, keys_in, nullptr, nullptr,
+          p.indices + t0 * p.indices_stride_t, p.indices_stride_t, tokens, p.K, p.T_kv, keys_in, pair_ids_in, nullptr,
           offsets);
       FLASHDSA_CHECK_LAUNCH("keys_kernel");
       size_t temp_bytes = pl.cub_temp_bytes;
-      FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(cub_temp, temp_bytes, keys_in, keys_out, entries, tokens,
-                                                           offsets, offsets + 1, stream));
+      if (p.mass != nullptr) {
+        FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortPairs(cub_temp, temp_bytes, keys_in, keys_out, pair_ids_in,
+                                                              pair_ids_out, entries, tokens, offsets, offsets + 1,
+                                                              stream));
+      } else {
+        FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(cub_temp, temp_bytes, keys_in, keys_out, entries,
+                                                             tokens, offsets, offsets + 1, stream));
+      }
       mp.indices = keys_out;
       mp.indices_stride_t = p.K;
+      mp.mass_slots = pair_ids_out;
       mp.token_begin = t0;
       mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
       st = launch_main<false>(mp, tokens, pl.num_head_groups, stream);
