@@ -75,9 +75,12 @@ std::tuple<Tensor, Tensor> sparse_mla_fwd(const Tensor& q, const Tensor& kv, con
   return {out, lse};
 }
 
-std::tuple<Tensor, Tensor> sparse_mla_bwd(const Tensor& q, const Tensor& kv, const Tensor& indices, double scale,
-                                          const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                          bool deterministic) {
+// dq [T, H, D_qk] (act), dkv [T_kv, D_qk] (stat) and, when with_mass, the attention mass [T, K]
+// (stat) that the backward forms anyway (undefined tensor otherwise).
+std::tuple<Tensor, Tensor, Tensor> sparse_mla_bwd_impl(const Tensor& q, const Tensor& kv, const Tensor& indices,
+                                                       double scale, const Tensor& out, const Tensor& lse,
+                                                       const Tensor& dout, bool deterministic, bool with_mass,
+                                                       const char* op) {
   const AttentionInputs a = attention_inputs(q, kv);
   const Tensor idx = topk_indices(indices, q, a.T);
   const int D_v = value_width(a.D_qk);
@@ -100,13 +103,33 @@ std::tuple<Tensor, Tensor> sparse_mla_bwd(const Tensor& q, const Tensor& kv, con
   Tensor dkv = at::empty({a.T_kv, a.D_qk}, q.options().dtype(stat_scalar_type(a.dtype)));
   p.dq = dq.data_ptr();
   p.dkv = dkv.data_ptr();
+  Tensor mass;
+  if (with_mass) {
+    mass = at::empty({a.T, p.K}, q.options().dtype(stat_scalar_type(a.dtype)));  // contiguous, allocator-aligned
+    p.mass = mass.data_ptr();
+  }
   // The workspace size is only defined for valid params.
-  throw_if_error(validate(p), "sparse_mla_bwd");
+  throw_if_error(validate(p), op);
   const Tensor workspace = scope.workspace(sparse_mla_bwd_workspace_size(p));
   p.workspace = workspace.data_ptr();
   p.workspace_bytes = static_cast<size_t>(workspace.numel());
-  throw_if_error(run_sparse_mla_bwd(p), "sparse_mla_bwd");
+  throw_if_error(run_sparse_mla_bwd(p), op);
+  return {dq, dkv, mass};
+}
+
+std::tuple<Tensor, Tensor> sparse_mla_bwd(const Tensor& q, const Tensor& kv, const Tensor& indices, double scale,
+                                          const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                          bool deterministic) {
+  auto [dq, dkv, mass] =
+      sparse_mla_bwd_impl(q, kv, indices, scale, out, lse, dout, deterministic, false, "sparse_mla_bwd");
   return {dq, dkv};
+}
+
+// sparse_mla_bwd that also returns the attention mass of every slot (what attention_mass computes).
+std::tuple<Tensor, Tensor, Tensor> sparse_mla_bwd_mass(const Tensor& q, const Tensor& kv, const Tensor& indices,
+                                                       double scale, const Tensor& out, const Tensor& lse,
+                                                       const Tensor& dout, bool deterministic) {
+  return sparse_mla_bwd_impl(q, kv, indices, scale, out, lse, dout, deterministic, true, "sparse_mla_bwd_mass");
 }
 
 Tensor attention_mass(const Tensor& q, const Tensor& kv, const Tensor& indices, const Tensor& lse, double scale) {
@@ -249,6 +272,7 @@ constexpr OpEntry kOps[] = {
     {"sparse_mla_bwd", OpKind::kSparseMlaBwd},  {"attention_mass", OpKind::kAttentionMass},
     {"sparse_kl_fwd", OpKind::kSparseKlFwd},    {"sparse_kl_bwd", OpKind::kSparseKlBwd},
     {"dense_kl_fwd", OpKind::kDenseKlFwd},      {"dense_kl_bwd", OpKind::kDenseKlBwd},
+    {"sparse_mla_bwd_mass", OpKind::kSparseMlaBwd},  // the sparse MLA backward with its mass output
 };
 
 bool has_cuda_kernel(std::string name) {
@@ -269,6 +293,7 @@ void register_kernels(torch::Library& m) {
   m.impl("indexer_topk", TORCH_FN(indexer_topk));
   m.impl("sparse_mla_fwd", TORCH_FN(sparse_mla_fwd));
   m.impl("sparse_mla_bwd", TORCH_FN(sparse_mla_bwd));
+  m.impl("sparse_mla_bwd_mass", TORCH_FN(sparse_mla_bwd_mass));
   m.impl("attention_mass", TORCH_FN(attention_mass));
   m.impl("sparse_kl_fwd", TORCH_FN(sparse_kl_fwd));
   m.impl("sparse_kl_bwd", TORCH_FN(sparse_kl_bwd));
@@ -291,6 +316,9 @@ TORCH_LIBRARY(flashdsa, m) {
   m.def("sparse_mla_fwd(Tensor q, Tensor kv, Tensor indices, float scale) -> (Tensor out, Tensor lse)", traceable);
   m.def("sparse_mla_bwd(Tensor q, Tensor kv, Tensor indices, float scale, Tensor out, Tensor lse, Tensor dout, "
         "bool deterministic) -> (Tensor dq, Tensor dkv)",
+        traceable);
+  m.def("sparse_mla_bwd_mass(Tensor q, Tensor kv, Tensor indices, float scale, Tensor out, Tensor lse, "
+        "Tensor dout, bool deterministic) -> (Tensor dq, Tensor dkv, Tensor mass)",
         traceable);
   m.def("attention_mass(Tensor q, Tensor kv, Tensor indices, Tensor lse, float scale) -> Tensor mass", traceable);
   m.def("sparse_kl_fwd(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor indices, Tensor mass, bool relu) "

@@ -14,7 +14,7 @@ index outside [0, T_kv) (e.g. -1) is an empty slot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -30,6 +30,7 @@ __all__ = [
     "indexer_topk",
     "set_range_checks",
     "sparse_mla",
+    "sparse_mla_with_indexer_loss",
 ]
 
 _ops = torch.ops.flashdsa
@@ -39,6 +40,7 @@ OP_NAMES = (
     "indexer_topk",
     "sparse_mla_fwd",
     "sparse_mla_bwd",
+    "sparse_mla_bwd_mass",
     "attention_mass",
     "sparse_kl_fwd",
     "sparse_kl_bwd",
@@ -105,6 +107,13 @@ def _sparse_mla_bwd_fake(q, kv, indices, scale, out, lse, dout, deterministic):
     return q.new_empty(q.shape), kv.new_empty(kv.shape, dtype=_stat_dtype(q.dtype))
 
 
+@torch.library.register_fake("flashdsa::sparse_mla_bwd_mass")
+def _sparse_mla_bwd_mass_fake(q, kv, indices, scale, out, lse, dout, deterministic):
+    stat = _stat_dtype(q.dtype)
+    return (q.new_empty(q.shape), kv.new_empty(kv.shape, dtype=stat),
+            q.new_empty(indices.shape, dtype=stat))
+
+
 @torch.library.register_fake("flashdsa::attention_mass")
 def _attention_mass_fake(q, kv, indices, lse, scale):
     return q.new_empty(indices.shape, dtype=_stat_dtype(q.dtype))
@@ -163,6 +172,65 @@ class _SparseMla(torch.autograd.Function):
         q, kv, indices, out, lse = ctx.saved_tensors
         dq, dkv = _ops.sparse_mla_bwd(q, kv, indices, ctx.scale, out, lse, dout, ctx.deterministic)
         return dq, dkv.to(kv.dtype), None, None, None
+
+
+def _nonempty_rows(indices: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of ``indices`` with at least one slot in [0, num_keys), at least 1, as a ``dtype`` scalar."""
+    nonempty = ((indices >= 0) & (indices < num_keys)).any(dim=1)
+    return nonempty.sum().clamp_min(1).to(dtype)
+
+
+class _SparseMlaWithIndexerLoss(torch.autograd.Function):
+    """sparse_mla_fwd whose backward also runs the sparse indexer KL loss (forward and backward).
+
+    The target of the loss is the attention mass, which the MLA backward (sparse_mla_bwd_mass)
+    emits from the probabilities it forms anyway, so the forward runs no attention_mass and no KL
+    forward. The loss value is only known in the backward: it is written into ``loss_out`` (NaN
+    from the forward until then). Gradients: q, kv (from ``out``) and q_idx, k_idx, weights (from
+    the loss, as if ``loss_grad_scale · loss`` had been added to the model loss, the gradient
+    DSAIndexerLossAutoScaler gives the loss in the forward-path autograd chain).
+    """
+
+    @staticmethod
+    def forward(q, kv, indices, scale, deterministic, q_idx, k_idx, weights, relu, coeff, normalizer, loss_out,
+                loss_grad_scale, loss_reduce):
+        loss_out.fill_(float("nan"))
+        return _ops.sparse_mla_fwd(q, kv, indices, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (q, kv, indices, scale, deterministic, q_idx, k_idx, weights, relu, coeff, normalizer, loss_out,
+         loss_grad_scale, loss_reduce) = inputs
+        out, lse = output
+        ctx.save_for_backward(q, kv, indices, out, lse, q_idx, k_idx, weights, normalizer)
+        ctx.scale, ctx.deterministic, ctx.relu, ctx.coeff = scale, deterministic, relu, coeff
+        # Not saved with save_for_backward: the backward writes into it (no version check wanted).
+        ctx.loss_out = loss_out
+        ctx.loss_grad_scale, ctx.loss_reduce = loss_grad_scale, loss_reduce
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, kv, indices, out, lse, q_idx, k_idx, weights, normalizer = ctx.saved_tensors
+        dq, dkv, mass = _ops.sparse_mla_bwd_mass(q, kv, indices, ctx.scale, out, lse, dout, ctx.deterministic)
+        loss_rows, row_stats = _ops.sparse_kl_fwd(q_idx, k_idx, weights, indices, mass, ctx.relu)
+        # The same expressions as indexer_kl_loss(reduction="mean") and the autograd of
+        # DSAIndexerLossAutoScaler -> div -> mul -> sum, so both paths agree bitwise on the CPU.
+        total = loss_rows.sum()
+        if normalizer is None:
+            normalizer = _nonempty_rows(indices, k_idx.shape[0], total.dtype)
+        loss = total * ctx.coeff / normalizer
+        scale = ctx.loss_grad_scale() if callable(ctx.loss_grad_scale) else ctx.loss_grad_scale
+        grad_loss = (torch.ones_like(loss) * scale).to(loss.dtype)  # autograd casts the auto-scaler's grad alike
+        grad_row = grad_loss / normalizer * ctx.coeff
+        grad_rows = grad_row.to(loss_rows.dtype).expand(loss_rows.shape).contiguous()
+        dq_idx, dk_idx, dweights = _ops.sparse_kl_bwd(q_idx, k_idx, weights, indices, mass, ctx.relu, grad_rows,
+                                                      row_stats)
+        if ctx.loss_reduce is not None:
+            loss = ctx.loss_reduce(loss)
+        ctx.loss_out.copy_(loss)
+        return (dq, dkv.to(kv.dtype), None, None, None, dq_idx, dk_idx.to(k_idx.dtype), dweights,
+                None, None, None, None, None, None)
 
 
 class _SparseKlRows(torch.autograd.Function):
@@ -259,6 +327,55 @@ def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: 
     return _SparseMla.apply(q, kv, indices, float(scale), bool(deterministic))
 
 
+def sparse_mla_with_indexer_loss(
+        q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float,
+        q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, loss_out: torch.Tensor, *,
+        relu: bool = True, coeff: float = 1.0, normalizer: torch.Tensor | None = None,
+        deterministic: bool = False,
+        loss_grad_scale: float | torch.Tensor | Callable[[], float | torch.Tensor] = 1.0,
+        loss_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sparse_mla` whose backward also computes the sparse indexer KL loss (training path).
+
+    Forward: ``out, lse = sparse_mla(q, kv, indices, scale)`` and nothing else. Backward (of
+    ``out``): one ``sparse_mla_bwd_mass`` call gives dq, dkv and the attention mass (the KL
+    target), then ``sparse_kl_fwd`` / ``sparse_kl_bwd`` give the loss and dq_idx, dk_idx, dweights.
+    Values and gradients are those of::
+
+        out, lse = sparse_mla(q, kv, indices, scale)
+        mass = attention_mass(q, kv, indices, lse, scale)
+        loss = indexer_kl_loss(q_idx, k_idx, weights, indices=indices, mass=mass, relu=relu,
+                               coeff=coeff, normalizer=normalizer)          # reduction="mean"
+        total = <model loss of out> + loss_grad_scale * loss
+
+    without the mass recompute and the KL forward between the forward and the backward.
+
+    The loss value only exists once the backward has run: it is written (``copy_``) into
+    ``loss_out``, which holds NaN from this call until then (and stays NaN if ``out`` gets no
+    gradient). Read it after ``backward()``.
+
+    Args:
+        q, kv, indices, scale, deterministic: as in :func:`sparse_mla`.
+        q_idx, k_idx, weights: as in :func:`indexer_kl_loss` (weights cast to stat here).
+        loss_out: 0-dim stat tensor on q's device (written in place; it gets no gradient).
+        relu, coeff: as in :func:`indexer_kl_loss`.
+        normalizer: the mean's denominator (e.g. the global row count under context parallelism);
+            None = the number of rows of ``indices`` with a valid slot (at least 1).
+        loss_grad_scale: d total / d loss; a callable is called in the backward (e.g. to read
+            :attr:`flashdsa.DSAIndexerLossAutoScaler.main_loss_backward_scale` at backward time).
+        loss_reduce: applied to the loss value before it is written into ``loss_out`` (e.g. a sum
+            over context-parallel ranks; it then runs in every rank's backward).
+    Returns:
+        (out, lse) as :func:`sparse_mla`.
+    """
+    stat = _stat_dtype(q.dtype)
+    if loss_out.dim() != 0 or loss_out.dtype != stat or loss_out.device != q.device or loss_out.requires_grad:
+        raise ValueError(f"loss_out must be a 0-dim {stat} tensor on {q.device} that does not require grad, got "
+                         f"{loss_out.dtype} {tuple(loss_out.shape)} on {loss_out.device}")
+    return _SparseMlaWithIndexerLoss.apply(q, kv, indices, float(scale), bool(deterministic), q_idx, k_idx,
+                                           weights.to(_stat_dtype(q_idx.dtype)), bool(relu), float(coeff),
+                                           normalizer, loss_out, loss_grad_scale, loss_reduce)
+
+
 def attention_mass(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lse: torch.Tensor,
                    scale: float) -> torch.Tensor:
     """Unnormalized sparse-KL target (no gradient; inputs are detached).
@@ -326,10 +443,9 @@ def indexer_kl_loss(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Ten
         raise ValueError(f'reduction must be "mean" or "sum", got {reduction!r}')
     if normalizer is None:
         if formulation == "sparse":
-            nonempty = ((indices >= 0) & (indices < k_idx.shape[0])).any(dim=1)
+            normalizer = _nonempty_rows(indices, k_idx.shape[0], total.dtype)
         else:
-            nonempty = k_end > k_start
-        normalizer = nonempty.sum().clamp_min(1).to(total.dtype)
+            normalizer = (k_end > k_start).sum().clamp_min(1).to(total.dtype)
     return total * coeff / normalizer
 
 

@@ -114,6 +114,7 @@ def test_opcheck_every_op():
         (ops.indexer_topk, (idx.q_idx, idx.k_idx, idx.weights, idx.k_start, idx.k_end, 8, True)),
         (ops.sparse_mla_fwd, (q, kv, indices, scale)),
         (ops.sparse_mla_bwd, (q, kv, indices, scale, out, lse, torch.randn_like(out), False)),
+        (ops.sparse_mla_bwd_mass, (q, kv, indices, scale, out, lse, torch.randn_like(out), False)),
         (ops.attention_mass, (q, kv, indices, lse, scale)),
         (ops.sparse_kl_fwd, (idx.q_idx, idx.k_idx, idx.weights, indices, mass, False)),
         (ops.sparse_kl_bwd, (idx.q_idx, idx.k_idx, idx.weights, indices, mass, False, grad_rows)),

@@ -164,3 +164,88 @@ def test_attention_mass_fp64_and_no_grad():
     assert not mass.requires_grad
     expected = ref.attention_mass(case.q.detach(), case.kv, case.indices, lse.detach(), case.scale)
     ref.assert_close(mass, expected, 1e-12, "mass")
+
+
+# ---------------------------------------------------------------------------------------------
+# sparse_mla_bwd_mass: the backward with the attention mass as a by-product (the layer's training path)
+
+
+def _bwd_with_and_without_mass(case, dout, deterministic):
+    """(dq, dkv) of sparse_mla_bwd, (dq, dkv, mass) of sparse_mla_bwd_mass and attention_mass, from
+    one forward."""
+    ops = torch.ops.flashdsa
+    args = (case.q, case.kv, case.indices, case.scale)
+    out, lse = ops.sparse_mla_fwd(*args)
+    plain = ops.sparse_mla_bwd(*args, out, lse, dout, deterministic)
+    fused = ops.sparse_mla_bwd_mass(*args, out, lse, dout, deterministic)
+    return plain, fused, ops.attention_mass(*args[:3], lse, case.scale)
+
+
+@pytest.mark.kernels("sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass")
+@pytest.mark.parametrize("H", [16, 64])
+@pytest.mark.parametrize("K", [64, 128])
+def test_sparse_mla_bwd_mass(device, H, K):
+    """Packed THD rows with -1, out-of-range and duplicated indices and empty rows: dq and dkv are
+    those of sparse_mla_bwd (bitwise; deterministic mode on CUDA, whose fast mode sums dkv in any
+    order) and mass is attention_mass's (CPU: bitwise; CUDA: relative error <= 1e-3)."""
+    case = with_empty_rows(ref.attention_case(LENGTHS, H, K, device=device, junk=0.15, extra_keys=5), [0, 90])
+    dout = torch.randn(case.q.shape[0], H, 512, device=device).to(torch.bfloat16)
+    valid = ref.valid_slots(case.indices, case.kv.shape[0])
+    for deterministic in ((False, True) if device == "cuda" else (False,)):
+        (dq, dkv), (dq_m, dkv_m, mass), expected = _bwd_with_and_without_mass(case, dout, deterministic)
+        tag = f"{device} H={H} K={K} deterministic={deterministic}"
+        assert mass.dtype == torch.float32 and mass.shape == case.indices.shape and mass.is_contiguous(), tag
+        assert dq_m.dtype == dq.dtype and dkv_m.dtype == dkv.dtype, tag
+        assert (mass[~valid] == 0).all(), f"{tag}: empty slots must have zero mass"
+        assert (mass[[0, 90]] == 0).all(), f"{tag}: empty rows"
+        if device == "cpu":
+            assert torch.equal(mass, expected), f"{tag}: mass differs from attention_mass"
+        else:
+            ref.assert_close(mass, expected, 1e-3, f"{tag} mass")
+        if device == "cpu" or deterministic:
+            assert torch.equal(dq_m, dq) and torch.equal(dkv_m, dkv), f"{tag}: gradients differ from sparse_mla_bwd"
+        else:
+            ref.assert_close(dq_m, dq, 1e-2, f"{tag} dq")
+            ref.assert_close(dkv_m, dkv, 1e-2, f"{tag} dkv")
+
+
+def test_sparse_mla_bwd_mass_cpu_fp64():
+    """float64 on the CPU: the same bitwise equalities, and mass matches the float64 reference."""
+    case = ref.attention_case([29, 6, 1, 40], 16, 64, dtype=torch.float64, junk=0.2, extra_keys=3)
+    dout = torch.randn(case.q.shape[0], 16, 512, dtype=torch.float64)
+    (dq, dkv), (dq_m, dkv_m, mass), expected = _bwd_with_and_without_mass(case, dout, False)
+    assert mass.dtype == torch.float64
+    assert torch.equal(mass, expected) and torch.equal(dq_m, dq) and torch.equal(dkv_m, dkv)
+    _, lse = flashdsa.sparse_mla(case.q, case.kv, case.indices, case.scale)
+    ref.assert_close(mass, ref.attention_mass(case.q, case.kv, case.indices, lse, case.scale), 1e-12, "mass")
+
+
+@pytest.mark.kernels("sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass")
+def test_sparse_mla_bwd_mass_far_keys(device):
+    """T_kv = 20000 >= 16384 (CUDA fast mode: the sorted key sweep, whose mass must land in the right
+    slots): 64 query rows whose indices point anywhere in the key tensor, with -1, out-of-range and
+    duplicated entries."""
+    T, T_kv, H, K = 64, 20000, 16, 512
+    g = torch.Generator().manual_seed(3)
+    q = (2.0 * torch.randn(T, H, 576, generator=g)).to(torch.bfloat16).to(device)
+    kv = torch.randn(T_kv, 576, generator=g).to(torch.bfloat16).to(device)
+    indices = torch.randint(0, T_kv, (T, K), generator=g, dtype=torch.int32)
+    junk = torch.rand(T, K, generator=g)
+    indices = torch.where(junk < 0.05, torch.full_like(indices, -1), indices)
+    indices = torch.where((junk >= 0.05) & (junk < 0.08), torch.full_like(indices, T_kv + 2), indices)
+    indices[:, -8:] = indices[:, :8]  # duplicated keys
+    indices[5] = -1  # an empty row
+    case = ref.AttentionCase(q, kv, indices.to(device), ref.softmax_scale(576))
+    dout = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(device)
+    (dq, dkv), (dq_m, dkv_m, mass), expected = _bwd_with_and_without_mass(case, dout, False)
+    assert (mass[5] == 0).all() and (mass[~ref.valid_slots(case.indices, T_kv)] == 0).all()
+    if device == "cpu":
+        assert torch.equal(mass, expected) and torch.equal(dq_m, dq) and torch.equal(dkv_m, dkv)
+    else:
+        ref.assert_close(mass, expected, 1e-3, "mass")
+        ref.assert_close(dq_m, dq, 1e-2, "dq")
+        ref.assert_close(dkv_m, dkv, 1e-2, "dkv")
+    # Each non-empty row's mass sums to H (the softmax of every head sums to 1).
+    nonempty = ref.valid_slots(case.indices, T_kv).any(dim=1)
+    torch.testing.assert_close(mass.sum(dim=1)[nonempty], torch.full_like(mass[:, 0], H)[nonempty],
+                               rtol=1e-3, atol=0)
