@@ -494,7 +494,11 @@ class Decoder(nn.Module):
         return self.head(self.norm(x[batch.answer_rows])), full_indices
 
     def indexer_losses(self) -> torch.Tensor:
-        """Latest KL loss of each full layer divided by its coefficient (the plain KL), ``[#full]``."""
+        """Latest KL loss of each full layer divided by its coefficient (the plain KL), ``[#full]``.
+
+        Call it after the step's backward: the fused layer computes its loss in the backward (from
+        the sparse MLA backward's attention mass) and reports NaN until then.
+        """
         losses = [self.blocks[i].attn.core.last_indexer_loss for i in self.full_layers()]
         return torch.stack([loss.double() for loss in losses]) / self.cfg.loss_coeff
 
@@ -551,7 +555,8 @@ def activation_dtype(device: str, fp64: bool = False) -> torch.dtype:
         return torch.float64 if fp64 else torch.float32
     if fp64:
         raise SystemExit("--fp64 is for the CPU backend only")
-    layer_ops = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd", "sparse_kl_bwd")
+    layer_ops = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
+                 "sparse_kl_fwd", "sparse_kl_bwd")
     missing = [op for op in layer_ops if not flashdsa.has_cuda_kernel(op)]
     if not torch.cuda.is_available() or missing:
         raise SystemExit(f"--device cuda needs a GPU and flashdsa's CUDA kernels (missing: {missing or 'a GPU'})")
@@ -607,7 +612,9 @@ class Run:
         with self.autocast:
             logits, full_indices = self.model(batch, act_dtype)
         loss = F.cross_entropy(_acc(logits), batch.answers)
-        loss.backward()  # also back-propagates the full layers' KL losses (attached to their outputs)
+        # Also back-propagates the full layers' KL losses (attached to their outputs; the fused
+        # layer computes them here, so their values exist only after this call).
+        loss.backward()
         return loss, logits, full_indices
 
     def step(self, step: int, batch: Batch, act_dtype: torch.dtype,

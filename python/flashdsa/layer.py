@@ -8,6 +8,13 @@ model loss also back-propagates the KL loss (scaled by :func:`set_indexer_loss_s
 ``q_idx``, ``k_idx`` and ``weights``. The KL target is detached, so ``q`` and ``kv`` get no
 gradient from the loss.
 
+Training with the sparse loss (the default when gradients reach the indexer): the loss is computed
+in the backward, from the attention mass that the sparse MLA backward emits
+(:func:`flashdsa.ops.sparse_mla_with_indexer_loss`), so the forward runs no attention-mass
+recompute and no KL forward. Its value is then only known after ``backward()``: the returned
+``indexer_loss`` tensor holds NaN until the backward fills it in (see :func:`dsa_attention`,
+``indexer_loss_in_backward``).
+
 Shapes (absorbed MLA): ``q [T, H, D_qk]``, ``kv [T_kv, D_qk]`` (``V = kv[:, :D_v]``),
 ``q_idx [T, H_I, D_I]``, ``k_idx [T_kv, D_I]``, ``weights [T, H_I]`` fp32, ``indices [T, K]``
 int32. Activations bf16 on CUDA; bf16/fp32/fp64 on CPU.
@@ -45,7 +52,11 @@ class DSAAttentionOutput(NamedTuple):
         indices: int32 ``[T, K]``: the top-k rows of the (under CP: gathered, global padded) keys
             used by the attention; ``-1`` = empty slot.
         indexer_loss: detached fp32/fp64 scalar (the global loss under CP), or None when no loss
-            was computed. For logging only; its gradient flows through ``out``.
+            was computed. For logging only; its gradient flows through ``out``. When the loss is
+            computed in the backward (``indexer_loss_in_backward``, the default for training with
+            the sparse loss) this tensor holds **NaN until** ``backward()`` **has run** through
+            ``out``; the backward then writes the loss into it in place. Read it after the backward
+            (e.g. when logging the step); it stays NaN if ``out`` never gets a gradient.
     """
 
     out: torch.Tensor
@@ -135,6 +146,26 @@ def _valid_rows(indices: torch.Tensor, num_keys: int) -> torch.Tensor:
     return ((indices >= 0) & (indices < num_keys)).any(dim=1).sum()
 
 
+def _loss_in_backward(requested: Optional[bool], loss_coeff, formulation, q_idx, k_idx, weights) -> bool:
+    """Whether the indexer loss is computed in the backward (see ``indexer_loss_in_backward``)."""
+    if requested is False:
+        return False
+    why_not = None
+    if loss_coeff is None:
+        why_not = "there is no indexer loss (loss_coeff is None)"
+    elif formulation != "sparse":
+        why_not = f'it needs loss_formulation="sparse" (got {formulation!r})'
+    elif not torch.is_grad_enabled():
+        why_not = "gradients are disabled (torch.no_grad / inference mode): there is no backward"
+    elif not any(t is not None and t.requires_grad for t in (q_idx, k_idx, weights)):
+        why_not = "none of q_idx, k_idx, weights requires grad"
+    if why_not is None:
+        return True
+    if requested:
+        raise ValueError(f"indexer_loss_in_backward=True, but the loss cannot be computed in the backward: {why_not}")
+    return False
+
+
 def dsa_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -151,6 +182,7 @@ def dsa_attention(
     indices: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     cp_group: Optional[dist.ProcessGroup] = None,
+    indexer_loss_in_backward: Optional[bool] = None,
 ) -> DSAAttentionOutput:
     """DSA attention core on a packed (THD) batch, optionally context-parallel.
 
@@ -176,14 +208,27 @@ def dsa_attention(
             Under CP they are global padded rows, as returned by a previous call.
         deterministic: bitwise-reproducible ``dkv`` in the sparse MLA backward.
         cp_group: process group for context parallelism (None = no CP).
+        indexer_loss_in_backward: where the sparse indexer loss is computed. True: in the
+            backward, from the attention mass that the sparse MLA backward emits (no mass
+            recompute, no KL forward in the forward; same value and gradients); the returned
+            ``indexer_loss`` is then **NaN until** ``backward()`` has run through ``out`` and
+            written the loss into it (under CP the backward also all-reduces it, on every rank).
+            False: in the forward, as ``attention_mass`` + ``indexer_kl_loss`` attached to
+            ``out`` (the value is available at once). None (default): True when it applies —
+            ``loss_coeff`` set, ``loss_formulation="sparse"``, grad mode enabled and one of
+            q_idx, k_idx, weights requiring grad — else False (so ``torch.no_grad()`` evaluation
+            still reports the loss from the forward).
 
     Returns:
         :class:`DSAAttentionOutput` ``(out [T, H, D_v], indices [T, K] int32, indexer_loss)``.
-        The loss is ``coeff · mean`` over rows with a non-empty support (globally under CP).
+        The loss is ``coeff · mean`` over rows with a non-empty support (globally under CP); NaN
+        until the backward when it is computed there (``indexer_loss_in_backward``).
 
     Raises:
         ValueError: inconsistent ``cu_seqlens``, a sequence longer than the key tensor, row
-            mismatches, ranks of a CP group that disagree, or missing indexer inputs.
+            mismatches, ranks of a CP group that disagree, missing indexer inputs, or
+            ``indexer_loss_in_backward=True`` where it does not apply (no loss, the dense
+            formulation, gradients disabled, or no indexer input requiring grad).
     """
     if loss_formulation not in _FORMULATIONS:
         raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
@@ -193,6 +238,7 @@ def dsa_attention(
         raise ValueError(f"q_idx, k_idx and weights are required when {why}")
     if q.dim() != 3 or kv.dim() != 2:
         raise ValueError(f"q must be [T, H, D_qk] and kv [T_kv, D_qk], got {tuple(q.shape)} and {tuple(kv.shape)}")
+    loss_in_backward = _loss_in_backward(indexer_loss_in_backward, loss_coeff, loss_formulation, q_idx, k_idx, weights)
 
     if cp_group is None:
         geo = _thd_geometry(q, kv, q_idx, k_idx, weights, cu_seqlens)
@@ -210,6 +256,11 @@ def dsa_attention(
             f"indices must be int32 [T={q.shape[0]}, K], got {indices.dtype} {tuple(indices.shape)}"
         )
 
+    if loss_in_backward:
+        out, loss_value = _sparse_mla_with_loss_in_backward(
+            q, kv_all, q_idx, k_idx_all, weights, indices, scale, relu, loss_coeff, deterministic, cp_group)
+        return DSAAttentionOutput(out, indices, loss_value)
+
     out, lse = _ops.sparse_mla(q, kv_all, indices, scale, deterministic=deterministic)
 
     loss_value = None
@@ -224,6 +275,33 @@ def dsa_attention(
         if cp_group is not None:
             loss_value = all_reduce_sum(loss_value, cp_group)
     return DSAAttentionOutput(out, indices, loss_value)
+
+
+def _loss_backward_scale():
+    """The auto-scaler's factor, read when the backward runs (as DSAIndexerLossAutoScaler does)."""
+    return DSAIndexerLossAutoScaler.main_loss_backward_scale
+
+
+def _sparse_mla_with_loss_in_backward(q, kv_all, q_idx, k_idx_all, weights, indices, scale, relu, coeff,
+                                      deterministic, cp_group):
+    """Sparse MLA whose backward computes the sparse KL loss; returns (out, loss tensor, NaN until then).
+
+    Under CP the mean divides by the global number of valid rows (all-reduced here, in the forward,
+    as in the forward path) and the backward all-reduces the loss value before writing it, so every
+    rank reports the global loss (all ranks run the backward: its reduce-scatters need them anyway).
+    """
+    normalizer, loss_reduce = None, None
+    if cp_group is not None:
+        normalizer = all_reduce_sum(_valid_rows(indices, kv_all.shape[0]), cp_group).clamp_min(1)
+        loss_reduce = lambda value: all_reduce_sum(value, cp_group)  # noqa: E731
+    stat = torch.float64 if q.dtype == torch.float64 else torch.float32
+    loss_value = torch.full((), float("nan"), dtype=stat, device=q.device)
+    out, _ = _ops.sparse_mla_with_indexer_loss(
+        q, kv_all, indices, scale, q_idx, k_idx_all, weights, loss_value, relu=relu, coeff=coeff,
+        normalizer=normalizer, deterministic=deterministic, loss_grad_scale=_loss_backward_scale,
+        loss_reduce=loss_reduce,
+    )
+    return out, loss_value
 
 
 def _indexer_loss(q, kv_all, q_idx, k_idx_all, weights, indices, lse, geo, scale, relu, coeff, formulation, cp_group):
@@ -265,12 +343,15 @@ class DSAAttention(torch.nn.Module):
         topk: ``K``.
         scale: softmax scale of the main attention.
         index_share: ``"full"`` or ``"shared"``.
-        relu, loss_coeff, loss_formulation, deterministic, cp_group: as in :func:`dsa_attention`
-            (``loss_coeff`` must be None for a shared layer).
+        relu, loss_coeff, loss_formulation, deterministic, cp_group, indexer_loss_in_backward: as
+            in :func:`dsa_attention` (``loss_coeff`` must be None for a shared layer).
         layer_id: name used in error messages (e.g. the layer number).
 
     Attributes:
         last_indexer_loss: detached scalar loss of the latest forward (None if none), for logging.
+            When the loss is computed in the backward (the default in training with the sparse
+            loss, see ``indexer_loss_in_backward``) it is **NaN until** ``backward()`` has run;
+            read it after the backward of the step.
     """
 
     def __init__(
@@ -285,6 +366,7 @@ class DSAAttention(torch.nn.Module):
         deterministic: bool = False,
         cp_group: Optional[dist.ProcessGroup] = None,
         layer_id: Optional[object] = None,
+        indexer_loss_in_backward: Optional[bool] = None,
     ) -> None:
         super().__init__()
         if index_share not in (FULL, SHARED):
@@ -293,6 +375,9 @@ class DSAAttention(torch.nn.Module):
             raise ValueError("a 'shared' layer has no indexer, so it cannot have an indexer loss (loss_coeff)")
         if loss_formulation not in _FORMULATIONS:
             raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
+        if indexer_loss_in_backward and (loss_coeff is None or loss_formulation != "sparse"):
+            raise ValueError("indexer_loss_in_backward=True needs a sparse indexer loss (loss_coeff set and "
+                             'loss_formulation="sparse")')
         self.topk = topk
         self.scale = scale
         self.index_share = index_share
@@ -302,6 +387,7 @@ class DSAAttention(torch.nn.Module):
         self.deterministic = deterministic
         self.cp_group = cp_group
         self.layer_id = layer_id
+        self.indexer_loss_in_backward = indexer_loss_in_backward
         self.last_indexer_loss: Optional[torch.Tensor] = None
 
     def forward(
@@ -331,6 +417,7 @@ class DSAAttention(torch.nn.Module):
             q, kv, q_idx, k_idx, weights, cu_seqlens, self.topk, self.scale,
             relu=self.relu, loss_coeff=self.loss_coeff, loss_formulation=self.loss_formulation,
             indices=indices, deterministic=self.deterministic, cp_group=self.cp_group,
+            indexer_loss_in_backward=self.indexer_loss_in_backward,
         )
         if self.index_share == FULL and index_share_ctx is not None:
             index_share_ctx.publish(result.indices, layer=self.layer_id)

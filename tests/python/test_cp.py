@@ -19,8 +19,11 @@ import layer_reference as ref
 LENGTHS = [37, 101, 1, 150, 67]
 TOPK = 64
 SPAWN_TIMEOUT_S = 300
-CP_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd",
-          "sparse_kl_bwd", "dense_kl_fwd", "dense_kl_bwd")
+CP_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
+          "sparse_kl_fwd", "sparse_kl_bwd", "dense_kl_fwd", "dense_kl_bwd")
+# Where layer A computes its sparse indexer loss: result-key suffix -> indexer_loss_in_backward.
+# "" = the default in training (the backward), "@forward_loss" = the forward path.
+LOSS_PATHS = {"": None, "@forward_loss": False}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,34 +63,46 @@ def test_split_merge_roundtrip_and_ranges(cp):
 # ---------------------------------------------------------------------------------------------
 # The layer under CP, in spawned processes.
 
-def run_scenarios(data, cp_group):
+def run_scenarios(data, cp_group, loss_in_backward=None):
     """The model used by both the cp = 1 run and every rank: returns a dict of results.
 
-    Layers: A (full, sparse KL, relu) → B (shared, reuses A's indices), backward of
-    Σ out_A·probe_A + Σ out_B·probe_B; then C (full, dense KL, no relu) with its own backward.
-    ``data`` holds either the global tensors (cp = 1) or this rank's zigzag share.
+    Layers: A (full, sparse KL, relu; ``loss_in_backward`` as its indexer_loss_in_backward) → B
+    (shared, reuses A's indices), backward of Σ out_A·probe_A + Σ out_B·probe_B; then C (full,
+    dense KL, no relu) with its own backward. ``data`` holds either the global tensors (cp = 1) or
+    this rank's zigzag share.
     """
     a, b, c = (ref.with_grad(ref.LayerInputs(*data[k], data["cu_seqlens"])) for k in ("a", "b", "c"))
     scale = a.q.shape[-1] ** -0.5
     ctx = IndexShareContext()
-    full = DSAAttention(TOPK, scale, loss_coeff=0.3, cp_group=cp_group)
+    full = DSAAttention(TOPK, scale, loss_coeff=0.3, cp_group=cp_group, indexer_loss_in_backward=loss_in_backward)
     shared = DSAAttention(TOPK, scale, index_share="shared", cp_group=cp_group)
     dense = DSAAttention(TOPK, scale, loss_coeff=0.7, loss_formulation="dense", relu=False, cp_group=cp_group)
 
     out_a = full(a.q, a.kv, a.cu_seqlens, a.q_idx, a.k_idx, a.weights, index_share_ctx=ctx)
     out_b = shared(b.q, b.kv, b.cu_seqlens, index_share_ctx=ctx)
+    # Whether A's loss is still pending (NaN: it is computed in the backward).
+    pending_a = torch.isnan(out_a.indexer_loss).reshape(1)
     ((out_a.out.double() * data["probe_a"]).sum() + (out_b.out.double() * data["probe_b"]).sum()).backward()
     out_c = dense(c.q, c.kv, c.cu_seqlens, c.q_idx, c.k_idx, c.weights)
     (out_c.out.double() * data["probe_c"]).sum().backward()
 
     results = {"out_a": out_a.out, "out_b": out_b.out, "out_c": out_c.out, "indices_a": out_a.indices,
-               "indices_c": out_c.indices, "loss_a": out_a.indexer_loss, "loss_c": out_c.indexer_loss}
+               "indices_c": out_c.indices, "loss_a": out_a.indexer_loss, "loss_c": out_c.indexer_loss,
+               "pending_a": pending_a}
     for name, x in (("a", a), ("b", b), ("c", c)):
         for field in ("q", "kv", "q_idx", "k_idx", "weights"):
             grad = getattr(x, field).grad
             if grad is not None:
                 results[f"d{field}_{name}"] = grad
     return {k: v.detach().cpu() for k, v in results.items()}
+
+
+def run_loss_paths(data, cp_group):
+    """run_scenarios with each of LOSS_PATHS for layer A; the keys carry the path's suffix."""
+    results = {}
+    for suffix, loss_in_backward in LOSS_PATHS.items():
+        results.update({k + suffix: v for k, v in run_scenarios(data, cp_group, loss_in_backward).items()})
+    return results
 
 
 ROW_TENSORS = ("q", "kv", "q_idx", "k_idx", "weights")
@@ -151,7 +166,7 @@ def _worker(rank, world, backend, device_kind, dtype, store_path, data_path, out
                 for k, v in torch.load(data_path).items()}
         layout = ZigzagLayout.for_group(data["cu_seqlens"], group, device)
         share = local_share(data, layout)
-        results = run_scenarios(share, group)
+        results = run_loss_paths(share, group)
         if with_errors:
             results["errors"] = error_scenarios(share, layout, group)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -186,7 +201,12 @@ def test_cp_matches_cp1(world, device_kind, tmp_path):
     dtype, backend, rtol = (torch.float32, "gloo", 1e-5) if device_kind == "cpu" else (torch.bfloat16, "nccl", 2e-2)
     device = torch.device("cuda:0" if device_kind == "cuda" else "cpu")
     data = make_data(dtype, device)
-    expected = run_scenarios(data, None)
+    expected = run_loss_paths(data, None)
+    # cp = 1: the loss computed in the backward equals the forward path's; gradients alike.
+    assert bool(expected["pending_a"]) and not bool(expected["pending_a@forward_loss"])
+    for key in (k for k in expected if "@" not in k and not k.startswith(("indices", "pending"))):
+        ref.assert_close(expected[key], expected[key + "@forward_loss"], rtol,
+                         f"cp=1 {key}: loss in backward vs forward")
     torch.save({k: (tuple(t.cpu() for t in v) if isinstance(v, tuple) else v.cpu()) for k, v in data.items()},
                tmp_path / "data.pt")
     with_errors = world == 2
@@ -201,6 +221,8 @@ def test_cp_matches_cp1(world, device_kind, tmp_path):
             what = f"cp={world} rank {rank} {key}"
             if key.startswith("loss"):
                 ref.assert_close(got[key], value, rtol, what)
+            elif key.startswith("pending"):
+                assert torch.equal(got[key], value), what
             elif key.startswith("indices"):
                 local = layout.padded_to_real_rows(got[key])
                 assert (local[~is_real] == -1).all(), f"{what}: padding queries must select nothing"

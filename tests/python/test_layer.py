@@ -10,8 +10,8 @@ import layer_reference as ref
 LENGTHS = [37, 101, 1, 150, 67]  # odd lengths, several longer than TOPK so the top-k selects
 TOPK = 64
 DTYPE_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative error (norms) vs float64
-LAYER_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd",
-             "sparse_kl_bwd", "dense_kl_fwd", "dense_kl_bwd")
+LAYER_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
+             "sparse_kl_fwd", "sparse_kl_bwd", "dense_kl_fwd", "dense_kl_bwd")
 GRAD_NAMES = ("dq", "dkv", "dq_idx", "dk_idx", "dweights")
 
 
@@ -145,8 +145,155 @@ def test_module_exposes_loss_for_logging():
     layer = DSAAttention(TOPK, 0.1, loss_coeff=0.2)
     res = layer(inputs.q, inputs.kv, inputs.cu_seqlens, inputs.q_idx, inputs.k_idx, inputs.weights)
     assert layer.last_indexer_loss is res.indexer_loss
+    # Training (grad enabled, the indexer inputs require grad): the loss is computed in the backward.
+    assert torch.isnan(layer.last_indexer_loss) and not layer.last_indexer_loss.requires_grad
+    res.out.sum().backward()
     assert float(layer.last_indexer_loss) > 0 and not layer.last_indexer_loss.requires_grad
     assert "index_share='full'" in repr(layer)
+
+
+# ---------------------------------------------------------------------------------------------
+# The indexer loss computed in the backward (indexer_loss_in_backward)
+
+
+def _run_loss_path(inputs, loss_in_backward, *, loss_scale, indices=None, layer=False):
+    """Forward with the given loss path, then backward of Σ out·probe with the auto-scaler factor set
+    between them (it is read at backward time). Returns (result, loss before backward, grads)."""
+    x = ref.with_grad(inputs)
+    set_indexer_loss_scale(1.0)
+    if layer:
+        core = DSAAttention(TOPK, 0.1, loss_coeff=0.3, indexer_loss_in_backward=loss_in_backward)
+        res = core(x.q, x.kv, x.cu_seqlens, x.q_idx, x.k_idx, x.weights)
+        assert core.last_indexer_loss is res.indexer_loss
+    else:
+        res = dsa_attention(x.q, x.kv, x.q_idx, x.k_idx, x.weights, x.cu_seqlens, TOPK, 0.1, loss_coeff=0.3,
+                            indices=indices, indexer_loss_in_backward=loss_in_backward)
+    before = res.indexer_loss.clone()
+    set_indexer_loss_scale(loss_scale)
+    probe = torch.randn(res.out.shape, generator=torch.Generator().manual_seed(7)).to(res.out)
+    (res.out * probe).sum().backward()
+    return res, before, [t.grad for t in x[:5]]
+
+
+@pytest.mark.kernels(*LAYER_OPS)
+@pytest.mark.parametrize("loss_scale", [1.0, 0.37])
+def test_loss_in_backward_equals_the_forward_path(device, loss_scale):
+    """Same loss (once the backward ran) and same gradients of q, kv, q_idx, k_idx, weights as the
+    forward path (attention_mass + indexer_kl_loss + auto-scaler); NaN before the backward."""
+    dtype, tol = (torch.float64, 1e-10) if device == "cpu" else (torch.bfloat16, 2e-2)
+    inputs = ref.make_inputs(LENGTHS, dtype=dtype, device=device, seed=31)
+    fwd, fwd_before, fwd_grads = _run_loss_path(inputs, False, loss_scale=loss_scale)
+    # CUDA: the same top-k (the indexer may order a row differently from call to call).
+    given = fwd.indices if device == "cuda" else None
+    bwd, bwd_before, bwd_grads = _run_loss_path(inputs, None, loss_scale=loss_scale, indices=given)
+
+    assert torch.isfinite(fwd_before) and torch.equal(fwd_before, fwd.indexer_loss)
+    assert torch.isnan(bwd_before), "the loss of the backward path is NaN until the backward has run"
+    assert bwd.indexer_loss.dtype == fwd.indexer_loss.dtype and not bwd.indexer_loss.requires_grad
+    assert torch.equal(bwd.indices, fwd.indices)
+    assert torch.equal(bwd.out, fwd.out)
+    ref.assert_close(bwd.indexer_loss, fwd.indexer_loss, tol, "loss")
+    for name, g, e in zip(GRAD_NAMES, bwd_grads, fwd_grads):
+        assert g is not None and g.dtype == e.dtype, name
+        ref.assert_close(g, e, tol, name)
+    if device == "cpu":  # the same ops on the same values in the same order
+        assert torch.equal(bwd.indexer_loss, fwd.indexer_loss)
+        assert all(torch.equal(g, e) for g, e in zip(bwd_grads, fwd_grads))
+
+
+def test_loss_in_backward_module_float32():
+    """DSAAttention with indexer_loss_in_backward=True vs False, float32 (CPU)."""
+    inputs = ref.make_inputs(LENGTHS, seed=37)
+    fwd, _, fwd_grads = _run_loss_path(inputs, False, loss_scale=0.5, layer=True)
+    bwd, before, bwd_grads = _run_loss_path(inputs, True, loss_scale=0.5, layer=True)
+    assert torch.isnan(before) and torch.isfinite(bwd.indexer_loss)
+    assert torch.equal(bwd.indexer_loss, fwd.indexer_loss)
+    for name, g, e in zip(GRAD_NAMES, bwd_grads, fwd_grads):
+        assert torch.equal(g, e), name
+
+
+def test_loss_in_backward_skips_the_forward_loss_work(monkeypatch):
+    """The backward path runs no attention_mass / KL forward in the forward: the mass comes from the
+    MLA backward (sparse_mla_bwd_mass)."""
+    calls = []
+    for name in ("attention_mass", "indexer_kl_loss"):
+        real = getattr(flashdsa.ops, name)
+        monkeypatch.setattr(flashdsa.ops, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    x = ref.with_grad(ref.make_inputs(LENGTHS, seed=41))
+    res = dsa_attention(x.q, x.kv, x.q_idx, x.k_idx, x.weights, x.cu_seqlens, TOPK, 0.1, loss_coeff=0.3)
+    assert calls == [] and torch.isnan(res.indexer_loss)
+    res.out.sum().backward()
+    assert calls == [] and float(res.indexer_loss) > 0
+    # Forward path on request: the loss is known at once.
+    res = dsa_attention(x.q, x.kv, x.q_idx, x.k_idx, x.weights, x.cu_seqlens, TOPK, 0.1, loss_coeff=0.3,
+                        indexer_loss_in_backward=False)
+    assert calls == ["attention_mass", "indexer_kl_loss"] and float(res.indexer_loss) > 0
+
+
+def test_loss_path_selection():
+    """None picks the backward path only when a backward will need it; elsewhere the loss stays in
+    the forward (e.g. evaluation under no_grad still reports it at once)."""
+    x = ref.make_inputs(LENGTHS, seed=43)
+    args = (x.cu_seqlens, TOPK, 0.1)
+    grad_x = ref.with_grad(x)
+    # Training: the backward path.
+    res = dsa_attention(*grad_x[:5], *args, loss_coeff=0.3)
+    assert torch.isnan(res.indexer_loss)
+    # No gradients (no_grad, or no indexer input requiring grad): the forward path.
+    with torch.no_grad():
+        res = dsa_attention(*grad_x[:5], *args, loss_coeff=0.3)
+    assert float(res.indexer_loss) > 0 and not res.out.requires_grad
+    q = x.q.clone().requires_grad_()  # only the main attention is trained
+    res = dsa_attention(q, x.kv, x.q_idx, x.k_idx, x.weights, *args, loss_coeff=0.3)
+    assert float(res.indexer_loss) > 0
+    # The dense formulation is always computed in the forward.
+    res = dsa_attention(*grad_x[:5], *args, loss_coeff=0.3, loss_formulation="dense")
+    assert float(res.indexer_loss) > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, grad, message",
+    [
+        (dict(loss_coeff=0.3, loss_formulation="dense"), True, 'loss_formulation="sparse"'),
+        (dict(), True, "loss_coeff is None"),
+        (dict(loss_coeff=0.3), False, "none of q_idx, k_idx, weights requires grad"),
+        (dict(loss_coeff=0.3, no_grad=True), True, "gradients are disabled"),
+    ],
+)
+def test_loss_in_backward_true_raises_where_it_does_not_apply(kwargs, grad, message):
+    x = ref.make_inputs([9, 40], seed=47)
+    if grad:
+        x = ref.with_grad(x)
+    kwargs = dict(kwargs)
+    no_grad = kwargs.pop("no_grad", False)
+    with torch.set_grad_enabled(not no_grad), pytest.raises(ValueError, match=message):
+        dsa_attention(*x[:5], x.cu_seqlens, TOPK, 0.1, indexer_loss_in_backward=True, **kwargs)
+
+
+def test_module_rejects_loss_in_backward_without_a_sparse_loss():
+    with pytest.raises(ValueError, match="indexer_loss_in_backward=True needs a sparse indexer loss"):
+        DSAAttention(TOPK, 0.1, loss_coeff=0.3, loss_formulation="dense", indexer_loss_in_backward=True)
+    with pytest.raises(ValueError, match="indexer_loss_in_backward=True needs a sparse indexer loss"):
+        DSAAttention(TOPK, 0.1, indexer_loss_in_backward=True)
+
+
+def test_loss_in_backward_stays_nan_without_a_backward_through_out():
+    """Nothing is silently wrong: a loss whose backward never ran reads NaN."""
+    x = ref.with_grad(ref.make_inputs(LENGTHS, seed=53))
+    res = dsa_attention(*x[:5], x.cu_seqlens, TOPK, 0.1, loss_coeff=0.3)
+    other = (x.q.float() ** 2).sum()  # a backward that does not go through res.out
+    other.backward()
+    assert torch.isnan(res.indexer_loss)
+
+
+def test_sparse_mla_with_indexer_loss_rejects_a_bad_loss_out():
+    case_x = ref.make_inputs([9, 4], seed=59)
+    indices = torch.zeros(13, TOPK, dtype=torch.int32)
+    for bad in (torch.zeros(1), torch.zeros((), dtype=torch.float64), torch.zeros((), requires_grad=True)):
+        with pytest.raises(ValueError, match="loss_out must be a 0-dim"):
+            flashdsa.sparse_mla_with_indexer_loss(case_x.q, case_x.kv, indices, 0.1, case_x.q_idx, case_x.k_idx,
+                                                  case_x.weights, bad)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
 """IndexShare: pattern from Megatron's knobs, index reuse, no indexer work on shared layers."""
 
+import math
+
 import pytest
 import torch
 
@@ -51,8 +53,8 @@ class CountingIndexer:
         return self._real(*args, **kwargs)
 
 
-@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd",
-                     "sparse_kl_bwd")
+@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
+                     "sparse_kl_fwd", "sparse_kl_bwd")
 def test_shared_layers_reuse_indices_and_skip_the_indexer(device, monkeypatch):
     pattern = ["full", "shared", "shared", "full", "shared"]
     layers = [DSAAttention(TOPK, 0.1, index_share=m, loss_coeff=0.1 if m == "full" else None, layer_id=i)
@@ -80,11 +82,52 @@ def test_shared_layers_reuse_indices_and_skip_the_indexer(device, monkeypatch):
     direct = dsa_attention(x.q, x.kv, None, None, None, x.cu_seqlens, TOPK, 0.1, indices=results[0].indices)
     assert torch.equal(results[2].out, direct.out)
 
+    # Training: the full layers' losses are computed in the backward (NaN until then).
+    full_losses = [r.indexer_loss for r in results if r.indexer_loss is not None]
+    assert all(torch.isnan(loss) for loss in full_losses)
+
     # Backward through all layers: shared layers feed q/kv grads, full layers also the indexer.
     sum(r.out.float().square().sum() for r in results).backward()
     for layer, x in zip(layers, per_layer):
         assert x.q.grad.abs().max() > 0 and x.kv.grad.abs().max() > 0
         assert (x.q_idx.grad is None) == (layer.index_share == "shared")
+    assert all(torch.isfinite(loss) and loss > 0 for loss in full_losses)
+    for layer, r in zip(layers, results):
+        assert layer.last_indexer_loss is r.indexer_loss
+
+
+@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
+                     "sparse_kl_fwd", "sparse_kl_bwd")
+def test_index_share_model_loss_in_backward_equals_forward_path(device):
+    """A full, shared, shared, full, shared model: the losses (read after the backward) and every
+    gradient are the same with the loss computed in the backward or in the forward."""
+    pattern = ["full", "shared", "shared", "full", "shared"]
+    dtype = torch.float64 if device == "cpu" else torch.bfloat16
+    # Shifted indexer inputs: no score ties at 0 under ReLU, so both runs select the same top-k.
+    inputs = [ref.make_inputs(LENGTHS, dtype=dtype, device=device, seed=200 + i, indexer_shift=1.0)
+              for i in range(len(pattern))]
+    runs = []
+    for loss_in_backward in (False, True):
+        layers = [DSAAttention(TOPK, 0.1, index_share=m, loss_coeff=0.1 if m == "full" else None, layer_id=i,
+                               indexer_loss_in_backward=loss_in_backward if m == "full" else None)
+                  for i, m in enumerate(pattern)]
+        xs = [ref.with_grad(x) for x in inputs]
+        ctx = IndexShareContext()
+        outs = [layer(x.q, x.kv, x.cu_seqlens, *(x[2:5] if layer.index_share == "full" else ()), index_share_ctx=ctx)
+                for layer, x in zip(layers, xs)]
+        full_losses = [layer.last_indexer_loss for layer in layers if layer.index_share == "full"]
+        assert all(torch.isnan(loss) for loss in full_losses) == loss_in_backward
+        sum((r.out.double() * (i + 1)).square().sum() for i, r in enumerate(outs)).backward()
+        grads = [getattr(x, f).grad for x in xs for f in ("q", "kv", "q_idx", "k_idx", "weights")]
+        runs.append(([float(loss) for loss in full_losses], grads))
+    (loss_f, grads_f), (loss_b, grads_b) = runs
+    tol = 1e-10 if device == "cpu" else 2e-2
+    assert all(math.isfinite(v) for v in loss_b)
+    assert loss_b == pytest.approx(loss_f, rel=tol)
+    for g_f, g_b in zip(grads_f, grads_b):
+        assert (g_f is None) == (g_b is None)
+        if g_f is not None:
+            ref.assert_close(g_b, g_f, tol, "gradient")
 
 
 def test_shared_layer_without_preceding_full_layer():

@@ -147,8 +147,8 @@ def test_parity_in_fp64_is_exact_to_rounding(example, tmp_path):
         assert entry["max_rel_lm_loss_diff"] < 1e-12 and entry["max_rel_kl_loss_diff"] < 1e-12
 
 
-@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd",
-                     "sparse_kl_bwd")
+@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
+                     "sparse_kl_fwd", "sparse_kl_bwd")
 def test_cuda_preset_trains_and_matches_the_reference(example, tmp_path, device):
     if device != "cuda":
         pytest.skip("the CPU size is covered by the tests above")
@@ -177,8 +177,8 @@ def test_gradient_check_fused_equals_reference_cpu(example, tmp_path):
     assert (tmp_path / "grad_check.json").exists()
 
 
-@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd",
-                     "sparse_kl_bwd")
+@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
+                     "sparse_kl_fwd", "sparse_kl_bwd")
 def test_gradient_check_cuda_at_16k_tokens(example, tmp_path, device):
     """The CUDA kernels' gradients at training scale (T = 16384: the sparse MLA backward's sorted-sweep
     path) against the plain-PyTorch reference on the same top-k; bf16 rounding only."""
