@@ -28,7 +28,12 @@ UNFUSED_LAYER = "unfused layer"
 UNFUSED_PREFIX = "unfused "
 GEMM = "gemm"
 COPY = "copy d2d"
-LOSS_PATH_KERNELS = ("attention_mass", "sparse_kl_fwd", "sparse_kl_bwd")
+# The indexer-loss path as the layer runs it in training: the attention mass comes out of the sparse
+# MLA backward (its extra cost = sparse_mla_bwd_mass - sparse_mla_bwd), then the KL forward and
+# backward. LOSS_PATH_RECOMPUTE: the path with the separate mass recompute (no-grad / forward loss).
+LOSS_PATH_KERNELS = ("sparse_kl_fwd", "sparse_kl_bwd")
+MASS_FROM_BWD = ("sparse_mla_bwd_mass", "sparse_mla_bwd")  # (with the mass output, without)
+LOSS_PATH_RECOMPUTE = ("attention_mass", "sparse_kl_fwd", "sparse_kl_bwd")
 
 
 @dataclass
@@ -128,6 +133,13 @@ class CaseBuilder:
             return Prepared(lambda a: ops.sparse_mla_bwd(a[0], a[1], a[2], s.scale, a[3], a[4], a[5], False),
                             self._sets(make, 2 * attention_set_bytes))
 
+        def sparse_bwd_mass() -> Prepared:
+            def make():
+                q, kv, idx, out, lse = attention_inputs(True)
+                return q, kv, idx, out, lse, self._rand(t, s.heads, s.d_v)
+            return Prepared(lambda a: ops.sparse_mla_bwd_mass(a[0], a[1], a[2], s.scale, a[3], a[4], a[5], False),
+                            self._sets(make, 2 * attention_set_bytes))
+
         def mass() -> Prepared:
             return Prepared(lambda a: ops.attention_mass(a[0], a[1], a[2], a[4], s.scale),
                             self._sets(lambda: attention_inputs(True), 2 * attention_set_bytes))
@@ -156,6 +168,9 @@ class CaseBuilder:
                  requires=("sparse_mla_fwd",)),
             Case(KERNEL, "sparse_mla_bwd", t, sparse_bwd, flops=flops.sparse_bwd_flops(t, s),
                  requires=("sparse_mla_fwd", "sparse_mla_bwd")),
+            Case(KERNEL, "sparse_mla_bwd_mass", t, sparse_bwd_mass, flops=flops.sparse_bwd_flops(t, s),
+                 requires=("sparse_mla_fwd", "sparse_mla_bwd_mass"),
+                 note="sparse_mla_bwd + the attention-mass output (the KL target, no recompute)"),
             Case(KERNEL, "attention_mass", t, mass, flops=flops.attention_mass_flops(t, s),
                  requires=("sparse_mla_fwd", "attention_mass")),
             Case(KERNEL, "sparse_kl_fwd", t, kl_fwd, flops=flops.kl_fwd_flops(t, s), requires=("sparse_kl_fwd",)),
@@ -176,7 +191,7 @@ class CaseBuilder:
         memory = layer_memory_bytes(t, s)
         return [
             Case(LAYER, DSA_LAYER, t, prepare(1), flops=flops.dsa_layer_flops(t, s), requires=LAYER_OPS,
-                 memory_bytes=memory, note="indexer + top-k, sparse MLA fwd+bwd, mass, KL fwd+bwd"),
+                 memory_bytes=memory, note="indexer + top-k, sparse MLA fwd, bwd with the mass output, KL fwd+bwd"),
             Case(LAYER, DSA_SHARED.format(s.share_every), t, prepare(s.share_every),
                  flops=flops.index_share_group_flops(t, s), requires=LAYER_OPS, layers=s.share_every,
                  memory_bytes=memory,

@@ -1,8 +1,10 @@
 """The whole DSA layer forward + backward, composed from the FlashDSA ops and from plain PyTorch.
 
-One training step of the attention core: indexer + top-k → sparse MLA (fwd, bwd through
-autograd) → attention mass → sparse indexer KL loss (fwd, bwd). Each function returns what the
-step keeps (output, loss, gradients), which the memory measurement counts as outputs.
+One training step of the attention core, as the DSA layer runs it in training: indexer + top-k →
+sparse MLA forward; in the backward, the sparse MLA backward with its attention-mass output (the KL
+target) → sparse indexer KL loss forward and backward (`sparse_mla_with_indexer_loss`). Each
+function returns what the step keeps (output, loss, gradients), which the memory measurement
+counts as outputs.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .config import DsaShape
 from .inputs import DsaInputs
 
 # The raw ops one full DSA layer fwd + bwd runs.
-LAYER_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd",
+LAYER_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "sparse_kl_fwd",
              "sparse_kl_bwd")
 
 
@@ -26,12 +28,13 @@ def _indexer_leaves(x: DsaInputs):
 
 
 def _full_layer(fd: ModuleType, x: DsaInputs, s: DsaShape, indices: torch.Tensor) -> Tuple:
-    """Sparse MLA + indexer KL loss, fwd + bwd: (out, loss, dq, dkv, dq_idx, dk_idx, dweights)."""
-    out, lse = fd.sparse_mla(x.q, x.kv, indices, s.scale)
-    mass = fd.attention_mass(x.q, x.kv, indices, lse, s.scale)
-    loss = fd.indexer_kl_loss(x.q_idx, x.k_idx, x.weights, formulation="sparse", indices=indices, mass=mass)
-    grads = torch.autograd.grad((out, loss), (x.q, x.kv) + _indexer_leaves(x), (x.dout, None))
-    return (out, loss.detach(), *grads)
+    """Sparse MLA + indexer KL loss (computed in the backward), fwd + bwd:
+    (out, loss, dq, dkv, dq_idx, dk_idx, dweights)."""
+    stat = torch.float64 if x.q.dtype == torch.float64 else torch.float32
+    loss = torch.full((), float("nan"), dtype=stat, device=x.q.device)
+    out, _ = fd.sparse_mla_with_indexer_loss(x.q, x.kv, indices, s.scale, x.q_idx, x.k_idx, x.weights, loss)
+    grads = torch.autograd.grad(out, (x.q, x.kv) + _indexer_leaves(x), x.dout)
+    return (out, loss, *grads)
 
 
 def _shared_layer(fd: ModuleType, x: DsaInputs, s: DsaShape, indices: torch.Tensor) -> Tuple:

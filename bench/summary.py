@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .cases import (BASELINE, CEILING, COPY, DSA_LAYER, DSA_SHARED, GEMM, KERNEL, LAYER, LOSS_PATH_KERNELS,
-                    UNFUSED_LAYER, UNFUSED_PREFIX)
+                    LOSS_PATH_RECOMPUTE, MASS_FROM_BWD, UNFUSED_LAYER, UNFUSED_PREFIX)
 from .config import KERNEL_TARGETS, LAYER_TARGETS, BenchConfig
 
 OK = "ok"
@@ -89,15 +89,18 @@ def summarize(cfg: BenchConfig, records: List[dict]) -> dict:
         shared = ok_value(find(records, shared_name(cfg), t, LAYER), "ms_per_layer")
         dense = {label: ok_value(find(records, label, t, BASELINE), "ms") for label in dense_labels}
         unfused = ok_value(find(records, UNFUSED_LAYER, t, BASELINE), "ms")
-        loss_parts = [ok_value(find(records, k, t, KERNEL), "ms") for k in LOSS_PATH_KERNELS]
-        loss_ms = sum(loss_parts) if all(p is not None for p in loss_parts) else None
+        loss_ms, attention_ms = _loss_path_ms(records, t)
         layer_rows.append({
             "t": t, "dsa_ms": full, "shared_ms": shared, "dense_ms": dense, "unfused_ms": unfused,
             "speedup_dense": {label: ratio(ms, full) for label, ms in dense.items()},
             "speedup_dense_shared": {label: ratio(ms, shared) for label, ms in dense.items()},
             "speedup_unfused": ratio(unfused, full),
             "index_share_gain": ratio(full, shared),
-            "loss_path_ms": loss_ms, "loss_path_share": ratio(loss_ms, full),
+            "loss_path_ms": loss_ms,
+            # Issue 7's definition: loss path / (sparse MLA fwd + bwd + indexer + loss path), kernel times.
+            "loss_path_share": ratio(loss_ms, None if attention_ms is None or loss_ms is None
+                                     else attention_ms + loss_ms),
+            "loss_path_share_of_layer": ratio(loss_ms, full),
         })
 
     crossovers = {}
@@ -121,6 +124,25 @@ def summarize(cfg: BenchConfig, records: List[dict]) -> dict:
         "headline": _headline(cfg, layer_rows, crossovers, records),
     }
     return summary
+
+
+def _loss_path_ms(records: List[dict], t: int) -> Tuple[Optional[float], Optional[float]]:
+    """(loss path ms, sparse MLA fwd + bwd + indexer ms) at T = t from the kernel cases.
+
+    The loss path is the mass output's extra cost in the sparse MLA backward plus the KL forward and
+    backward (what the layer runs in training); without a sparse_mla_bwd_mass measurement, the
+    attention-mass recompute instead.
+    """
+    def ms(name: str) -> Optional[float]:
+        return ok_value(find(records, name, t, KERNEL), "ms")
+
+    kl = [ms(k) for k in LOSS_PATH_KERNELS]
+    with_mass, without = (ms(k) for k in MASS_FROM_BWD)
+    mass = ms(LOSS_PATH_RECOMPUTE[0])
+    mass_cost = max(0.0, with_mass - without) if with_mass is not None and without is not None else mass
+    loss = sum(kl) + mass_cost if mass_cost is not None and all(k is not None for k in kl) else None
+    rest = [ms("sparse_mla_fwd"), without, ms("indexer_topk")]
+    return loss, (sum(rest) if all(r is not None for r in rest) else None)
 
 
 def _at_or_largest(rows: List[dict], t: int, key) -> Optional[dict]:
