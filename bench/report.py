@@ -240,7 +240,7 @@ def render_markdown(cfg: BenchConfig, meta: dict, records: List[dict], summary: 
         "## DSA layer forward + backward vs baselines",
         "",
         "Times per layer (an IndexShare group's time divided by its layers). × X = X's time / DSA layer time. "
-        "Loss path share = (attention_mass + sparse_kl_fwd + sparse_kl_bwd kernel times) / DSA layer time.",
+        "Loss path = the mass output's extra time in the sparse MLA backward (sparse_mla_bwd_mass − sparse_mla_bwd; the attention_mass recompute when that is not measured) + sparse_kl_fwd + sparse_kl_bwd. Loss path share = loss path / (sparse_mla_fwd + sparse_mla_bwd + indexer_topk + loss path), kernel times (issue 7); loss path / layer = loss path / DSA layer time.",
         "",
         *_layer_lines(cfg, summary, records),
         "",

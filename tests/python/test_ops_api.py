@@ -153,7 +153,12 @@ def test_torch_compile_fullgraph(device):
         loss.backward()
         results.append([loss] + [x.grad for x in leaves])
     for name, eager, compiled in zip(["loss", "dq", "dkv", "dq_idx", "dk_idx", "dweights"], *results):
-        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6, msg=name)
+        # The CUDA indexer's slot order within a row may differ from call to call (its candidate
+        # lists are appended to with shared-memory atomics), which reorders the sums behind the
+        # bf16 gradients: those agree to bf16 rounding (torch's default bf16 tolerance), the fp32
+        # results tightly.
+        tol = {} if eager.dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-6}
+        torch.testing.assert_close(compiled, eager, msg=name, **tol)
 
 
 # ---------------------------------------------------------------------------------------------
