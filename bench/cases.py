@@ -126,19 +126,15 @@ class CaseBuilder:
             return Prepared(lambda a: ops.sparse_mla_fwd(*a, s.scale),
                             self._sets(lambda: attention_inputs(False), attention_set_bytes))
 
-        def sparse_bwd() -> Prepared:
-            def make():
-                q, kv, idx, out, lse = attention_inputs(True)
-                return q, kv, idx, out, lse, self._rand(t, s.heads, s.d_v)
-            return Prepared(lambda a: ops.sparse_mla_bwd(a[0], a[1], a[2], s.scale, a[3], a[4], a[5], False),
-                            self._sets(make, 2 * attention_set_bytes))
-
-        def sparse_bwd_mass() -> Prepared:
-            def make():
-                q, kv, idx, out, lse = attention_inputs(True)
-                return q, kv, idx, out, lse, self._rand(t, s.heads, s.d_v)
-            return Prepared(lambda a: ops.sparse_mla_bwd_mass(a[0], a[1], a[2], s.scale, a[3], a[4], a[5], False),
-                            self._sets(make, 2 * attention_set_bytes))
+        def backward(name: str) -> Callable[[], Prepared]:  # sparse_mla_bwd, or sparse_mla_bwd_mass (+ mass)
+            def prepare() -> Prepared:
+                op = getattr(ops, name)
+                def make():
+                    q, kv, idx, out, lse = attention_inputs(True)
+                    return q, kv, idx, out, lse, self._rand(t, s.heads, s.d_v)
+                return Prepared(lambda a: op(a[0], a[1], a[2], s.scale, a[3], a[4], a[5], False),
+                                self._sets(make, 2 * attention_set_bytes))
+            return prepare
 
         def mass() -> Prepared:
             return Prepared(lambda a: ops.attention_mass(a[0], a[1], a[2], a[4], s.scale),
@@ -166,9 +162,11 @@ class CaseBuilder:
                  note="FLOPs of the scores; time includes the top-k selection"),
             Case(KERNEL, "sparse_mla_fwd", t, sparse_fwd, flops=flops.sparse_fwd_flops(t, s),
                  requires=("sparse_mla_fwd",)),
-            Case(KERNEL, "sparse_mla_bwd", t, sparse_bwd, flops=flops.sparse_bwd_flops(t, s),
+            Case(KERNEL, "sparse_mla_bwd", t, backward("sparse_mla_bwd"),
+                 flops=flops.sparse_bwd_flops(t, s),
                  requires=("sparse_mla_fwd", "sparse_mla_bwd")),
-            Case(KERNEL, "sparse_mla_bwd_mass", t, sparse_bwd_mass, flops=flops.sparse_bwd_flops(t, s),
+            Case(KERNEL, "sparse_mla_bwd_mass", t, backward("sparse_mla_bwd_mass"),
+                 flops=flops.sparse_bwd_flops(t, s),
                  requires=("sparse_mla_fwd", "sparse_mla_bwd_mass"),
                  note="sparse_mla_bwd + the attention-mass output (the KL target, no recompute)"),
             Case(KERNEL, "attention_mass", t, mass, flops=flops.attention_mass_flops(t, s),

@@ -138,18 +138,15 @@ TEST_F(Validate, SparseMlaForwardAndBackward) {
   EXPECT_TRUE(vb(with_mass).ok()) << vb(with_mass).to_string();
 }
 
-// On CUDA the bwd's optional mass output must be 16-byte aligned (the kernel stores 16 bytes).
-TEST(ValidateCuda, BackwardMassAlignment) {
-  using B = flashdsa::SparseMlaBwdParams;
-  alignas(16) static uint16_t dummy[16];
-  alignas(16) static int32_t dummy_indices[64];
-  alignas(16) static float mass[8];
-  B p;
+// Main-attention params of a valid CUDA call at the production shape (4 tokens, H = 16, K = 64):
+// every tensor points at `dummy` (the validators never read it).
+template <class P>
+P cuda_attention_params(const void* dummy, const int32_t* indices) {
+  P p;
   p.device = Device::kCUDA;
   p.dtype = DType::kBF16;
-  p.q = p.kv = p.out = p.dout = dummy;
-  p.lse = p.dq = p.dkv = dummy;
-  p.indices = dummy_indices;
+  p.q = p.kv = dummy;
+  p.indices = indices;
   p.T = p.T_kv = 4;
   p.H = 16;
   p.K = 64;
@@ -158,6 +155,18 @@ TEST(ValidateCuda, BackwardMassAlignment) {
   p.q_stride_h = 576;
   p.kv_stride_t = 576;
   p.indices_stride_t = 64;
+  return p;
+}
+
+// On CUDA the bwd's optional mass output must be 16-byte aligned (the kernel stores 16 bytes).
+TEST(ValidateCuda, BackwardMassAlignment) {
+  using B = flashdsa::SparseMlaBwdParams;
+  alignas(16) static uint16_t dummy[16];
+  alignas(16) static int32_t dummy_indices[64];
+  alignas(16) static float mass[8];
+  B p = cuda_attention_params<B>(dummy, dummy_indices);
+  p.out = p.dout = dummy;
+  p.lse = p.dq = p.dkv = dummy;
   const auto v = validator<B>();
   ASSERT_TRUE(v(p).ok()) << v(p).to_string();
   p.mass = mass;
@@ -237,20 +246,8 @@ TEST(ValidateCuda, ProductionShapesOnly) {
   using P = flashdsa::SparseMlaFwdParams;
   static int32_t dummy_indices[64];
   static uint16_t dummy[16];
-  P p;
-  p.device = Device::kCUDA;
-  p.dtype = DType::kBF16;
-  p.q = p.kv = dummy;
+  P p = cuda_attention_params<P>(dummy, dummy_indices);
   p.out = p.lse = dummy;
-  p.indices = dummy_indices;
-  p.T = p.T_kv = 4;
-  p.H = 16;
-  p.K = 64;
-  p.scale = 0.04f;
-  p.q_stride_t = 16 * 576;
-  p.q_stride_h = 576;
-  p.kv_stride_t = 576;
-  p.indices_stride_t = 64;
   const auto v = validator<P>();
   ASSERT_TRUE(v(p).ok()) << v(p).to_string();
   expect_rejected<P>(p, v, "dtype", [](P& x) { x.dtype = DType::kFP32; });
