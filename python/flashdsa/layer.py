@@ -141,11 +141,6 @@ def _shape(t: Optional[torch.Tensor]) -> Optional[torch.Size]:
     return None if t is None else t.shape
 
 
-def _valid_rows(indices: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """Number of rows with at least one index in ``[0, num_keys)`` (int64 scalar tensor)."""
-    return ((indices >= 0) & (indices < num_keys)).any(dim=1).sum()
-
-
 def _loss_in_backward(requested: Optional[bool], loss_coeff, formulation, q_idx, k_idx, weights) -> bool:
     """Whether the indexer loss is computed in the backward (see ``indexer_loss_in_backward``)."""
     if requested is False:
@@ -290,12 +285,9 @@ def _sparse_mla_with_loss_in_backward(q, kv_all, q_idx, k_idx_all, weights, indi
     as in the forward path) and the backward all-reduces the loss value before writing it, so every
     rank reports the global loss (all ranks run the backward: its reduce-scatters need them anyway).
     """
-    normalizer, loss_reduce = None, None
-    if cp_group is not None:
-        normalizer = all_reduce_sum(_valid_rows(indices, kv_all.shape[0]), cp_group).clamp_min(1)
-        loss_reduce = lambda value: all_reduce_sum(value, cp_group)  # noqa: E731
-    stat = torch.float64 if q.dtype == torch.float64 else torch.float32
-    loss_value = torch.full((), float("nan"), dtype=stat, device=q.device)
+    normalizer = _cp_normalizer(indices, kv_all.shape[0], None, "sparse", cp_group)
+    loss_reduce = None if cp_group is None else (lambda value: all_reduce_sum(value, cp_group))
+    loss_value = torch.full((), float("nan"), dtype=_ops._stat_dtype(q.dtype), device=q.device)
     out, _ = _ops.sparse_mla_with_indexer_loss(
         q, kv_all, indices, scale, q_idx, k_idx_all, weights, loss_value, relu=relu, coeff=coeff,
         normalizer=normalizer, deterministic=deterministic, loss_grad_scale=_loss_backward_scale,
@@ -304,20 +296,28 @@ def _sparse_mla_with_loss_in_backward(q, kv_all, q_idx, k_idx_all, weights, indi
     return out, loss_value
 
 
+def _cp_normalizer(indices, num_keys, geo, formulation, cp_group) -> Optional[torch.Tensor]:
+    """Under CP: the global number of rows with a non-empty support (at least 1), the divisor of the
+    loss's mean on every rank; None without CP (each op then counts its own rows).
+
+    A tensor, not a Python number: no host synchronization on CUDA.
+    """
+    if cp_group is None:
+        return None
+    if formulation == "sparse":
+        local = _ops._valid_row_count(indices, num_keys)
+    else:
+        local = (geo.k_end > geo.k_start).sum()
+    return all_reduce_sum(local, cp_group).clamp_min(1)
+
+
 def _indexer_loss(q, kv_all, q_idx, k_idx_all, weights, indices, lse, geo, scale, relu, coeff, formulation, cp_group):
     """This rank's share of the indexer KL loss (differentiable in q_idx, k_idx_all, weights).
 
     The target is built from detached main-attention inputs. Under CP the mean divides by the
     global number of valid rows, so the shares of all ranks sum to the cp=1 loss.
     """
-    normalizer = None
-    if cp_group is not None:
-        if formulation == "sparse":
-            local = _valid_rows(indices, kv_all.shape[0])
-        else:
-            local = (geo.k_end > geo.k_start).sum()
-        # A tensor, not a Python number: no host synchronization on CUDA.
-        normalizer = all_reduce_sum(local, cp_group).clamp_min(1)
+    normalizer = _cp_normalizer(indices, kv_all.shape[0], geo, formulation, cp_group)
     if formulation == "sparse":
         mass = _ops.attention_mass(q.detach(), kv_all.detach(), indices, lse, scale)
         return _ops.indexer_kl_loss(

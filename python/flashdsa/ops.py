@@ -174,10 +174,14 @@ class _SparseMla(torch.autograd.Function):
         return dq, dkv.to(kv.dtype), None, None, None
 
 
+def _valid_row_count(indices: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Number of rows of ``indices`` with at least one slot in [0, num_keys) (int64 scalar tensor)."""
+    return ((indices >= 0) & (indices < num_keys)).any(dim=1).sum()
+
+
 def _nonempty_rows(indices: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rows of ``indices`` with at least one slot in [0, num_keys), at least 1, as a ``dtype`` scalar."""
-    nonempty = ((indices >= 0) & (indices < num_keys)).any(dim=1)
-    return nonempty.sum().clamp_min(1).to(dtype)
+    """:func:`_valid_row_count`, at least 1, as a ``dtype`` scalar (the sparse loss's mean divisor)."""
+    return _valid_row_count(indices, num_keys).clamp_min(1).to(dtype)
 
 
 class _SparseMlaWithIndexerLoss(torch.autograd.Function):
