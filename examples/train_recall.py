@@ -211,7 +211,7 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
 
 def reference_topk(q_idx, k_idx, weights, k_start, k_end, topk: int, relu: bool = True,
                    chunk_elems: int = 1 << 22) -> torch.Tensor:
-    """Indexer top-k (DSA_SPEC §3) with the CPU backend's selection rule. No gradient.
+    """Indexer top-k (docs/spec.md §3) with the CPU backend's selection rule. No gradient.
 
     ``score(t, s) = Σ_h w[t,h]·f(q_idx[t,h]·k_idx[s])`` for ``s`` in ``[k_start, k_end)``; keeps
     the K largest, ties to the smaller key; writes them in increasing key order, then ``-1``.
@@ -252,7 +252,7 @@ def _gather(x: torch.Tensor, indices: torch.Tensor):
 
 
 def reference_sparse_mla(q, kv, indices, scale: float):
-    """Sparse MLA forward (DSA_SPEC §4) by gathers; backward by autograd.
+    """Sparse MLA forward (docs/spec.md §4) by gathers; backward by autograd.
 
     Returns ``out [T, H, D_v]`` in q's dtype and the attention probabilities ``[T, H, K]``.
     """
@@ -265,7 +265,7 @@ def reference_sparse_mla(q, kv, indices, scale: float):
 
 
 def reference_sparse_kl(q_idx, k_idx, weights, indices, probs, coeff: float, relu: bool = True):
-    """Sparse indexer KL loss (DSA_SPEC §6), differentiable in q_idx, k_idx, weights.
+    """Sparse indexer KL loss (docs/spec.md §6), differentiable in q_idx, k_idx, weights.
 
     Target: the head-summed attention mass of the top-k, normalized (detached; the kernels
     recompute the same mass from q, kv and lse). ``coeff · mean`` over rows with a non-empty support.

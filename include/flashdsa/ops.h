@@ -1,4 +1,4 @@
-// FlashDSA: the DSA operators (see docs/architecture.md and DSA_SPEC §3-§6).
+// FlashDSA: the DSA operators (see docs/architecture.md and docs/spec.md §3-§6).
 //
 // Conventions shared by every op:
 //  - One flat params struct per op. Pointers carry a shape comment; strides are in elements and

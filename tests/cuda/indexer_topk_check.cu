@@ -1,5 +1,5 @@
 // Standalone check + benchmark of the Hopper fused lightning indexer + top-k
-// (csrc/sm90/indexer_topk, DSA_SPEC §3).
+// (csrc/sm90/indexer_topk, docs/spec.md §3).
 //
 // Build (from the repository root):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xptxas -v \

@@ -775,7 +775,7 @@ void bench_dense(int64_t T) {
   const double attn_pass = 2.0 * pairs * H * kDqk, idx_pass = 2.0 * pairs * HI * DI;
   print_row("dense KL fwd (2 passes)", T, fwd_ms, 2.0 * attn_pass + 2.0 * idx_pass);
   print_row("dense KL bwd (2 passes)", T, bwd_ms, 2.0 * attn_pass + 4.0 * idx_pass);
-  // What dense causal attention of the same shape costs in FLOPs (DSA_SPEC §9), for comparison
+  // What dense causal attention of the same shape costs in FLOPs (docs/spec.md §9), for comparison
   // with a measured dense-attention time.
   const double dense_fwd = 2.0 * pairs * H * (kDqk + flashdsa::kDv);
   std::printf("  %-28s T=%-7lld fwd %.2f TFLOP, fwd+bwd %.2f TFLOP; at 500 TFLOP/s: %.3f ms fwd+bwd\n",

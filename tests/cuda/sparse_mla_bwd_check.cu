@@ -11,7 +11,7 @@
 //     deterministic mode must be bitwise identical over 3 runs. --small: a reduced set, for
 //     compute-sanitizer.
 // (b) unless --no-bench: H=64, K=2048, T = T_kv = 4K..128K, random indices in [0, T): median time
-//     and TFLOP/s (DSA_SPEC §9) of both modes, plus the device copy bandwidth as a ceiling.
+//     and TFLOP/s (docs/spec.md §9) of both modes, plus the device copy bandwidth as a ceiling.
 //     --bench-only skips (a); --fast-only times the fast mode only; --T picks the token counts.
 // Exit code: 0 all passed, 1 a check failed, 77 no CUDA device.
 #include <cuda_bf16.h>
@@ -162,8 +162,8 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   return in;
 }
 
-// DSA_SPEC §5 in double, from the same bf16 inputs and fp32 lse the kernel sees; also the optional
-// output mass[t, j] = sum_h P[t, h, j] (DSA_SPEC §6, 0 on invalid slots).
+// docs/spec.md §5 in double, from the same bf16 inputs and fp32 lse the kernel sees; also the optional
+// output mass[t, j] = sum_h P[t, h, j] (docs/spec.md §6, 0 on invalid slots).
 void reference_backward(const Inputs& in, std::vector<double>& dq, std::vector<double>& dkv,
                         std::vector<double>& mass) {
   const Case& c = in.c;

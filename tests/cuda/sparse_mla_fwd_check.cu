@@ -1,4 +1,4 @@
-// GPU check + benchmark of the Hopper sparse MLA forward (csrc/sm90/sparse_mla_fwd, DSA_SPEC §4).
+// GPU check + benchmark of the Hopper sparse MLA forward (csrc/sm90/sparse_mla_fwd, docs/spec.md §4).
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Iinclude -Icsrc \
 //        -o /tmp/sparse_mla_fwd_check tests/cuda/sparse_mla_fwd_check.cu csrc/sm90/sparse_mla_fwd/*.cu

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) lightning indexer fused with exact top-k selection (DSA_SPEC §3): host side
+// Hopper (sm_90a) lightning indexer fused with exact top-k selection (docs/spec.md §3): host side
 // (workspace, checks, dispatch). The kernel is in kernel.cuh; design in docs/kernels/indexer_topk.md.
 #include "sm90/indexer_topk/indexer_topk.h"
 

@@ -1,4 +1,4 @@
-// Attention-mass recompute (DSA_SPEC §6, sparse KL target):
+// Attention-mass recompute (docs/spec.md §6, sparse KL target):
 //   mass[t, j] = sum_h exp(scale * q[t,h] . kv[idx_j] - lse[t,h])     (0 for empty slots)
 // One block per query token, 3 warpgroups: WG2 gathers Q and the selected kv rows (cp.async into a
 // ring of 8 KB chunk slots); WG0 / WG1 take the token's non-empty 64-key blocks alternately (ping-pong,

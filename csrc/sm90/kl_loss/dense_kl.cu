@@ -1,4 +1,4 @@
-// Dense indexer KL loss (DSA_SPEC §6, the warm-up formulation), forward and backward.
+// Dense indexer KL loss (docs/spec.md §6, the warm-up formulation), forward and backward.
 // Support of row t = all visible keys [k_start, k_end);
 //   target[t,s] = (1/H) sum_h softmax_s(scale q[t,h] . kv[s]),  p_I = softmax_s score(t, s),
 // same loss and gradient as the sparse formulation. Nothing T x T is stored.

@@ -1,4 +1,4 @@
-// Sparse indexer KL loss (DSA_SPEC §6, the default formulation), forward and backward.
+// Sparse indexer KL loss (docs/spec.md §6, the default formulation), forward and backward.
 // Support of row t = its valid top-k slots; target = mass / sum(mass); p_I = softmax of the index
 // scores score(t, idx_j) = sum_h w[t,h] f(q_idx[t,h] . k_idx[idx_j]), recomputed here.
 //

@@ -1,4 +1,4 @@
-// Hopper sparse MLA backward (DSA_SPEC §5): host entry, workspace plan and the small kernels around
+// Hopper sparse MLA backward (docs/spec.md §5): host entry, workspace plan and the small kernels around
 // the main kernel (main_kernel.cuh). Design and measurements: docs/kernels/sparse_mla_bwd.md.
 //
 //   1. dkv = 0; Delta[t, h] = sum_d dout * out (fp32, workspace).

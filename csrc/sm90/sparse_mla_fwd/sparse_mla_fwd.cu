@@ -1,4 +1,4 @@
-// Hopper (sm_90a) sparse MLA forward, DSA_SPEC §4. Design, smem plan and numbers:
+// Hopper (sm_90a) sparse MLA forward, docs/spec.md §4. Design, smem plan and numbers:
 // docs/kernels/sparse_mla_fwd.md. Constants and the shared-memory plan: config.h.
 //
 // Per CTA (one query token, 64 heads), key blocks are consumed in pairs (2i in KV stage 0, 2i+1 in
