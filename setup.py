@@ -47,7 +47,7 @@ def _extension():
             extra_compile_args={"cxx": cxx_flags})
 
     print(f"flashdsa: building with CUDA (sm_90a) from {cpp_extension.CUDA_HOME}")
-    sources += _sources("csrc/sm90/registry.cpp", "csrc/sm90/**/*.cu")
+    sources += _sources("csrc/sm90/**/*.cpp", "csrc/sm90/**/*.cu")
     nvcc_flags = [
         "-gencode=arch=compute_90a,code=sm_90a",
         "-O3",

@@ -59,7 +59,6 @@ from flashdsa.context_parallel import ZigzagLayout  # noqa: E402
 from bench.config import CPU_DSA, GLM5_DSA, DsaShape  # noqa: E402
 
 ROW_TENSORS = ("q", "kv", "q_idx", "k_idx", "weights")  # the layer's inputs, one row per token
-CP_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd", "sparse_kl_bwd")
 # Defaults per device kind: GPU = PERF.md's standard shape and sizes; CPU = seconds-long smoke runs.
 CHECK_LENGTHS = {"cuda": (6143, 1, 2049, 777, 4097, 3001), "cpu": (37, 101, 1, 150, 67, 255)}
 SCALE_TOKENS = {"cuda": (131072, 262144), "cpu": (2048,)}
@@ -166,10 +165,10 @@ def spawn(args: argparse.Namespace) -> int:
 def pick_device(choice: str, place: Place) -> torch.device:
     """This rank's device: its own GPU (cuda:local_rank) or the CPU."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    missing = [op for op in CP_OPS if not flashdsa.has_cuda_kernel(op)]
-    usable = gpus >= place.local_world and not missing
+    kernels = flashdsa.built_with_cuda()
+    usable = gpus >= place.local_world and kernels
     if choice == "cuda" and not usable:
-        why = (f"missing CUDA kernels: {', '.join(missing)}" if missing
+        why = ("flashdsa was built without CUDA" if not kernels
                else f"{gpus} GPUs for {place.local_world} processes")
         raise SystemExit(f"--device cuda: cannot give every rank its own GPU ({why})")
     if choice == "cpu" or not usable:

@@ -555,11 +555,9 @@ def activation_dtype(device: str, fp64: bool = False) -> torch.dtype:
         return torch.float64 if fp64 else torch.float32
     if fp64:
         raise SystemExit("--fp64 is for the CPU backend only")
-    layer_ops = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
-                 "sparse_kl_fwd", "sparse_kl_bwd")
-    missing = [op for op in layer_ops if not flashdsa.has_cuda_kernel(op)]
-    if not torch.cuda.is_available() or missing:
-        raise SystemExit(f"--device cuda needs a GPU and flashdsa's CUDA kernels (missing: {missing or 'a GPU'})")
+    if not torch.cuda.is_available() or not flashdsa.built_with_cuda():
+        missing = "a GPU" if not torch.cuda.is_available() else "a build with CUDA"
+        raise SystemExit(f"--device cuda needs a GPU and flashdsa's CUDA kernels (missing: {missing})")
     flashdsa.set_range_checks(False)  # the layer builds the key ranges itself
     torch.backends.cuda.matmul.allow_tf32 = True
     return torch.bfloat16

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cpu/cpu_backend.h"
+#include "cpu/backend.h"
 #include "cpu/op_inputs.h"
 
 namespace flashdsa::cpu {

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cpu/cpu_backend.h"
+#include "cpu/backend.h"
 #include "cpu/key_partition.h"
 #include "cpu/op_inputs.h"
 

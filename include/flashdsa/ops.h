@@ -10,8 +10,9 @@
 //  - Top-k indices: int32 [T, K]; any entry outside [0, T_kv) (e.g. -1) is an empty slot and is
 //    never read.
 //  - Every entry point validates its params on the host first and returns kInvalidArgument with
-//    a message naming the offending field. Then it runs on `device` (on `stream` for CUDA) and
-//    returns; CUDA calls are asynchronous.
+//    a message naming the offending field, or kNotSupported when no backend of this build runs on
+//    `device` (a build without CUDA, or a GPU that is not compute capability 9.0). Then it runs on
+//    `device` (on `stream` for CUDA) and returns; CUDA calls are asynchronous.
 //  - Outputs are fully written by the op (no need to zero them first).
 //  - A tensor with no elements may be null. Strides: stride_h >= D and stride_t >= (H-1)*stride_h + D
 //    (dimensions of size <= 1 are not checked). The CUDA backend also needs 16-byte aligned rows.
@@ -25,7 +26,8 @@
 
 namespace flashdsa {
 
-// Supported sizes (host validation enforces them on every backend, so code is portable).
+// The production sizes of docs/spec.md §2. The sm90 backend runs exactly these; the CPU backend
+// also runs small sizes (H, H_I <= 128; D_qk, D_I multiples of 8; 1 <= K <= 8192; see docs/architecture.md).
 constexpr int kDqk = 576;  // latent key width (512 latent + 64 RoPE)
 constexpr int kDv = 512;   // value width = first kDv columns of kv
 constexpr int kMaxTopK = 8192;
@@ -197,8 +199,10 @@ struct DenseKlParams : CallContext {
 
 // ---------------------------------------------------------------------------------------------
 // Validation (host side; what every entry point runs first). Exposed for tests and bindings.
-// validate() checks everything except the workspace, whose size is only defined for valid params;
-// the entry points of the two ops with a workspace also run validate_workspace().
+// validate() finds the backend of p.device (kNotSupported when this build or this CUDA device has
+// none), checks the backend's limits (sizes, dtypes, alignment) and the generic conditions (pointers,
+// strides, key ranges); it checks everything except the workspace, whose size is only defined for
+// valid params: the entry points of the two ops with a workspace also run validate_workspace().
 Status validate(const IndexerTopkParams& p);
 Status validate(const SparseMlaFwdParams& p);
 Status validate(const SparseMlaBwdParams& p);
@@ -224,12 +228,9 @@ Status run_dense_kl_bwd(const DenseKlParams& p);
 size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
 size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p);
 
-// Which ops a backend of this build implements (CUDA kernels land op by op).
-enum class OpKind : int {
-  kIndexerTopk = 0, kSparseMlaFwd, kSparseMlaBwd, kAttentionMass, kSparseKlFwd, kSparseKlBwd,
-  kDenseKlFwd, kDenseKlBwd,
-};
-bool backend_implements(Device device, OpKind op);
+// Whether this build contains CUDA kernels (FLASHDSA_WITH_CUDA). A CUDA call still needs a device
+// one of them targets (compute capability 9.0): on any other, every op returns kNotSupported with
+// a message naming the device.
 bool built_with_cuda();
 
 }  // namespace flashdsa

@@ -37,7 +37,7 @@
 #include "flashdsa/ops.h"
 #include "flashdsa/types.h"
 #include "sm90/indexer_topk/indexer_topk.h"
-#include "sm90/sm90_backend.h"
+#include "sm90/backend.h"
 #include "check_common.cuh"
 
 namespace {

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "flashdsa/ops.h"
-#include "sm90/sm90_backend.h"
+#include "sm90/backend.h"
 #include "check_common.cuh"
 
 namespace {

@@ -1,14 +1,20 @@
-// Internal: the Hopper (sm_90a) backend. Called by csrc/common/api.cpp after validation, only in
-// builds with FLASHDSA_WITH_CUDA. Each op lives in csrc/sm90/<op>/; an op whose kernel has not
-// landed yet returns kNotSupported and reports implements(op) == false.
+// Internal: the Hopper backend (compute capability 9.0, sm_90a), built when FLASHDSA_WITH_CUDA is
+// set. select_backend() returns its table for a CUDA device of compute capability 9.0. Each op lives
+// in csrc/sm90/<op>/; its limits (production shapes, bf16, 16-byte aligned rows) are its supports()
+// entry in csrc/sm90/backend.cpp, checked once by the entry points before run.
 #pragma once
 
+#include <cstddef>
+
+#include "common/backend.h"
 #include "flashdsa/ops.h"
 
 namespace flashdsa::sm90 {
 
-bool implements(OpKind op);
+// The sm90 backend's table (csrc/sm90/backend.cpp).
+const detail::Backend& backend();
 
+// Entries: each runs a call that passed validate() (generic checks and the table's supports()).
 Status indexer_topk(const IndexerTopkParams& p);
 size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
 Status sparse_mla_fwd(const SparseMlaFwdParams& p);
