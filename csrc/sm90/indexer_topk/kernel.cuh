@@ -26,6 +26,8 @@ constexpr int kThreads = kSelectThreads;  // one warpgroup per CTA
 constexpr int kCtasPerSm = 2;             // the two CTAs of an SM overlap each other's epilogue and MMA
 constexpr int kCols = 256;                // wgmma N: (query token, head) columns of a block
 constexpr int kTileKeys = 64;             // wgmma M: keys per tile
+constexpr int kHalfCols = kCols / 2;      // columns scored by one wgmma group (m64n128)
+constexpr int kHalfAcc = kHalfCols / 2;   // its f32 accumulators per thread
 
 template <int H, int D>
 struct Config {
@@ -34,7 +36,7 @@ struct Config {
   static constexpr int kTokens = kCols / H;           // query rows per block: 8 (H_I 32) or 4 (H_I 64)
   static constexpr int kTokensPerLane = kTokens / 4;  // rows a lane owns after the quad reduce-scatter
   static constexpr int kChunksPerToken = H / 8;       // 8-column accumulator chunks per query row
-  static constexpr int kAcc = kCols / 2;              // m64n256 f32 accumulators per thread
+  static constexpr int kTokensPerHalf = kTokens / 2;  // query rows scored by one half (m64n128)
   static constexpr int kStages = D == 128 ? 2 : 4;    // key-tile ring depth (two CTAs per SM must fit)
 };
 
@@ -107,19 +109,24 @@ __device__ __forceinline__ void load_query_block(__nv_bfloat16* qs, const Kernel
   }
 }
 
-// acc = K_tile [64, D] x Q_block^T [D, 256] (fp32), both operands K-major SW128 tiles in smem.
+// Issues (does not wait for) acc = K_tile [64, D] x Q_half^T [D, 128] (fp32) for one half of the
+// block's 256 (token, head) columns: half h = Q rows [128 h, 128 h + 128), i.e. tokens
+// [h kTokens / 2, (h + 1) kTokens / 2). Both operands K-major SW128 tiles in smem; the 128-row
+// offset is a whole number of 1024-byte swizzle atoms, so the swizzle phase is unchanged.
 template <int D>
-__device__ __forceinline__ void score_tile(float (&acc)[kCols / 2], const __nv_bfloat16* ktile,
-                                           const __nv_bfloat16* qs) {
+__device__ __forceinline__ void issue_score_half(float (&acc)[kHalfAcc], const __nv_bfloat16* ktile,
+                                                 const __nv_bfloat16* qs, int half) {
+  const char* qhalf = reinterpret_cast<const char*>(qs) + half * kHalfCols * hw::kSw128RowBytes;
   hw::wgmma_fence();
+  // The first k-step overwrites acc and declares it output-only, so the compiler keeps no registers
+  // for acc's old (consumed) values across the code before the issue.
+  hw::wgmma_ss_m64n128k16_overwrite<0, 0>(acc, hw::desc_k_major(ktile, kTileKeys, 0), hw::desc_k_major(qhalf, kCols, 0));
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    hw::wgmma_ss_m64n256k16<0, 0>(acc, hw::desc_k_major(ktile, kTileKeys, ks), hw::desc_k_major(qs, kCols, ks),
-                                  ks > 0);
+  for (int ks = 1; ks < D / 16; ++ks) {
+    hw::wgmma_ss_m64n128k16<0, 0>(acc, hw::desc_k_major(ktile, kTileKeys, ks), hw::desc_k_major(qhalf, kCols, ks),
+                                  true);
   }
   hw::wgmma_commit();
-  hw::wgmma_wait<0>();
-  hw::fence_regs(acc);
 }
 
 template <bool kRelu>
@@ -127,25 +134,27 @@ __device__ __forceinline__ float activation(float x) {
   return kRelu ? fmaxf(x, 0.f) : x;
 }
 
-// This thread's share of the head sums: part[2 * tok + r] = sum over its columns of token tok of
-// w * f(acc), for accumulator row r (tile key acc_row + 8 r). Accumulator chunk j holds columns
-// 8 j + 2 (lane % 4) + {0, 1}, i.e. token j / kChunksPerToken; w_s is indexed by column.
-template <int H, int D, bool kRelu>
-__device__ __forceinline__ void partial_head_sums(const float (&acc)[kCols / 2], const float* w_s, int quad,
+// This thread's share of the head sums of the tokens of column half HALF: part[2 * tok + r] = sum
+// over its columns of token tok of w * f(acc), for accumulator row r (tile key acc_row + 8 r).
+// Accumulator chunk j of the half holds columns 128 HALF + 8 j + 2 (lane % 4) + {0, 1}, i.e. token
+// HALF * kTokensPerHalf + j / kChunksPerToken; w_s is indexed by column.
+template <int H, int D, bool kRelu, int HALF>
+__device__ __forceinline__ void partial_head_sums(const float (&acc)[kHalfAcc], const float* w_s, int quad,
                                                   float (&part)[2 * Config<H, D>::kTokens]) {
   using Cfg = Config<H, D>;
 #pragma unroll
-  for (int tok = 0; tok < Cfg::kTokens; ++tok) {
+  for (int tl = 0; tl < Cfg::kTokensPerHalf; ++tl) {
     float p0 = 0.f, p1 = 0.f;
 #pragma unroll
     for (int jj = 0; jj < Cfg::kChunksPerToken; ++jj) {
-      const int j = tok * Cfg::kChunksPerToken + jj;
-      const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
+      const int j = tl * Cfg::kChunksPerToken + jj;
+      const float2 w = *reinterpret_cast<const float2*>(w_s + HALF * kHalfCols + 8 * j + 2 * quad);
       p0 = fmaf(w.x, activation<kRelu>(acc[4 * j + 0]), p0);
       p0 = fmaf(w.y, activation<kRelu>(acc[4 * j + 1]), p0);
       p1 = fmaf(w.x, activation<kRelu>(acc[4 * j + 2]), p1);
       p1 = fmaf(w.y, activation<kRelu>(acc[4 * j + 3]), p1);
     }
+    const int tok = HALF * Cfg::kTokensPerHalf + tl;
     part[2 * tok] = p0;
     part[2 * tok + 1] = p1;
   }
@@ -248,34 +257,59 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
       my_end[u] = sm.k_end[quad * TPL + u];
     }
 
+    // Software pipeline over (tile, column half): the wgmma group of one half runs on the tensor
+    // cores while the warps apply f / weights / head sums to the other half's accumulators, so the
+    // epilogue hides behind the MMA inside one CTA (the second CTA of the SM hides the selection).
+    // Per tile `it` (MMA(it, 0) already in flight):
+    //   issue MMA(it, 1) -> acc1 | wait MMA(it, 0); head sums of half 0 | wait MMA(it, 1);
+    //   barrier (tile it+1 landed; all warps done with tile it's stage; compaction flags OR-ed) |
+    //   compact if flagged | issue MMA(it+1, 0) -> acc0 | load tile it+S into tile it's stage |
+    //   head sums of half 1, quad reduce-scatter, appends of tile it.
+    // Ring: tile i lives in stage i % S; the prologue loads tiles 0 .. S-1 (one cp.async group
+    // each, Q joins tile 0's), iteration it commits exactly one group (tile it + S, maybe empty),
+    // so at iteration it's barrier tile it+1's group is complete once at most S-2 groups pend.
     if (ntiles > 0) load_query_block<H, D>(sm.q, a, t0);  // joins the first key tile's group
 #pragma unroll
-    for (int s = 0; s < S - 1; ++s) {
+    for (int s = 0; s < S; ++s) {
       if (s < ntiles) load_key_tile<D>(sm.k[s], a, (tile0 + s) * kTileKeys);
       hw::cp_async_commit();
     }
 
     bool list_nearly_full = false;
+    float acc0[kHalfAcc];  // in flight across iterations: MMA(it + 1, 0) is issued in iteration it
+    if (ntiles > 0) {
+      hw::cp_async_wait<S - 1>();  // Q and tile 0
+      hw::fence_proxy_async();     // cp.async wrote through the generic proxy; wgmma reads through the async one
+      __syncthreads();
+      issue_score_half<D>(acc0, sm.k[0], sm.q, 0);
+    }
     for (int it = 0; it < ntiles; ++it) {
+      float acc1[kHalfAcc];
+      issue_score_half<D>(acc1, sm.k[it % S], sm.q, 1);
+      float part[2 * NT];
+      hw::wgmma_wait<1>();
+      hw::fence_regs(acc0);
+      partial_head_sums<H, D, kRelu, 0>(acc0, sm.w, quad, part);
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc1);
+
       hw::cp_async_wait<S - 2>();
-      hw::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-      // Tile `it` is visible, every thread is done with tile it-1's stage and appends, and the
-      // candidate counts are stable until this tile's epilogue.
+      hw::fence_proxy_async();
+      // Tile it+1 is visible, every warp is done with tile it's stage (its wgmma groups completed)
+      // and with tile it-1's appends, and the candidate counts are stable until the appends below.
       const bool compact = __syncthreads_or(list_nearly_full) != 0;
       list_nearly_full = false;
-      {
-        const int next = it + S - 1;
-        if (next < ntiles) load_key_tile<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
-        hw::cp_async_commit();
-      }
       if (compact) compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
 #pragma unroll
       for (int u = 0; u < TPL; ++u) my_thr[u] = sm.thr[quad * TPL + u];
+      if (it + 1 < ntiles) issue_score_half<D>(acc0, sm.k[(it + 1) % S], sm.q, 0);
+      {
+        const int next = it + S;
+        if (next < ntiles) load_key_tile<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
+        hw::cp_async_commit();
+      }
 
-      float acc[Cfg::kAcc];
-      score_tile<D>(acc, sm.k[it % S], sm.q);
-      float part[2 * NT];
-      partial_head_sums<H, D, kRelu>(acc, sm.w, quad, part);
+      partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
       float sums[NT / 2];
       quad_reduce_scatter<NT>(part, sums, quad);
 
@@ -307,6 +341,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
         }
       }
     }
+    hw::wgmma_wait<0>();
     hw::cp_async_wait<0>();
     __syncthreads();
 
