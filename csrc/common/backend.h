@@ -2,8 +2,8 @@
 //
 // A backend is one folder, csrc/<backend>/, that exports one Backend table (see
 // docs/architecture.md, "Adding a backend"). For every op the table holds
-//   supports(p)       -> Status: the backend's own limits (sizes, dtypes, alignment), run after the
-//                        generic checks of csrc/common/validate.cpp passed;
+//   supports(p, op)   -> Status: the backend's own limits (sizes, dtypes, alignment); `op` is the
+//                        op's name, the prefix of any message;
 //   run(p)            -> Status: runs a valid, supported call;
 //   workspace_size(p) -> bytes of scratch memory the call needs (nullptr: none).
 // select_backend() maps Params::device (and, for CUDA, the compute capability of the current
@@ -19,7 +19,7 @@ namespace flashdsa::detail {
 
 template <class P>
 struct OpEntry {
-  Status (*supports)(const P&) = nullptr;
+  Status (*supports)(const P&, const char* op) = nullptr;
   Status (*run)(const P&) = nullptr;
   size_t (*workspace_size)(const P&) = nullptr;
 };

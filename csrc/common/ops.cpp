@@ -50,7 +50,7 @@ Status find_entry(const Op<P>& op, const P& p, const OpEntry<P>** entry) {
 template <class P>
 Status check_call(const Op<P>& op, const P& p, const OpEntry<P>** entry) {
   FLASHDSA_RETURN_IF_ERROR(find_entry(op, p, entry));
-  if ((*entry)->supports != nullptr) FLASHDSA_RETURN_IF_ERROR((*entry)->supports(p));
+  if ((*entry)->supports != nullptr) FLASHDSA_RETURN_IF_ERROR((*entry)->supports(p, op.name));
   return op.generic(p);
 }
 

@@ -48,25 +48,19 @@ Status check_indexer(const Check& c, int H_I, int D_I) {
 }
 
 // Every dtype of types.h runs on the CPU; the generic checks reject values outside the enum.
-Status supports_indexer_topk(const IndexerTopkParams& p) {
-  const Check c{"indexer_topk"};
+// indexer_topk, sparse_kl_fwd, sparse_kl_bwd.
+template <class P>
+Status supports_indexer_topk(const P& p, const char* op) {
+  const Check c{op};
   FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.H_I, p.D_I));
   return check_topk(c, p.K);
 }
 
+// sparse_mla_fwd, sparse_mla_bwd, attention_mass.
 template <class P>
 Status supports_sparse_attention(const P& p, const char* op) {
   const Check c{op};
   FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.H, p.D_qk));
-  return check_topk(c, p.K);
-}
-Status supports_sparse_mla_fwd(const SparseMlaFwdParams& p) { return supports_sparse_attention(p, "sparse_mla_fwd"); }
-Status supports_sparse_mla_bwd(const SparseMlaBwdParams& p) { return supports_sparse_attention(p, "sparse_mla_bwd"); }
-Status supports_attention_mass(const AttnMassParams& p) { return supports_sparse_attention(p, "attention_mass"); }
-
-Status supports_sparse_kl(const SparseKlParams& p, const char* op) {
-  const Check c{op};
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.H_I, p.D_I));
   return check_topk(c, p.K);
 }
 
@@ -76,21 +70,16 @@ Status supports_dense_kl(const DenseKlParams& p, const char* op) {
   return check_indexer(c, p.H_I, p.D_I);
 }
 
-Status supports_sparse_kl_fwd(const SparseKlParams& p) { return supports_sparse_kl(p, "sparse_kl_fwd"); }
-Status supports_sparse_kl_bwd(const SparseKlParams& p) { return supports_sparse_kl(p, "sparse_kl_bwd"); }
-Status supports_dense_kl_fwd(const DenseKlParams& p) { return supports_dense_kl(p, "dense_kl_fwd"); }
-Status supports_dense_kl_bwd(const DenseKlParams& p) { return supports_dense_kl(p, "dense_kl_bwd"); }
-
 const detail::Backend kBackend = {
     "cpu",
-    {&supports_indexer_topk, &indexer_topk, nullptr},
-    {&supports_sparse_mla_fwd, &sparse_mla_fwd, nullptr},
-    {&supports_sparse_mla_bwd, &sparse_mla_bwd, nullptr},
-    {&supports_attention_mass, &attention_mass, nullptr},
-    {&supports_sparse_kl_fwd, &sparse_kl_fwd, nullptr},
-    {&supports_sparse_kl_bwd, &sparse_kl_bwd, nullptr},
-    {&supports_dense_kl_fwd, &dense_kl_fwd, nullptr},
-    {&supports_dense_kl_bwd, &dense_kl_bwd, nullptr},
+    {&supports_indexer_topk<IndexerTopkParams>, &indexer_topk, nullptr},
+    {&supports_sparse_attention<SparseMlaFwdParams>, &sparse_mla_fwd, nullptr},
+    {&supports_sparse_attention<SparseMlaBwdParams>, &sparse_mla_bwd, nullptr},
+    {&supports_sparse_attention<AttnMassParams>, &attention_mass, nullptr},
+    {&supports_indexer_topk<SparseKlParams>, &sparse_kl_fwd, nullptr},
+    {&supports_indexer_topk<SparseKlParams>, &sparse_kl_bwd, nullptr},
+    {&supports_dense_kl, &dense_kl_fwd, nullptr},
+    {&supports_dense_kl, &dense_kl_bwd, nullptr},
 };
 
 }  // namespace

@@ -69,8 +69,8 @@ Status check_aligned_output(const Check& c, const char* field, const void* ptr) 
   return Status::OK();
 }
 
-Status supports_indexer_topk(const IndexerTopkParams& p) {
-  const Check c{"indexer_topk"};
+Status supports_indexer_topk(const IndexerTopkParams& p, const char* op) {
+  const Check c{op};
   FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
   FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.H_I, p.D_I));
   FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
@@ -81,12 +81,18 @@ Status supports_indexer_topk(const IndexerTopkParams& p) {
   return Status::OK();
 }
 
-Status supports_sparse_mla_fwd(const SparseMlaFwdParams& p) {
-  const Check c{"sparse_mla_fwd"};
+// dtype, heads, widths and K of sparse_mla_fwd, sparse_mla_bwd and attention_mass.
+template <class P>
+Status check_sparse_attention(const Check& c, const P& p) {
   FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
   FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.H, p.D_qk));
+  return check_topk(c, p.K);
+}
+
+Status supports_sparse_mla_fwd(const SparseMlaFwdParams& p, const char* op) {
+  const Check c{op};
+  FLASHDSA_RETURN_IF_ERROR(check_sparse_attention(c, p));
   FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v));
-  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
   if (p.T == 0) return Status::OK();
   if (!rows_aligned(p.q, {p.q_stride_t, p.q_stride_h}) || !rows_aligned(p.kv, {p.kv_stride_t})) {
     return c.unsupported("q / kv rows must be 16-byte aligned (strides multiples of 8)");
@@ -97,12 +103,10 @@ Status supports_sparse_mla_fwd(const SparseMlaFwdParams& p) {
   return Status::OK();
 }
 
-Status supports_sparse_mla_bwd(const SparseMlaBwdParams& p) {
-  const Check c{"sparse_mla_bwd"};
-  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
-  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.H, p.D_qk));
+Status supports_sparse_mla_bwd(const SparseMlaBwdParams& p, const char* op) {
+  const Check c{op};
+  FLASHDSA_RETURN_IF_ERROR(check_sparse_attention(c, p));
   FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v));
-  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
   // mass [T, K] is optional; when given, the kernel stores it 16 bytes at a time.
   if (p.mass != nullptr) FLASHDSA_RETURN_IF_ERROR(check_aligned_output(c, "mass", p.mass));
   if (p.T_kv >= (int64_t(1) << 31) - 1) return c.unsupported("T_kv must be < 2^31 - 1");
@@ -114,18 +118,18 @@ Status supports_sparse_mla_bwd(const SparseMlaBwdParams& p) {
   return Status::OK();
 }
 
-Status supports_attention_mass(const AttnMassParams& p) {
-  const Check c{"attention_mass"};
-  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
-  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.H, p.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
+Status supports_attention_mass(const AttnMassParams& p, const char* op) {
+  const Check c{op};
+  FLASHDSA_RETURN_IF_ERROR(check_sparse_attention(c, p));
   if (p.T > 0 && (!rows_aligned(p.q, {p.q_stride_t, p.q_stride_h}) || !rows_aligned(p.kv, {p.kv_stride_t}))) {
     return c.unsupported("q/kv rows must be 16-byte aligned");
   }
   return Status::OK();
 }
 
-Status supports_sparse_kl(const SparseKlParams& p, const char* op, bool backward) {
+// The backward also reduces into dk_idx 16 bytes at a time.
+template <bool kBackward>
+Status supports_sparse_kl(const SparseKlParams& p, const char* op) {
   const Check c{op};
   FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
   FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.H_I, p.D_I));
@@ -134,7 +138,7 @@ Status supports_sparse_kl(const SparseKlParams& p, const char* op, bool backward
   if (!rows_aligned(p.q_idx, {p.q_idx_stride_t, p.q_idx_stride_h}) || !rows_aligned(p.k_idx, {p.k_idx_stride_t})) {
     return c.unsupported("q_idx/k_idx rows must be 16-byte aligned");
   }
-  if (backward && !aligned16(p.dk_idx)) return c.unsupported("dk_idx must be 16-byte aligned");  // 16-byte reductions
+  if (kBackward && !aligned16(p.dk_idx)) return c.unsupported("dk_idx must be 16-byte aligned");
   return Status::OK();
 }
 
@@ -151,21 +155,16 @@ Status supports_dense_kl(const DenseKlParams& p, const char* op) {
   return Status::OK();
 }
 
-Status supports_sparse_kl_fwd(const SparseKlParams& p) { return supports_sparse_kl(p, "sparse_kl_fwd", false); }
-Status supports_sparse_kl_bwd(const SparseKlParams& p) { return supports_sparse_kl(p, "sparse_kl_bwd", true); }
-Status supports_dense_kl_fwd(const DenseKlParams& p) { return supports_dense_kl(p, "dense_kl_fwd"); }
-Status supports_dense_kl_bwd(const DenseKlParams& p) { return supports_dense_kl(p, "dense_kl_bwd"); }
-
 const detail::Backend kBackend = {
     "sm90",
     {&supports_indexer_topk, &indexer_topk, &indexer_topk_workspace_size},
     {&supports_sparse_mla_fwd, &sparse_mla_fwd, nullptr},
     {&supports_sparse_mla_bwd, &sparse_mla_bwd, &sparse_mla_bwd_workspace_size},
     {&supports_attention_mass, &attention_mass, nullptr},
-    {&supports_sparse_kl_fwd, &sparse_kl_fwd, nullptr},
-    {&supports_sparse_kl_bwd, &sparse_kl_bwd, nullptr},
-    {&supports_dense_kl_fwd, &dense_kl_fwd, nullptr},
-    {&supports_dense_kl_bwd, &dense_kl_bwd, nullptr},
+    {&supports_sparse_kl<false>, &sparse_kl_fwd, nullptr},
+    {&supports_sparse_kl<true>, &sparse_kl_bwd, nullptr},
+    {&supports_dense_kl, &dense_kl_fwd, nullptr},
+    {&supports_dense_kl, &dense_kl_bwd, nullptr},
 };
 
 }  // namespace

@@ -269,13 +269,13 @@ bool check_refusals() {
   DeviceBuffer<bf16> dummy(16);
   flashdsa::SparseMlaFwdParams p = make_params(c, in, dummy.ptr, dummy.ptr, nullptr, dummy.ptr, dummy.ptr);
   const auto supports = flashdsa::sm90::backend().sparse_mla_fwd.supports;
-  const bool misaligned_refused = supports(p).code() == flashdsa::StatusCode::kNotSupported;
+  const bool misaligned_refused = supports(p, "sparse_mla_fwd").code() == flashdsa::StatusCode::kNotSupported;
   p.q_stride_h = kDqk;
   p.dtype = flashdsa::DType::kFP32;
-  const bool fp32_refused = supports(p).code() == flashdsa::StatusCode::kInvalidArgument;
+  const bool fp32_refused = supports(p, "sparse_mla_fwd").code() == flashdsa::StatusCode::kInvalidArgument;
   p.dtype = flashdsa::DType::kBF16;
   p.T = 0;
-  const bool empty_ok = supports(p).ok() && flashdsa::sm90::sparse_mla_fwd(p).ok();
+  const bool empty_ok = supports(p, "sparse_mla_fwd").ok() && flashdsa::sm90::sparse_mla_fwd(p).ok();
   const bool pass = misaligned_refused && fp32_refused && empty_ok;
   std::printf("  %-36s %s  (misaligned stride -> NotSupported %d, fp32 -> InvalidArgument %d, T = 0 -> OK %d)\n",
               "host checks", pass ? "PASS" : "FAIL", misaligned_refused, fp32_refused, empty_ok);
