@@ -43,6 +43,18 @@ Status select_backend(const char* op, const CallContext& ctx, const Backend** ba
 
 }  // namespace flashdsa::detail
 
+// Declares, in a backend's namespace, the run function of every op (one per Backend entry), so
+// each backend header lists the same ops with the same signatures.
+#define FLASHDSA_DECLARE_BACKEND_OPS()                      \
+  Status indexer_topk(const IndexerTopkParams& p);         \
+  Status sparse_mla_fwd(const SparseMlaFwdParams& p);      \
+  Status sparse_mla_bwd(const SparseMlaBwdParams& p);      \
+  Status attention_mass(const AttnMassParams& p);          \
+  Status sparse_kl_fwd(const SparseKlParams& p);           \
+  Status sparse_kl_bwd(const SparseKlParams& p);           \
+  Status dense_kl_fwd(const DenseKlParams& p);             \
+  Status dense_kl_bwd(const DenseKlParams& p)
+
 namespace flashdsa::testing {
 
 // Test only: makes select_backend() see every CUDA device as compute capability major.minor with

@@ -10,14 +10,7 @@ namespace flashdsa::cpu {
 // The CPU backend's table (csrc/cpu/backend.cpp).
 const detail::Backend& backend();
 
-// Entries: each runs a call that passed validate().
-Status indexer_topk(const IndexerTopkParams& p);
-Status sparse_mla_fwd(const SparseMlaFwdParams& p);
-Status sparse_mla_bwd(const SparseMlaBwdParams& p);
-Status attention_mass(const AttnMassParams& p);
-Status sparse_kl_fwd(const SparseKlParams& p);
-Status sparse_kl_bwd(const SparseKlParams& p);
-Status dense_kl_fwd(const DenseKlParams& p);
-Status dense_kl_bwd(const DenseKlParams& p);
+// Its run entries: each runs a call that passed validate().
+FLASHDSA_DECLARE_BACKEND_OPS();
 
 }  // namespace flashdsa::cpu

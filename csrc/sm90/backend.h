@@ -14,16 +14,10 @@ namespace flashdsa::sm90 {
 // The sm90 backend's table (csrc/sm90/backend.cpp).
 const detail::Backend& backend();
 
-// Entries: each runs a call that passed validate() (generic checks and the table's supports()).
-Status indexer_topk(const IndexerTopkParams& p);
+// Its run entries: each runs a call that passed validate() (generic checks and the table's
+// supports()); and the workspace of the two ops that need one.
+FLASHDSA_DECLARE_BACKEND_OPS();
 size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
-Status sparse_mla_fwd(const SparseMlaFwdParams& p);
-Status sparse_mla_bwd(const SparseMlaBwdParams& p);
 size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p);
-Status attention_mass(const AttnMassParams& p);
-Status sparse_kl_fwd(const SparseKlParams& p);
-Status sparse_kl_bwd(const SparseKlParams& p);
-Status dense_kl_fwd(const DenseKlParams& p);
-Status dense_kl_bwd(const DenseKlParams& p);
 
 }  // namespace flashdsa::sm90
