@@ -86,8 +86,9 @@ size_t workspace_size(const IndexerTopkParams& p, int candidate_capacity) {
 
 Status run(const IndexerTopkParams& p, int candidate_capacity) {
   if (p.T == 0) return Status::OK();
-  if (candidate_capacity % 64 != 0 || candidate_capacity < p.K + kTileKeys)
-    return Status::InvalidArgument("sm90 indexer_topk: candidate capacity must be a multiple of 64 and >= K + 64");
+  if (candidate_capacity % 64 != 0 || candidate_capacity < p.K + kMinCapacitySlack)
+    return Status::InvalidArgument("sm90 indexer_topk: candidate capacity must be a multiple of 64 and >= K + " +
+                                   std::to_string(kMinCapacitySlack));
 
   LaunchShape shape{};
   const Status st = launch_shape(p, &shape);

@@ -26,6 +26,9 @@ constexpr int kThreads = kSelectThreads;  // one warpgroup per CTA
 constexpr int kCtasPerSm = 2;             // the two CTAs of an SM overlap each other's epilogue and MMA
 constexpr int kCols = 256;                // wgmma N: (query token, head) columns of a block
 constexpr int kTileKeys = 64;             // wgmma M: keys per tile
+// A list is compacted at most two tiles (2 x 64 appends) after it crossed cap - 128 (see the main
+// loop), so the candidate capacity must leave that much room above K.
+constexpr int kMinCapacitySlack = 2 * kTileKeys;
 constexpr int kHalfCols = kCols / 2;      // columns scored by one wgmma group (m64n128)
 constexpr int kHalfAcc = kHalfCols / 2;   // its f32 accumulators per thread
 
@@ -189,10 +192,10 @@ __device__ __forceinline__ void compact_full_lists(const KernelArgs& a, float* c
                                                    uint32_t* thr, SelectScratch& sc) {
   for (int r = 0; r < NT; ++r) {
     const int n = count[r];
-    if (n <= a.cap - kTileKeys) continue;
+    if (n <= a.cap - kMinCapacitySlack) continue;
     float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    const Kept kept = keep_top_k(list_s, list_i, n, a.K, list_s, list_i, sc);  // n > cap - 64 >= K
+    const Kept kept = keep_top_k(list_s, list_i, n, a.K, list_s, list_i, sc);  // n > cap - 128 >= K
     if (threadIdx.x == 0) {
       count[r] = kept.count;
       thr[r] = kept.thr;
@@ -257,17 +260,20 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
       my_end[u] = sm.k_end[quad * TPL + u];
     }
 
-    // Software pipeline over (tile, column half): the wgmma group of one half runs on the tensor
-    // cores while the warps apply f / weights / head sums to the other half's accumulators, so the
-    // epilogue hides behind the MMA inside one CTA (the second CTA of the SM hides the selection).
-    // Per tile `it` (MMA(it, 0) already in flight):
-    //   issue MMA(it, 1) -> acc1 | wait MMA(it, 0); head sums of half 0 | wait MMA(it, 1);
-    //   barrier (tile it+1 landed; all warps done with tile it's stage; compaction flags OR-ed) |
-    //   compact if flagged | issue MMA(it+1, 0) -> acc0 | load tile it+S into tile it's stage |
-    //   head sums of half 1, quad reduce-scatter, appends of tile it.
-    // Ring: tile i lives in stage i % S; the prologue loads tiles 0 .. S-1 (one cp.async group
-    // each, Q joins tile 0's), iteration it commits exactly one group (tile it + S, maybe empty),
-    // so at iteration it's barrier tile it+1's group is complete once at most S-2 groups pend.
+    // Software pipeline over (tile, column half) so that the epilogue of one half runs on the CUDA
+    // cores while the tensor cores score the other half (the second CTA of the SM hides the selection).
+    // Iteration it (0 .. ntiles; the last one only drains):
+    //   barrier (tile it landed; every warp is done with tile it-1's stage; flags OR-ed) |
+    //   issue MMA(it, 0) -> acc0 | load tile it-1+S into tile it-1's stage |
+    //   head sums of tile it-1's half 1 (acc1, complete), quad reduce-scatter, appends of tile it-1 |
+    //   compact the flagged lists | issue MMA(it, 1) -> acc1n | wait MMA(it, 0); head sums of half 0 |
+    //   wait MMA(it, 1); acc1 = acc1n.
+    // No wgmma is in flight across the loop's back edge (ptxas serializes every wgmma of the kernel
+    // otherwise). Ring: tile i lives in stage i % S; the prologue loads tiles 0 .. S-1 (one cp.async
+    // group each, Q joins tile 0's) and iteration it >= 1 commits one group (tile it-1+S, maybe
+    // empty), so tile it is cp.async group it.
+    // Compaction: a row flagged by tile it-2's appends is compacted after tile it-1's appends, so the
+    // flag is raised at cap - 2 * 64 (two tiles of at most 64 appends each fit behind it).
     if (ntiles > 0) load_query_block<H, D>(sm.q, a, t0);  // joins the first key tile's group
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -276,46 +282,26 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
     }
 
     bool list_nearly_full = false;
-    float acc0[kHalfAcc];  // in flight across iterations: MMA(it + 1, 0) is issued in iteration it
-    if (ntiles > 0) {
-      hw::cp_async_wait<S - 1>();  // Q and tile 0
-      hw::fence_proxy_async();     // cp.async wrote through the generic proxy; wgmma reads through the async one
-      __syncthreads();
-      issue_score_half<D>(acc0, sm.k[0], sm.q, 0);
-    }
-    for (int it = 0; it < ntiles; ++it) {
-      float acc1[kHalfAcc];
-      issue_score_half<D>(acc1, sm.k[it % S], sm.q, 1);
-      float part[2 * NT];
-      hw::wgmma_wait<1>();
-      hw::fence_regs(acc0);
-      partial_head_sums<H, D, kRelu, 0>(acc0, sm.w, quad, part);
-      hw::wgmma_wait<0>();
-      hw::fence_regs(acc1);
+    float acc1[kHalfAcc];  // tile it-1's half-1 scores, complete at the top of iteration it
+    float part[2 * NT];    // tile it-1's partial head sums (half 0 filled in iteration it-1)
 
-      hw::cp_async_wait<S - 2>();
-      hw::fence_proxy_async();
-      // Tile it+1 is visible, every warp is done with tile it's stage (its wgmma groups completed)
-      // and with tile it-1's appends, and the candidate counts are stable until the appends below.
-      const bool compact = __syncthreads_or(list_nearly_full) != 0;
+    // Barrier at the top of iteration it; returns whether a list was flagged by tile it-2's appends.
+    auto tile_barrier = [&]() {
+      hw::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+      const bool flagged = __syncthreads_or(list_nearly_full) != 0;
       list_nearly_full = false;
-      if (compact) compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
-#pragma unroll
-      for (int u = 0; u < TPL; ++u) my_thr[u] = sm.thr[quad * TPL + u];
-      if (it + 1 < ntiles) issue_score_half<D>(acc0, sm.k[(it + 1) % S], sm.q, 0);
-      {
-        const int next = it + S;
-        if (next < ntiles) load_key_tile<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
-        hw::cp_async_commit();
-      }
-
+      return flagged;
+    };
+    // Half 1's head sums, the quad reduce-scatter and the appends of tile `tile` (from acc1, part).
+    auto append_tile = [&](int tile) {
       partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
       float sums[NT / 2];
       quad_reduce_scatter<NT>(part, sums, quad);
-
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) my_thr[u] = sm.thr[quad * TPL + u];
       // Append visible keys above the row's threshold. The lanes of one quad position append to
       // the same row: one shared-memory atomic per group of them.
-      const int key0 = (tile0 + it) * kTileKeys + acc_row;
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row;
 #pragma unroll
       for (int u = 0; u < TPL; ++u) {
         const int row = quad * TPL + u;
@@ -336,12 +322,51 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
             const size_t at = static_cast<size_t>(row) * a.cap + pos;
             cand_s[at] = s;
             cand_i[at] = key;
-            list_nearly_full |= pos >= a.cap - kTileKeys;
+            list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
           }
         }
       }
+    };
+    // With MMA(it, 0) in flight on acc0: issue MMA(it, 1), half 0's head sums, wait; acc1 = half 1.
+    auto finish_tile = [&](float (&acc0)[kHalfAcc], int it) {
+      float acc1n[kHalfAcc];
+      issue_score_half<D>(acc1n, sm.k[it % S], sm.q, 1);
+      hw::wgmma_wait<1>();
+      hw::fence_regs(acc0);
+      partial_head_sums<H, D, kRelu, 0>(acc0, sm.w, quad, part);
+      hw::fence_regs(part);  // half 0's sums are done here, while MMA(it, 1) runs
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc1n);
+#pragma unroll
+      for (int i = 0; i < kHalfAcc; ++i) acc1[i] = acc1n[i];
+    };
+
+    if (ntiles > 0) {
+      hw::cp_async_wait<S - 1>();  // Q and tile 0
+      tile_barrier();
+      float acc0[kHalfAcc];
+      issue_score_half<D>(acc0, sm.k[0], sm.q, 0);
+      finish_tile(acc0, 0);
+      for (int it = 1; it < ntiles; ++it) {
+        hw::cp_async_wait<S - 2>();
+        const bool compact = tile_barrier();
+        float acc0[kHalfAcc];
+        issue_score_half<D>(acc0, sm.k[it % S], sm.q, 0);
+        {
+          const int next = it - 1 + S;
+          if (next < ntiles) load_key_tile<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
+          hw::cp_async_commit();
+        }
+        append_tile(it - 1);
+        if (compact) {      // uniform over the CTA
+          __syncthreads();  // every append of tile it-1 is in the lists and counts
+          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        }
+        finish_tile(acc0, it);
+      }
+      tile_barrier();  // tile ntiles-1's flags need no compaction: no appends follow before the final select
+      append_tile(ntiles - 1);
     }
-    hw::wgmma_wait<0>();
     hw::cp_async_wait<0>();
     __syncthreads();
 
