@@ -31,7 +31,8 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] ==
   $PY -m pip install -q "torch==$TORCH_VERSION"
 fi
 step "pip install test/bench dependencies"
-$PY -m pip install -q "numpy>=1.26" "pytest>=8" "ninja>=1.11" "matplotlib>=3.8" "setuptools>=69" wheel
+# setuptools within torch's own requirement (torch 2.11: setuptools<82), so pip's resolver is content.
+$PY -m pip install -q "numpy>=1.26" "pytest>=8" "ninja>=1.11" "matplotlib>=3.8" "setuptools>=69,<82" wheel
 
 if [ -z "${FLASHDSA_WITH_CUDA:-}" ]; then
   if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then FLASHDSA_WITH_CUDA=1; else FLASHDSA_WITH_CUDA=0; fi
@@ -44,6 +45,18 @@ step "CMake build (C++ library, tests; CUDA=$cuda_flag)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHDSA_WITH_CUDA=$cuda_flag >/dev/null
 cmake --build build -j "$jobs"
 
-step "Python package + torch extension (CUDA=$FLASHDSA_WITH_CUDA)"
-$PY -m pip install -q --no-build-isolation -e . 2>&1 | grep -v -E "^\s*$|Running as the 'root'|WARNING: Running pip" || true
+# The editable install is redone only when the extension's inputs changed (sources, build files,
+# torch version, CUDA on/off) or the installed flashdsa is not this tree's with its _C built.
+stamp=build/.flashdsa_pip_stamp
+inputs=$( { echo "$FLASHDSA_WITH_CUDA $($PY -c 'import torch; print(torch.__version__)')";
+            find csrc include setup.py pyproject.toml python/flashdsa/_version.py -type f -print0 | sort -z |
+              xargs -0 sha256sum; } | sha256sum | cut -d' ' -f1)
+installed_here=$($PY -c "import flashdsa, flashdsa._C, os; print(os.path.realpath(flashdsa.__file__))" 2>/dev/null || true)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && [ "$installed_here" = "$(realpath python/flashdsa/__init__.py)" ]; then
+  step "Python package + torch extension: up to date (no reinstall)"
+else
+  step "Python package + torch extension (CUDA=$FLASHDSA_WITH_CUDA)"
+  $PY -m pip install -q --no-build-isolation -e . 2>&1 | grep -v -E "^\s*$|Running as the 'root'|WARNING: Running pip" || true
+  mkdir -p build && echo "$inputs" > "$stamp"
+fi
 $PY -c "import flashdsa; print('flashdsa', flashdsa.__version__, '| CUDA kernels built:', flashdsa.built_with_cuda())"
