@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs FlashDSA's dependencies (Debian packages, pinned PyPI packages) and builds
-#  - the C++ library, its GoogleTest tests and the GPU check programs (CMake, build/),
-#  - the Python package with its torch extension (editable install).
+#  - the C++ library, its GoogleTest tests, the GPU check programs and the torch extension (one
+#    CMake build, build/),
+#  - the Python package (editable install; setup.py builds the extension through the same CMake build).
 # Idempotent: a second run only rebuilds what changed. CUDA code is compiled whenever the CUDA
 # toolkit is present (also on machines without a GPU); FLASHDSA_WITH_CUDA=0 skips it.
 set -euo pipefail
@@ -41,8 +42,12 @@ export FLASHDSA_WITH_CUDA
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 cuda_flag=OFF; [ "$FLASHDSA_WITH_CUDA" = 1 ] && cuda_flag=ON
 
-step "CMake build (C++ library, tests; CUDA=$cuda_flag)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHDSA_WITH_CUDA=$cuda_flag >/dev/null
+# One CMake build for everything: the library, its tests, the C++ example and the torch extension
+# (the pip step below only copies the extension out of build/ when nothing changed).
+step "CMake build (C++ library, tests, torch extension; CUDA=$cuda_flag)"
+generator=(); [ -f build/CMakeCache.txt ] || generator=(-G Ninja)
+cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFLASHDSA_WITH_CUDA=$cuda_flag \
+  -DFLASHDSA_BUILD_TORCH=ON -DFLASHDSA_PYTHON="$($PY -c 'import sys; print(sys.executable)')" >/dev/null
 cmake --build build -j "$jobs"
 
 # The editable install is redone only when the extension's inputs changed (sources, build files,
