@@ -57,6 +57,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import flashdsa  # noqa: E402
 from flashdsa.context_parallel import ZigzagLayout  # noqa: E402
 from bench.config import CPU_DSA, GLM5_DSA, DsaShape  # noqa: E402
+from bench.timing import Clock  # noqa: E402
 
 ROW_TENSORS = ("q", "kv", "q_idx", "k_idx", "weights")  # the layer's inputs, one row per token
 # Defaults per device kind: GPU = PERF.md's standard shape and sizes; CPU = seconds-long smoke runs.
@@ -418,31 +419,7 @@ def format_check_table(rows: List[CheckRow]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# Timing: device clock and collective recording.
-
-
-class Clock:
-    """Marks on the device's timeline: CUDA events (current stream) on the GPU, perf_counter on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self):
-        """A point on the timeline: a recorded CUDA event, or a perf_counter value."""
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def ms(self, start, end) -> float:
-        """Milliseconds between two marks (after :meth:`sync`)."""
-        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
-
-    def sync(self) -> None:
-        """Waits for the GPU's queued work (no-op on the CPU), so marks can be read."""
-        if self.cuda:
-            torch.cuda.synchronize()
+# Timing: collective recording (the clock is bench/timing.py's).
 
 
 @dataclass
