@@ -21,6 +21,27 @@ bool ok(const flashdsa::Status& st, const char* what) {
   return st.ok();
 }
 
+// The main-attention fields the forward and the backward share: contiguous fp32 q [T, H, D_qk],
+// kv [T, D_qk] and top-k indices [T, K].
+template <class P>
+void set_attention(P& p, const float* q, const float* kv, const int32_t* indices, float scale, int64_t T, int H,
+                   int K, int D_qk, int D_v) {
+  p.dtype = flashdsa::DType::kFP32;
+  p.q = q;
+  p.kv = kv;
+  p.indices = indices;
+  p.scale = scale;
+  p.T = p.T_kv = T;
+  p.H = H;
+  p.K = K;
+  p.D_qk = D_qk;
+  p.D_v = D_v;
+  p.q_stride_t = static_cast<int64_t>(H) * D_qk;
+  p.q_stride_h = D_qk;
+  p.kv_stride_t = D_qk;
+  p.indices_stride_t = K;
+}
+
 }  // namespace
 
 int main() {
@@ -69,47 +90,21 @@ int main() {
   const float scale = 1.f / std::sqrt(static_cast<float>(D_qk));
   std::vector<float> out(T * H * D_v), lse(T * H);
   flashdsa::SparseMlaFwdParams fp;
-  fp.dtype = flashdsa::DType::kFP32;
-  fp.q = q.data();
-  fp.kv = kv.data();
-  fp.indices = indices.data();
-  fp.scale = scale;
+  set_attention(fp, q.data(), kv.data(), indices.data(), scale, T, H, K, D_qk, D_v);
   fp.out = out.data();
   fp.lse = lse.data();
-  fp.T = fp.T_kv = T;
-  fp.H = H;
-  fp.K = K;
-  fp.D_qk = D_qk;
-  fp.D_v = D_v;
-  fp.q_stride_t = H * D_qk;
-  fp.q_stride_h = D_qk;
-  fp.kv_stride_t = D_qk;
-  fp.indices_stride_t = K;
   if (!ok(flashdsa::run_sparse_mla_fwd(fp), "run_sparse_mla_fwd")) return 1;
 
   // Backward with an all-ones upstream gradient.
   const std::vector<float> dout(T * H * D_v, 1.f);
   std::vector<float> dq(T * H * D_qk), dkv(T * D_qk);
   flashdsa::SparseMlaBwdParams bp;
-  bp.dtype = flashdsa::DType::kFP32;
-  bp.q = q.data();
-  bp.kv = kv.data();
-  bp.indices = indices.data();
-  bp.scale = scale;
+  set_attention(bp, q.data(), kv.data(), indices.data(), scale, T, H, K, D_qk, D_v);
   bp.out = out.data();
   bp.lse = lse.data();
   bp.dout = dout.data();
   bp.dq = dq.data();
   bp.dkv = dkv.data();
-  bp.T = bp.T_kv = T;
-  bp.H = H;
-  bp.K = K;
-  bp.D_qk = D_qk;
-  bp.D_v = D_v;
-  bp.q_stride_t = H * D_qk;
-  bp.q_stride_h = D_qk;
-  bp.kv_stride_t = D_qk;
-  bp.indices_stride_t = K;
   if (!ok(flashdsa::run_sparse_mla_bwd(bp), "run_sparse_mla_bwd")) return 1;
 
   // Direct computation of one row (token 50, head 3): softmax over its valid slots, then V.
