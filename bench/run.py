@@ -52,6 +52,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--peers", action="store_true",
                    help="also run the public peers A/B against FlashDSA (bench/peers; same as adding 'peers' "
                         "to --only)")
+    p.add_argument("--peer-kernels", nargs="+", choices=("sparse_mla_fwd", "sparse_mla_bwd", "indexer_topk"),
+                   default=None, help="the kernels the peers section measures (default: all three)")
     p.add_argument("--peers-max-seconds", type=float, default=None,
                    help="time budget of the peers section (default: --max-seconds' default)")
     p.add_argument("--seq-lens", nargs="+", type=int, default=None, help="override the sequence lengths T")
@@ -120,12 +122,13 @@ def run_meta(cfg: BenchConfig, fd_description: str, policy: RepPolicy) -> dict:
 
 def run_peers_section(args: argparse.Namespace, cfg: BenchConfig, fd: Optional[ModuleType], policy: RepPolicy) -> dict:
     """The public peers A/B (bench/peers) on the standard plan; T = --seq-lens, else 4K ... 128K on CUDA."""
-    from bench.peers import PEER_SEQ_LENS, make_plan, run_peers
+    from bench.peers import KERNELS, PEER_SEQ_LENS, make_plan, run_peers
     seq_lens = args.seq_lens or (PEER_SEQ_LENS if cfg.on_cuda and not cfg.quick else cfg.seq_lens)
     budget = args.peers_max_seconds or cfg.max_seconds
     print(f"peers: T = {', '.join(fmt_t(t) for t in seq_lens)}; budget {budget:.0f} s", flush=True)
     ops = torch.ops.flashdsa if fd is not None else None
-    return run_peers(cfg, ops, policy, sys.stdout, max_seconds=budget, plan=make_plan(cfg, seq_lens))
+    plan = make_plan(cfg, seq_lens, kernels=args.peer_kernels or KERNELS)
+    return run_peers(cfg, ops, policy, sys.stdout, max_seconds=budget, plan=plan)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -53,7 +53,8 @@ site() {  # site NAME PACKAGES...: pip install for CPython 3.12 x86_64 into a --
     local name=$1; shift
     local dir=$WORK/site-$name
     rm -rf "$dir"
-    "$PY" -m pip install --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "$PY" -m pip install --quiet --no-deps --only-binary=:all: --ignore-requires-python \
+        --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --target "$dir" "$@"
     # Compiled caches and console scripts are not needed on the GPU machine.

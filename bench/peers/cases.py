@@ -289,9 +289,12 @@ def tilelang_indexer(logits_only: bool):
                               selected_scores_check(rows=min(block, t)))
         args = [(a["q_idx"].unsqueeze(1), a["k_idx"].unsqueeze(1), a["weights"].unsqueeze(1), a["k_start"],
                  a["k_end"]) for a in ours_sets]
-        return ABPrepared(Side(ours_indexer(ctx), ours_sets),
-                          Side(lambda p: tl.fused_qk_topk(p[0], p[1], p[2], s.topk, p[3], p[4], block), args),
-                          recall_check)
+        def call(p):
+            selected = tl.fused_qk_topk(p[0], p[1], p[2], s.topk, p[3], p[4], block)
+            if selected is None:  # megatron-core's hook returns None for inputs it does not take
+                raise RuntimeError("megatron-core's fused_qk_topk_lighting declined the inputs (returned None)")
+            return selected
+        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args), recall_check)
     return adapter
 
 
