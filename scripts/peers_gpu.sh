@@ -12,6 +12,7 @@
 # or built is skipped. FlashMLA's SM90 sparse prefill kernel and our op around it
 # (bench/peers/flashmla_binding.cpp) are built into /tmp/peers/flashmla/build. Writes
 # /tmp/peers/env.sh (the PYTHONPATH of the sets present) and prints a status table last.
+# FLASHDSA_PEERS_DIR moves /tmp/peers; PEERS_SKIP_BUILD=1 skips the FlashMLA build.
 _peers_main() {
     local root peers stage have_run=0 run_args=() s
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -58,7 +59,9 @@ _peers_main() {
         fi
     done
     # 3. Build FlashMLA's SM90 sparse prefill + our op (skipped when built).
-    if [ -e "$peers/flashmla/.unpacked" ]; then
+    if [ -e "$peers/flashmla/.unpacked" ] && [ -n "${PEERS_SKIP_BUILD:-}" ]; then
+        status+=("flashmla: build skipped (PEERS_SKIP_BUILD set)")
+    elif [ -e "$peers/flashmla/.unpacked" ]; then
         if [ -f "$peers/flashmla/build/flashdsa_peer_flashmla.so" ]; then
             status+=("flashmla: built earlier")
         elif (cd "$root" && timeout 900 python3 bench/peers/build_flashmla.py --src "$peers/flashmla/src" \
