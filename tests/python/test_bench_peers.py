@@ -306,3 +306,60 @@ def test_run_py_only_peers_writes_the_vs_peers_table(tmp_path):
     assert "## vs peers" in report and "| kernel | T | H | peer |" in report
     assert report.count("absent: ") >= len(PATHS)
     assert "peers    sparse_mla_fwd" in proc.stdout  # progress lines
+
+
+# ---------------------------------------------------------------------- GPU-machine set-up script
+
+def _sh(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True, **kw)
+
+
+def test_peers_gpu_script_unpacks_parts_arriving_over_several_calls(tmp_path):
+    """scripts/peers_gpu.sh keeps parts across calls and unpacks a set only once all its parts (by the
+    MANIFEST, sha256-checked) are there; idempotent; writes env.sh with the set on PYTHONPATH."""
+    repo, peers = tmp_path / "repo", tmp_path / "peers"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "peers_gpu.sh").write_text((ROOT / "scripts" / "peers_gpu.sh").read_text())
+    site = tmp_path / "site" / "fakepkg"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("VALUE = 42\n")
+    (site / "blob.bin").write_bytes(os.urandom(300_000))  # incompressible: the archive splits in parts
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    _sh(["tar", "-cJf", str(tmp_path / "cudnn.tar.xz"), "-C", str(tmp_path / "site"), "."])
+    _sh(["split", "-b", "200K", "-d", "-a", "2", str(tmp_path / "cudnn.tar.xz"), str(staged / "cudnn.tar.xz.part")])
+    parts = sorted(p.name for p in staged.iterdir())
+    assert parts == ["cudnn.tar.xz.part00", "cudnn.tar.xz.part01"]
+    manifest = "".join(f"{n} {(staged / n).stat().st_size} "
+                       f"{_sh(['sha256sum', str(staged / n)]).stdout.split()[0]}\n" for n in parts)
+    env = dict(os.environ, FLASHDSA_PEERS_DIR=str(peers), PEERS_SKIP_BUILD="1")
+
+    def call(*names):
+        stage = repo / ".peers"
+        if stage.exists():
+            for f in stage.iterdir():
+                f.unlink()
+        stage.mkdir(exist_ok=True)
+        (stage / "MANIFEST").write_text(manifest)
+        for n in names:
+            (stage / n).write_bytes((staged / n).read_bytes())
+        return _sh(["bash", str(repo / "scripts" / "peers_gpu.sh")], env=env).stdout
+
+    out = call("cudnn.tar.xz.part00")
+    assert "cudnn: waiting for cudnn.tar.xz.part01" in out and not (peers / "cudnn" / ".unpacked").exists()
+    out = call("cudnn.tar.xz.part01")
+    assert "cudnn: unpacked 2 part(s)" in out
+    assert (peers / "cudnn" / "fakepkg" / "__init__.py").read_text() == "VALUE = 42\n"
+    assert "cudnn: unpacked earlier" in call()
+    env_sh = (peers / "env.sh").read_text()
+    assert f"PYTHONPATH={peers}/cudnn:" in env_sh and "TILELANG_CACHE_DIR" in env_sh
+    check = subprocess.run(["bash", "-c", f"source {peers}/env.sh && python3 -c 'import fakepkg; print(fakepkg.VALUE)'"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.stdout.strip() == "42", check.stderr
+
+    # a corrupted part is refused (and nothing is unpacked)
+    bad_peers = tmp_path / "peers_bad"
+    env["FLASHDSA_PEERS_DIR"] = str(bad_peers)
+    (staged / "cudnn.tar.xz.part01").write_bytes(b"corrupt")
+    out = call("cudnn.tar.xz.part00", "cudnn.tar.xz.part01")
+    assert "checksum mismatch in cudnn.tar.xz.part01" in out and not (bad_peers / "cudnn").exists()
