@@ -32,9 +32,9 @@ def run_peers(cfg: BenchConfig, ops: Any, policy: RepPolicy, out: TextIO, *, max
     """Probes the peers (unless given), runs every A/B case of the plan, returns summary['peers'].
 
     ops: FlashDSA's raw ops (torch.ops.flashdsa); plan: default make_plan(cfg); peers: default
-    discover(). Returns {"status": [peer status dicts], "rows": [one record per case]}.
+    discover(device=cfg.device). Returns {"status": [peer status dicts], "rows": [one record per case]}.
     """
-    peers = discover() if peers is None else peers
+    peers = discover(device=cfg.device) if peers is None else peers
     for status in peers.values():
         state = f"present: {status.detail}" if status.present else f"absent: {status.detail}"
         print(f"peer {status.key:<9} {state}", file=out, flush=True)

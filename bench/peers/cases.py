@@ -148,16 +148,19 @@ def index_inputs(ctx: Context) -> dict:
 
 
 def ours_fwd(ctx: Context) -> Callable:
+    """FlashDSA's sparse_mla_fwd on an attention input set."""
     scale = ctx.shape.scale
     return lambda a: ctx.ops.sparse_mla_fwd(a["q"], a["kv"], a["idx"], scale)
 
 
 def ours_bwd(ctx: Context) -> Callable:
+    """FlashDSA's sparse_mla_bwd (fast, non-deterministic mode) from our forward's out and lse."""
     scale = ctx.shape.scale
     return lambda a: ctx.ops.sparse_mla_bwd(a["q"], a["kv"], a["idx"], scale, a["out"], a["lse"], a["dout"], False)
 
 
 def ours_indexer(ctx: Context) -> Callable:
+    """FlashDSA's fused indexer_topk (bf16 scores, exact top-k, ReLU)."""
     k = ctx.shape.topk
     return lambda a: ctx.ops.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True)
 
@@ -200,6 +203,7 @@ def selected_scores_check(rows: Optional[int] = None):
 # ---------------------------------------------------------------------- peer adapters
 
 def flashmla_fwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """FlashMLA's sparse prefill forward on views of our inputs (kv [T, 1, D], indices [T, 1, K])."""
     op, s, t = ctx.peer, ctx.shape, ctx.t
     args = [(a["q"], a["kv"].view(t, 1, s.d_qk), a["idx"].view(t, 1, s.topk)) for a in ours_sets]
     return ABPrepared(Side(ours_fwd(ctx), ours_sets),
@@ -208,6 +212,7 @@ def flashmla_fwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
 
 
 def tilelang_fwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """megatron-core's TileLang sparse MLA forward on views of our inputs; its lse is log2-based."""
     tl, s, t = ctx.peer, ctx.shape, ctx.t
     args = [(a["q"], a["kv"].view(t, 1, s.d_qk), a["idx"].view(t, 1, s.topk)) for a in ours_sets]
     return ABPrepared(Side(ours_fwd(ctx), ours_sets),
@@ -216,6 +221,7 @@ def tilelang_fwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
 
 
 def cudnn_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """cuDNN frontend's DSA backward from our forward's out and lse, attention sink disabled (-inf)."""
     m, s = ctx.peer, ctx.shape
     sink = torch.full((s.heads,), -math.inf, dtype=torch.float32, device=ctx.cfg.device)  # no attention sink
 
@@ -227,6 +233,7 @@ def cudnn_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
 
 
 def tilelang_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """megatron-core's TileLang sparse MLA backward from its own forward (made outside the timing)."""
     tl, s, t = ctx.peer, ctx.shape, ctx.t
     args = []
     for a in ours_sets:  # TileLang's backward takes its own forward's out and (log2) lse
@@ -238,6 +245,7 @@ def tilelang_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
 
 
 def megatron_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """megatron-core's SparseMLA.backward as Megatron trains: re-runs the forward, delta, backward."""
     tl, s, t = ctx.peer, ctx.shape, ctx.t
     args = []
     for a in ours_sets:  # Megatron's SparseMLA saves (q, kv, indices, valid heads) and recomputes out, lse
@@ -254,6 +262,7 @@ def megatron_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
 
 
 def cudnn_indexer(scores_only: bool):
+    """cuDNN frontend's bf16 indexer scores (T×T fp32), then its top-k unless scores_only."""
     def adapter(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
         m, s, t = ctx.peer, ctx.shape, ctx.t
         args = [(a["q_idx"].unsqueeze(0), a["k_idx"].view(1, t, 1, s.index_dim), a["weights"].unsqueeze(0),
@@ -272,6 +281,7 @@ def cudnn_indexer(scores_only: bool):
 
 
 def tilelang_indexer(logits_only: bool):
+    """megatron-core's TileLang indexer in 8192-row blocks, + torch.topk unless logits_only."""
     def adapter(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
         tl, s, t = ctx.peer, ctx.shape, ctx.t
         block = TILELANG_INDEXER_BLOCK
@@ -349,6 +359,7 @@ def shape_at(s: DsaShape, kernel: str, heads: int) -> DsaShape:
 
 
 def kernel_flops(kernel: str, t: int, s: DsaShape) -> float:
+    """DSA_SPEC §9 FLOPs of one call of `kernel` (bench/flops.py)."""
     return {FWD: flops.sparse_fwd_flops, BWD: flops.sparse_bwd_flops, INDEXER: flops.indexer_flops}[kernel](t, s)
 
 

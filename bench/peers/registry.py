@@ -14,7 +14,6 @@ import glob
 import importlib
 import os
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Callable, Dict, List, Optional
 
 # Where scripts/peers_gpu.sh puts the peers on the GPU machine (override with FLASHDSA_PEERS_DIR).
@@ -26,6 +25,13 @@ FLASHMLA_OP_NAMESPACE = "flashdsa_peer_flashmla"
 def peers_dir() -> str:
     """The folder holding the unpacked peers on this machine (FLASHDSA_PEERS_DIR or /tmp/peers)."""
     return os.environ.get("FLASHDSA_PEERS_DIR", DEFAULT_PEERS_DIR)
+
+# What a user installs for each peer (the report lists them).
+PACKAGES = {
+    "flashmla": "FlashMLA (deepseek-ai/FlashMLA, built from source)",
+    "cudnn": "nvidia-cudnn-frontend (cudnn.deepseek_sparse_attention)",
+    "tilelang": "tilelang + megatron-core (its TileLang DSA kernels)",
+}
 
 
 @dataclass
@@ -39,6 +45,7 @@ class PeerStatus:
     module: Optional[object] = None
 
     def as_dict(self) -> dict:
+        """The JSON-able part (no module)."""
         return {"key": self.key, "package": self.package, "present": self.present, "detail": self.detail}
 
 
@@ -65,7 +72,7 @@ def _cuda_required() -> Optional[str]:
 def probe_flashmla() -> PeerStatus:
     """FlashMLA's SM90 sparse prefill forward: our binding built by scripts/peers_gpu.sh in
     <peers dir>/flashmla, or an installed `flash_mla` package (its flash_mla_sparse_fwd)."""
-    package = "FlashMLA (deepseek-ai/FlashMLA, built from source)"
+    package = PACKAGES["flashmla"]
     reason = _cuda_required()
     if reason:
         return PeerStatus("flashmla", package, False, reason)
@@ -104,6 +111,7 @@ class _FlashMlaOp:
         self.fn = fn
 
     def __call__(self, q, kv, indices, sm_scale: float, d_v: int):
+        """One sparse prefill forward: (out [s_q, h_q, d_v], max_logits [s_q, h_q], lse [s_q, h_q] natural log)."""
         return self.fn(q, kv, indices, sm_scale, d_v)
 
 
@@ -117,7 +125,7 @@ def _read(path: str) -> str:
 
 def probe_cudnn() -> PeerStatus:
     """cuDNN frontend's DeepSeek sparse attention module (PyPI nvidia-cudnn-frontend >= 1.32)."""
-    package = "nvidia-cudnn-frontend (cudnn.deepseek_sparse_attention)"
+    package = PACKAGES["cudnn"]
     reason = _cuda_required()
     if reason:
         return PeerStatus("cudnn", package, False, reason)
@@ -151,7 +159,7 @@ class _TileLangKernels:
 
 def probe_tilelang() -> PeerStatus:
     """TileLang through the DSA kernels of megatron-core (PyPI tilelang + megatron-core)."""
-    package = "tilelang + megatron-core (its TileLang DSA kernels)"
+    package = PACKAGES["tilelang"]
     reason = _cuda_required()
     if reason:
         return PeerStatus("tilelang", package, False, reason)
@@ -172,21 +180,22 @@ PROBES: Dict[str, Callable[[], PeerStatus]] = {
 }
 
 
-def discover(keys: Optional[List[str]] = None) -> Dict[str, PeerStatus]:
-    """Probes the peers (all, or `keys`) and returns their status by key; never raises."""
+def discover(keys: Optional[List[str]] = None, device=None) -> Dict[str, PeerStatus]:
+    """Probes the peers (all, or `keys`) and returns their status by key; never raises.
+
+    device: the device of the run; every peer runs on CUDA only, so a run on another device reports
+    them all absent without probing (None: probe whatever this machine has).
+    """
     found = {}
     for key in keys or list(PROBES):
         if key not in PROBES:
             raise ValueError(f"unknown peer {key!r}; known: {', '.join(PROBES)}")
+        if device is not None and getattr(device, "type", str(device)) != "cuda":
+            found[key] = PeerStatus(key, PACKAGES[key], False, f"runs on CUDA only; this run is on {device}")
+            continue
         try:
             found[key] = PROBES[key]()
         except Exception as error:  # noqa: BLE001 - a probe must never stop the run
-            found[key] = PeerStatus(key, key, False, f"probe failed: {_first_line(error)}")
+            found[key] = PeerStatus(key, PACKAGES.get(key, key), False, f"probe failed: {_first_line(error)}")
     return found
 
-
-def loaded_module(status: PeerStatus) -> ModuleType:
-    """The module or callable object a present peer exposes (raises if absent)."""
-    if not status.present:
-        raise RuntimeError(f"peer {status.key} is absent: {status.detail}")
-    return status.module

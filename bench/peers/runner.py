@@ -59,6 +59,7 @@ class PeerRunner:
         return call_s * (rounds + 2) * SETUP_OVERHEAD
 
     def skip(self, case: PeerCase) -> Optional[tuple]:
+        """(status, reason) if the case must not run (absent peer, n/a, lost context, stopped, budget)."""
         status = self.peers.get(case.peer_key)
         if status is None or not status.present:
             return ABSENT, status.detail if status else "not probed"
@@ -75,11 +76,13 @@ class PeerRunner:
         return None
 
     def run_all(self, cases: Sequence[PeerCase]) -> List[dict]:
+        """Runs (or skips) every case in order; returns one record per case."""
         for case in cases:
             self.records.append(self.run_case(case))
         return self.records
 
     def run_case(self, case: PeerCase) -> dict:
+        """One case's record: the A/B numbers and checks, or why it did not run; prints its line."""
         record = {"kernel": case.kernel, "peer": case.peer, "peer_key": case.peer_key, "t": case.t,
                   "heads": case.heads, "flops": case.flops, "status": OK, "reason": "", "note": case.note,
                   "ours_ms": None, "peer_ms": None, "ratio": None, "ours_tflops": None, "peer_tflops": None,

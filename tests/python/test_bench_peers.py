@@ -81,6 +81,9 @@ def test_registry_reports_missing_packages_cleanly(monkeypatch, tmp_path):
     assert all(s.as_dict()["present"] is False for s in found.values())
     with pytest.raises(ValueError, match="unknown peer"):
         discover(["nope"])
+    # a run on the CPU never probes: every peer runs on CUDA only
+    on_cpu = discover(device=CPU)
+    assert all(not s.present and "CUDA only" in s.detail for s in on_cpu.values())
 
 
 def test_a_failing_probe_is_recorded_not_raised(monkeypatch):
