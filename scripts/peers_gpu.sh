@@ -12,7 +12,10 @@
 # or built is skipped. FlashMLA's SM90 sparse prefill kernel and our op around it
 # (bench/peers/flashmla_binding.cpp) are built into /tmp/peers/flashmla/build. Writes
 # /tmp/peers/env.sh (the PYTHONPATH of the sets present) and prints a status table last.
-# FLASHDSA_PEERS_DIR moves /tmp/peers; PEERS_SKIP_BUILD=1 skips the FlashMLA build.
+# FLASHDSA_PEERS_DIR moves /tmp/peers; PEERS_SKIP_BUILD=1 skips the FlashMLA build; PEERS_BUILD_TIMEOUT
+# (480 s) and PEERS_RUN_TIMEOUT (570 s) bound the build and the run; with $OUT set, the build log is
+# copied there and the report goes to $OUT/peers_bench unless --out is given. The vs-peers table of
+# the report is printed last.
 _peers_main() {
     local root peers stage have_run=0 run_args=() s
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -64,7 +67,7 @@ _peers_main() {
     elif [ -e "$peers/flashmla/.unpacked" ]; then
         if [ -f "$peers/flashmla/build/flashdsa_peer_flashmla.so" ]; then
             status+=("flashmla: built earlier")
-        elif (cd "$root" && timeout 900 python3 bench/peers/build_flashmla.py --src "$peers/flashmla/src" \
+        elif (cd "$root" && timeout "${PEERS_BUILD_TIMEOUT:-480}" python3 bench/peers/build_flashmla.py --src "$peers/flashmla/src" \
                 --dest "$peers/flashmla") > "$peers/flashmla/build.log" 2>&1; then
             status+=("flashmla: built ($(grep -E 'registers|spill' "$peers/flashmla/build.log" | grep -m1 -oE 'Used [0-9]+ registers') ; $(tail -1 "$peers/flashmla/build.log"))")
         else
@@ -72,6 +75,7 @@ _peers_main() {
             tail -20 "$peers/flashmla/build.log"
         fi
     fi
+    [ -n "${OUT:-}" ] && [ -f "$peers/flashmla/build.log" ] && cp -f "$peers/flashmla/build.log" "$OUT/flashmla_build.log"
     # 4. The environment of the peers present.
     local path=""
     [ -e "$peers/cudnn/.unpacked" ] && path="$peers/cudnn:$peers/cudnn/nvidia_cutlass_dsl/dsl_packages"
@@ -86,7 +90,25 @@ _peers_main() {
     echo "peers_gpu: $peers (env: source $peers/env.sh)"
     for s in "${status[@]}"; do echo "  $s"; done
     if [ "$have_run" = 1 ]; then
-        (cd "$root" && python3 bench/run.py --only peers "${run_args[@]}")
+        if ! (cd "$root" && PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$root/python" python3 -c "import flashdsa" 2>/dev/null); then
+            echo "peers_gpu: flashdsa is not importable: build it first (pip install --no-build-isolation --no-deps -e .)"
+            return 3
+        fi
+        local out_dir="" a prev=""
+        for a in "${run_args[@]}"; do [ "$prev" = "--out" ] && out_dir=$a; prev=$a; done
+        if [ -z "$out_dir" ]; then
+            out_dir=${OUT:-$peers}/peers_bench
+            run_args+=(--out "$out_dir")
+        fi
+        local rc=0
+        (cd "$root" && PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$root/python" \
+            timeout "${PEERS_RUN_TIMEOUT:-570}" python3 bench/run.py --only peers "${run_args[@]}") || rc=$?
+        # The summary last: the vs-peers table of the report.
+        if [ -f "$out_dir/report.md" ]; then
+            echo; sed -n '/^## vs peers/,/^## DSA layer/p' "$out_dir/report.md" | sed '$d'
+        fi
+        [ "$rc" = 0 ] || echo "peers_gpu: bench/run.py exited with $rc (124: PEERS_RUN_TIMEOUT)"
+        return $rc
     fi
 }
 _peers_main "$@"
