@@ -136,7 +136,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = pick_device(args.device)
     sections = list(args.only or DEFAULT_SECTIONS) + (["peers"] if args.peers else [])
     seq_lens = args.seq_lens
-    if seq_lens is None and sections == ["peers"] and device.type == "cuda":
+    if seq_lens is None and sections == ["peers"] and device.type == "cuda" and not args.quick:
         from bench.peers import PEER_SEQ_LENS
         seq_lens = PEER_SEQ_LENS  # the peers' standard T (4K ... 128K)
     cfg = make_config(device, quick=args.quick, seq_lens=seq_lens, max_seconds=args.max_seconds,
