@@ -333,7 +333,7 @@ def check_cp_agreement(
     Raises:
         ValueError: naming the first quantity on which two ranks disagree.
     """
-    cu = cu_seqlens.detach().to("cpu", torch.int64).reshape(-1)
+    cu = as_cu_seqlens(cu_seqlens).detach().to("cpu", torch.int64).reshape(-1)
     weights = torch.arange(1, cu.numel() + 1, dtype=torch.int64)
     fields: List[Tuple[str, int]] = [
         ("len(cu_seqlens)", cu.numel()),
