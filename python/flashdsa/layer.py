@@ -71,7 +71,7 @@ class DSAIndexerLossAutoScaler(torch.autograd.Function):
     gradient through and gives ``loss`` the gradient ``main_loss_backward_scale`` (default 1.0), as
     if ``main_loss_backward_scale * loss`` had been added to the model loss. Set the scale with
     :func:`set_indexer_loss_scale` (e.g. to ``1 / num_microbatches`` or the AMP loss scale); it is
-    read at backward time.
+    read at backward time. Double backward raises (the backward is first-order only).
     """
 
     main_loss_backward_scale: Union[float, torch.Tensor] = 1.0
@@ -82,7 +82,10 @@ class DSAIndexerLossAutoScaler(torch.autograd.Function):
         return output
 
     @staticmethod
+    @_ops._first_order_only("DSAIndexerLossAutoScaler")
     def backward(ctx, grad_output: torch.Tensor):
+        # First order only: differentiated again, any path through the output would inject the
+        # loss's gradient a second time (a silently wrong second-order gradient).
         (loss,) = ctx.saved_tensors
         scale = DSAIndexerLossAutoScaler.main_loss_backward_scale
         return grad_output, torch.ones_like(loss) * scale
