@@ -398,13 +398,14 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=None, help="run only this seed (repro)")
     ap.add_argument("--op", action="append", choices=OPS, help="ops to fuzz (repeatable; default all)")
     ap.add_argument("--small", action="store_true", help="small shapes only (default on cpu)")
+    ap.add_argument("--full-shapes", action="store_true", help="full shapes on cpu too (slow)")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop starting new cases after this")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("fuzz: no CUDA device (use --device cpu)")
         return 77
-    small = args.small or args.device == "cpu"
+    small = args.small or (args.device == "cpu" and not args.full_shapes)
     cases = args.cases if args.cases is not None else (200 if args.device == "cuda" else 3)
     seeds = [args.seed] if args.seed is not None else list(range(args.seed0, args.seed0 + cases))
     chosen = args.op or list(OPS)
