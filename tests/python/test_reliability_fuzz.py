@@ -57,3 +57,15 @@ def test_fuzz_reports_a_wrong_op_with_its_repro(fuzz, capsys, monkeypatch):
     assert f"FAIL attention_mass seed={seed}" in out
     assert f"repro: python tests/cuda/fuzz.py --device cpu --op attention_mass --seed {seed}" in out
     assert "RESULT: FAILED (1 failing cases)" in out
+
+
+def test_limits_script_smoke_on_cpu(capsys):
+    """scripts/limits_gpu.py checks itself on tiny CPU configurations (the GPU run is the lead's)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "limits_gpu.py"
+    spec = importlib.util.spec_from_file_location("flashdsa_limits", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke", "--rows", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "RESULT: OK" in out and "tiny " in out
