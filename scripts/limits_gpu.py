@@ -48,7 +48,7 @@ CONFIGS = {
 }
 BF16_TOL = 1e-2
 DEVICE = "cuda"  # --smoke: "cpu" with tiny configurations (checks this script without a GPU)
-SMOKE_CONFIGS = {"tiny": dict(T=700, H=16, K=128), "tiny_k": dict(T=300, H=16, K=256)}
+SMOKE_CONFIGS = {"tiny": dict(T=300, H=16, K=128), "tiny_k": dict(T=200, H=16, K=256)}
 
 
 def _sync():

@@ -136,16 +136,22 @@ def _indices(g, k_start, k_end, K, T_kv):
     return idx, pattern
 
 
-def _strided(g, x):
-    """x, or a view of x with padded strides (a slice of a wider / longer tensor)."""
-    mode = _choice(g, ("contiguous", "contiguous", "wide", "rows"))
+def _layout(g, p, name):
+    """Draws the memory layout of tensor `name` (applied on the target device by :func:`apply_layout`)."""
+    p.tensors.setdefault("layouts", {})[name] = _choice(g, ("contiguous", "contiguous", "wide", "rows"))
+
+
+def apply_layout(x, mode):
+    """x, or a view of a copy of x with padded strides (a slice of a wider / longer tensor on x's
+    device): "wide" pads the last dimension by 64 elements (row stride > width, 16-byte aligned),
+    "rows" takes every other row of a tensor twice as long."""
     if mode == "contiguous" or x.numel() == 0:
         return x
-    if mode == "wide":  # last dim padded: row stride > width (64-element pad keeps 16-byte alignment)
-        big = torch.zeros(*x.shape[:-1], x.shape[-1] + 64, dtype=x.dtype)
+    if mode == "wide":
+        big = torch.zeros(*x.shape[:-1], x.shape[-1] + 64, dtype=x.dtype, device=x.device)
         big[..., :x.shape[-1]] = x
         return big[..., :x.shape[-1]]
-    big = torch.zeros(x.shape[0] * 2, *x.shape[1:], dtype=x.dtype)  # every other row
+    big = torch.zeros(x.shape[0] * 2, *x.shape[1:], dtype=x.dtype, device=x.device)
     big[::2] = x
     return big[::2]
 
@@ -179,13 +185,15 @@ def make_problem(op, seed, small):
         w = torch.randn(T, H_I, generator=g) * D_I ** -0.5
         if ties:
             w = torch.randint(-2, 3, (T, H_I), generator=g).float() / 4
-        p.tensors.update(q_idx=_strided(g, act(T, H_I, D_I)), k_idx=_strided(g, act(T_kv, D_I)),
-                         weights=_strided(g, w.float()), relu=relu)
+        p.tensors.update(q_idx=act(T, H_I, D_I), k_idx=act(T_kv, D_I), weights=w.float(), relu=relu)
+        for name in ("q_idx", "k_idx", "weights"):
+            _layout(g, p, name)
     if op in ("sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass", "dense_kl_fwd",
               "dense_kl_bwd"):
         p.desc.update(H=H)
-        p.tensors.update(q=_strided(g, act(T, H, D_QK, scale=2.0)), kv=_strided(g, act(T_kv, D_QK)),
-                         scale=D_QK ** -0.5)
+        p.tensors.update(q=act(T, H, D_QK, scale=2.0), kv=act(T_kv, D_QK), scale=D_QK ** -0.5)
+        for name in ("q", "kv"):
+            _layout(g, p, name)
     if op == "indexer_topk":
         p.tensors.update(k_start=k_start, k_end=k_end, topk=K)
     elif op.startswith("dense_kl"):
@@ -195,7 +203,8 @@ def make_problem(op, seed, small):
     else:
         indices, pattern = _indices(g, k_start, k_end, K, T_kv)
         p.desc["indices"] = pattern
-        p.tensors["indices"] = _strided(g, indices)
+        p.tensors["indices"] = indices
+        _layout(g, p, "indices")
         if op.startswith("sparse_kl"):
             mass = torch.rand(T, K, generator=g)
             mass[torch.rand(T, K, generator=g) < 0.1] = 0  # zero-mass slots (0 log 0)
@@ -229,7 +238,9 @@ def _to(x, device, dtype_map):
 def run_op(op, tensors, device, float64):
     """Runs raw op `op`; float64=True upcasts bf16 activations and fp32 statistics to float64."""
     dmap = {torch.bfloat16: torch.float64, torch.float32: torch.float64} if float64 else {}
-    a = {k: _to(v, device, dmap) for k, v in tensors.items()}
+    layouts = tensors.get("layouts", {})
+    a = {k: apply_layout(_to(v, device, dmap), layouts.get(k, "contiguous")) for k, v in tensors.items()
+         if k != "layouts"}
     if op == "indexer_topk":
         return ops.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], a["topk"], a["relu"])
     if op == "sparse_mla_fwd":
@@ -399,7 +410,9 @@ def main(argv=None):
     ap.add_argument("--op", action="append", choices=OPS, help="ops to fuzz (repeatable; default all)")
     ap.add_argument("--small", action="store_true", help="small shapes only (default on cpu)")
     ap.add_argument("--full-shapes", action="store_true", help="full shapes on cpu too (slow)")
-    ap.add_argument("--max-seconds", type=float, default=None, help="stop starting new cases after this")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="time budget of the run, shared evenly by the ops (an op's unused share passes on); "
+                         "cases past an op's share are not run")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -417,10 +430,11 @@ def main(argv=None):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     t_start = time.time()
     rows, total_fail = [], 0
-    for op in chosen:
+    for i_op, op in enumerate(chosen):
         t0, n_run, n_fail, worst = time.time(), 0, 0, 0.0
+        deadline = None if args.max_seconds is None else t_start + args.max_seconds * (i_op + 1) / len(chosen)
         for seed in seeds:
-            if args.max_seconds is not None and time.time() - t_start > args.max_seconds:
+            if deadline is not None and time.time() > deadline:
                 break
             try:
                 w, fails, desc = check_case(op, seed, args.device, small, args.verbose)

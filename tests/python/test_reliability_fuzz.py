@@ -39,6 +39,15 @@ def test_fuzz_cases_are_reproducible(fuzz):
             assert x == b.tensors[name], name
 
 
+def test_fuzz_layouts_are_strided_views_on_the_target_device(fuzz):
+    x = torch.arange(24.0).reshape(4, 6)
+    wide, rows = fuzz.apply_layout(x, "wide"), fuzz.apply_layout(x, "rows")
+    assert torch.equal(wide, x) and wide.stride() == (70, 1)
+    assert torch.equal(rows, x) and rows.stride() == (12, 1)
+    layouts = [m for s in range(20) for m in fuzz.make_problem("sparse_mla_fwd", s, True).tensors["layouts"].values()]
+    assert {"contiguous", "wide", "rows"} <= set(layouts)
+
+
 def test_fuzz_reports_a_wrong_op_with_its_repro(fuzz, capsys, monkeypatch):
     real = fuzz.run_op
 
