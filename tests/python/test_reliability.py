@@ -269,46 +269,47 @@ def test_double_backward_through_the_loss_auto_scaler_raises():
 
 
 def _device_cases(c):
-    """(name, call) for every public function and raw op, each given kv / k_idx on another device."""
+    """(name, raw, call) for every public function and raw op, each given kv / k_idx on another device."""
+    lse = torch.zeros(T, H, device=c["q"].device)
     return [
-        ("sparse_mla", lambda kv, ki: flashdsa.sparse_mla(c["q"], kv, c["indices"], c["scale"])),
-        ("attention_mass", lambda kv, ki: flashdsa.attention_mass(c["q"], kv, c["indices"],
-                                                                  torch.zeros(T, H, device=c["q"].device), 1.0)),
-        ("indexer_topk", lambda kv, ki: flashdsa.indexer_topk(c["q_idx"], ki, c["weights"], c["k_start"],
-                                                              c["k_end"], K)),
-        ("indexer_kl_loss", lambda kv, ki: flashdsa.indexer_kl_loss(c["q_idx"], ki, c["weights"],
-                                                                    indices=c["indices"], mass=c["mass"])),
-        ("indexer_kl_loss", lambda kv, ki: flashdsa.indexer_kl_loss(
+        ("sparse_mla", False, lambda kv, ki: flashdsa.sparse_mla(c["q"], kv, c["indices"], c["scale"])),
+        ("attention_mass", False, lambda kv, ki: flashdsa.attention_mass(c["q"], kv, c["indices"], lse, 1.0)),
+        ("indexer_topk", False, lambda kv, ki: flashdsa.indexer_topk(c["q_idx"], ki, c["weights"], c["k_start"],
+                                                                     c["k_end"], K)),
+        ("indexer_kl_loss", False, lambda kv, ki: flashdsa.indexer_kl_loss(c["q_idx"], ki, c["weights"],
+                                                                           indices=c["indices"], mass=c["mass"])),
+        ("indexer_kl_loss", False, lambda kv, ki: flashdsa.indexer_kl_loss(
             c["q_idx"], c["k_idx"], c["weights"], formulation="dense", q=c["q"], kv=kv, scale=1.0,
             k_start=c["k_start"], k_end=c["k_end"])),
-        ("sparse_mla_with_indexer_loss", lambda kv, ki: flashdsa.sparse_mla_with_indexer_loss(
+        ("sparse_mla_with_indexer_loss", False, lambda kv, ki: flashdsa.sparse_mla_with_indexer_loss(
             c["q"], kv, c["indices"], 1.0, c["q_idx"], c["k_idx"], c["weights"],
             torch.zeros((), device=c["q"].device))),
-        ("sparse_mla_fwd", lambda kv, ki: ops.sparse_mla_fwd(c["q"], kv, c["indices"], 1.0)),
-        ("attention_mass", lambda kv, ki: ops.attention_mass(c["q"], kv, c["indices"],
-                                                             torch.zeros(T, H, device=c["q"].device), 1.0)),
-        ("indexer_topk", lambda kv, ki: ops.indexer_topk(c["q_idx"], ki, c["weights"], c["k_start"], c["k_end"],
-                                                         K, True)),
-        ("sparse_kl_fwd", lambda kv, ki: ops.sparse_kl_fwd(c["q_idx"], ki, c["weights"], c["indices"], c["mass"],
-                                                           True)),
-        ("dense_kl_fwd", lambda kv, ki: ops.dense_kl_fwd(c["q"], kv, 1.0, c["q_idx"], c["k_idx"], c["weights"],
-                                                         c["k_start"], c["k_end"], True)),
-        ("dsa_attention", lambda kv, ki: dsa_attention(c["q"], kv, c["q_idx"], c["k_idx"], c["weights"], c["cu"],
-                                                       K, 1.0)),
+        ("dsa_attention", False, lambda kv, ki: dsa_attention(c["q"], kv, c["q_idx"], c["k_idx"], c["weights"],
+                                                              c["cu"], K, 1.0)),
+        ("sparse_mla_fwd", True, lambda kv, ki: ops.sparse_mla_fwd(c["q"], kv, c["indices"], 1.0)),
+        ("attention_mass", True, lambda kv, ki: ops.attention_mass(c["q"], kv, c["indices"], lse, 1.0)),
+        ("indexer_topk", True, lambda kv, ki: ops.indexer_topk(c["q_idx"], ki, c["weights"], c["k_start"],
+                                                               c["k_end"], K, True)),
+        ("sparse_kl_fwd", True, lambda kv, ki: ops.sparse_kl_fwd(c["q_idx"], ki, c["weights"], c["indices"],
+                                                                 c["mass"], True)),
+        ("dense_kl_fwd", True, lambda kv, ki: ops.dense_kl_fwd(c["q"], kv, 1.0, c["q_idx"], c["k_idx"],
+                                                               c["weights"], c["k_start"], c["k_end"], True)),
     ]
 
 
 @pytest.mark.kernels(*ALL_OPS)
 def test_mixed_devices_are_refused(device):
-    """CPU run: the other device is meta (which used to return uninitialised memory). CUDA run: CPU."""
+    """CPU run: the other device is meta (which used to return uninitialised memory). CUDA run: CPU
+    (raw ops then reach the C++ binding, whose own check raises a RuntimeError naming the device)."""
     c = make_case(device)
     other = "meta" if device == "cpu" else "cpu"
     kv, k_idx = c["kv"].to(other), c["k_idx"].to(other)
-    for name, call in _device_cases(c):
+    for name, raw, call in _device_cases(c):
         with pytest.raises((ValueError, RuntimeError), match="device") as info:
             call(kv, k_idx)
-        if other == "meta" or not name.endswith(("_fwd", "topk")) or name == "indexer_topk":
-            assert "one device" in str(info.value), f"{name}: {info.value}"
+        if not raw or other == "meta":
+            assert info.type is ValueError and f"flashdsa.{name}: all tensors must be on one device" in str(
+                info.value), f"{name}: {info.value}"
 
 
 def test_fake_kernels_refuse_mixed_devices_under_meta_dispatch():
@@ -362,7 +363,9 @@ def test_layer_accepts_a_cu_seqlens_list(device):
         from_list = dsa_attention(c["q"], c["kv"], c["q_idx"], c["k_idx"], c["weights"], c["cu"].tolist(), K,
                                   c["scale"])
         from_tensor = dsa_attention(c["q"], c["kv"], c["q_idx"], c["k_idx"], c["weights"], c["cu"], K, c["scale"])
-    assert torch.equal(from_list.indices, from_tensor.indices) and torch.equal(from_list.out, from_tensor.out)
+    # (the CUDA indexer's slot order may differ between calls: compare the sets, and out up to summation order)
+    assert torch.equal(from_list.indices.sort(dim=1).values, from_tensor.indices.sort(dim=1).values)
+    torch.testing.assert_close(from_list.out, from_tensor.out, rtol=1e-2, atol=1e-2)
     with pytest.raises(ValueError, match="integer"):
         dsa_attention(c["q"], c["kv"], c["q_idx"], c["k_idx"], c["weights"], c["cu"].float(), K, c["scale"])
 
