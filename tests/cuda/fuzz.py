@@ -283,7 +283,7 @@ OUTPUT_NAMES = {
 # Comparisons: each returns (worst relative error, list of failure messages)
 
 
-def compare(name, actual, expected, tol):
+def compare(name, actual, expected, tol, extra=0.0):
     """Relative error norm of the whole tensor (<= tol) and of every row (<= ROW_FACTOR * tol, rows
     measured against max(own norm, RMS row norm)), each plus ATOL per element (RMS); non-finite
     entries must match exactly. Returns the worst error in units of the allowed error."""
@@ -301,7 +301,7 @@ def compare(name, actual, expected, tol):
     d = torch.where(finite, a - e, 0.0)
     e0 = torch.where(finite, e, 0.0)
     total = e0.norm().item()
-    allowed = tol * total + ATOL * math.sqrt(max(a.numel(), 1))
+    allowed = tol * total + ATOL * math.sqrt(max(a.numel(), 1)) + extra
     worst = d.norm().item() / allowed
     if worst > 1:
         fails.append(f"{name}: error norm {d.norm().item():.3e} > {allowed:.3e} (relative "
@@ -373,6 +373,33 @@ def compare_topk(t, actual, expected):
     return worst, fails
 
 
+def kl_rounding_allowance(t):
+    """Error norms the CUDA sparse KL backward may add to dq_idx and dk_idx by rounding its per-slot
+    products d(q.k) = g w f'(x) to bf16 for the gradient GEMMs (relative 2^-9 each, random signs).
+
+    A row whose slots all hold one key has an exact gradient of 0 (sum_j g_j = 0), so the relative
+    tolerance alone would demand exact cancellation; this bounds the rounding by the size of the
+    per-slot terms instead: 2^-6 sqrt(sum_{t,j} g^2 sum_h w^2 |k|^2) (dq_idx), with |q_h|^2 (dk_idx).
+    """
+    idx = t["indices"]
+    valid = (idx >= 0) & (idx < t["k_idx"].shape[0])
+    safe = torch.where(valid, idx, 0)
+    s = index_scores64(t, safe).masked_fill(~valid, -math.inf)
+    has = valid.any(dim=1, keepdim=True)
+    lse = torch.logsumexp(torch.where(has, s, 0.0), dim=1, keepdim=True)
+    p = torch.exp(s - lse).masked_fill(~valid, 0)
+    mass = t["mass"].double().masked_fill(~valid, 0)
+    total = mass.sum(dim=1, keepdim=True)
+    tg = torch.where(total != 0, mass / torch.where(total != 0, total, 1.0), 0.0)
+    g = (t["grad_rows"].double()[:, None] * (p - tg)).masked_fill(total == 0, 0)   # [T, K]
+    w2 = (t["weights"].double() ** 2)                                               # [T, H_I]
+    k2 = (t["k_idx"].double() ** 2).sum(dim=1)[safe].masked_fill(~valid, 0)        # [T, K]
+    q2 = ((t["q_idx"].double() ** 2).sum(dim=2) * w2).sum(dim=1)                    # [T] sum_h w^2 |q_h|^2
+    dq = 2.0 ** -6 * math.sqrt(float((g ** 2 * k2 * w2.sum(dim=1, keepdim=True)).sum()))
+    dk = 2.0 ** -6 * math.sqrt(float((g ** 2 * q2[:, None]).sum()))
+    return {"dq_idx": dq, "dk_idx": dk}
+
+
 def check_case(op, seed, device, small, verbose):
     """Runs one case; returns (worst error, failure messages, description)."""
     p = make_problem(op, seed, small)
@@ -387,10 +414,9 @@ def check_case(op, seed, device, small, verbose):
         worst /= 1e-5  # in units of the tolerance
     else:
         worst, fails = 0.0, []
+        extra = kl_rounding_allowance(p.tensors) if op == "sparse_kl_bwd" else {}
         for (name, tol), a, e in zip(OUTPUT_NAMES[op], actual, expected):
-            if name == "dkv" and op.startswith("sparse_mla_bwd"):
-                tol = BF16_TOL  # fp32 output, but accumulated from bf16 P / dS products
-            w, f = compare(name, a, e, tol)
+            w, f = compare(name, a, e, tol, extra.get(name, 0.0))
             worst = max(worst, w)
             fails += f
     if verbose:
