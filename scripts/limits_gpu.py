@@ -158,7 +158,7 @@ def _attempt(cfg, n_rows, seed, res, steps):
             fails.append(f"{tname} has non-finite entries")
     t0 = time.time()
     g = torch.Generator().manual_seed(seed + 2)
-    rows = sorted({0, T - 1, K - 1, min(K, T - 1)} |
+    rows = sorted({0, T - 1, min(K - 1, T - 1), min(K, T - 1)} |
                   {int(x) for x in torch.randint(0, T, (max(0, n_rows - 4),), generator=g)})
     sel = torch.tensor(rows, device=DEVICE)
     with torch.no_grad():
