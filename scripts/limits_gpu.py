@@ -183,7 +183,14 @@ def run_config(name, cfg, n_rows, seed):
     try:
         _attempt(cfg, n_rows, seed, res, steps)
     except torch.OutOfMemoryError as err:
-        res.update(status="oom", error=str(err).splitlines()[0][:200])
+        res.update(status="oom", error=f"torch.OutOfMemoryError: {str(err).splitlines()[0][:200]}")
+    except RuntimeError as err:  # an out-of-memory error of another type is still clear, but say which
+        if "out of memory" not in str(err).lower():
+            res.update(status="failed", error=f"{type(err).__name__}: {err}"[:400])
+            traceback.print_exc()
+        else:
+            res.update(status="oom", error=f"{type(err).__name__} (not torch.OutOfMemoryError): "
+                                           f"{str(err).splitlines()[0][:200]}")
     except Exception as err:  # noqa: BLE001 - every other error is a failure of this configuration
         res.update(status="failed", error=f"{type(err).__name__}: {err}"[:400])
         traceback.print_exc()
