@@ -96,12 +96,7 @@ def test_nan_in_kv_reaches_every_row_that_selects_it(device):
 @pytest.mark.kernels("indexer_topk")
 @pytest.mark.parametrize("relu", [True, False])
 @pytest.mark.parametrize("where", ["q_idx", "k_idx"])
-def test_nan_index_score_is_selected_and_reported(device, relu, where, request):
-    if device == "cuda" and relu:
-        # The CUDA indexer's ReLU is fmaxf(x, 0), which maps NaN to 0 (csrc/sm90/indexer_topk/
-        # kernel.cuh, activation): fixed by the change described in docs/reliability.md.
-        request.applymarker(pytest.mark.xfail(reason="CUDA indexer ReLU drops NaN (docs/reliability.md)",
-                                              strict=False))
+def test_nan_index_score_is_selected_and_reported(device, relu, where):
     c = make_case(device)
     q_idx, k_idx = c["q_idx"].clone(), c["k_idx"].clone()
     t, bad_key = 69, 5  # row 69 sees keys [0, 70): more than K, so the selection matters
