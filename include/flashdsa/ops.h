@@ -26,15 +26,18 @@
 
 namespace flashdsa {
 
-// The production sizes of docs/spec.md §2. The sm90 backend runs exactly these; the CPU backend
-// also runs small sizes (H, H_I <= 128; D_qk, D_I multiples of 8; 1 <= K <= 8192; see docs/architecture.md).
-constexpr int kDqk = 576;  // latent key width (512 latent + 64 RoPE)
-constexpr int kDv = 512;   // value width = first kDv columns of kv
-constexpr int kMaxTopK = 8192;
-constexpr int kTopKMultiple = 64;
-bool is_supported_heads(int h);          // H   in {16, 32, 64, 128}
-bool is_supported_indexer_heads(int h);  // H_I in {32, 64}; the CPU backend also takes 1..128
-bool is_supported_indexer_dim(int d);    // D_I in {64, 128}
+// The production sizes of docs/spec.md §2: the sm90 backend runs exactly these (its limits are in
+// csrc/sm90/backend.cpp). The CPU backend accepts these and more, so that tests and references run
+// at tiny sizes (csrc/cpu/backend.cpp): H, H_I in [1, 128], D_I a multiple of 8 in [8, 256], D_qk a
+// multiple of 8 in [8, 1024], D_v in [1, D_qk], any K in [1, 8192], and fp32/fp64 activations
+// besides bf16. Code that must also run on CUDA should stay within the CUDA limits below.
+constexpr int kDqk = 576;  // latent key width (512 latent + 64 RoPE); CUDA: exactly this
+constexpr int kDv = 512;   // value width = first kDv columns of kv; CUDA: exactly this
+constexpr int kMaxTopK = 8192;      // both backends
+constexpr int kTopKMultiple = 64;   // CUDA only
+bool is_supported_heads(int h);          // H   in {16, 32, 64, 128} (CUDA); the CPU backend takes 1..128
+bool is_supported_indexer_heads(int h);  // H_I in {32, 64} (CUDA); the CPU backend takes 1..128
+bool is_supported_indexer_dim(int d);    // D_I in {64, 128} (CUDA); the CPU backend: multiples of 8 up to 256
 
 // Fields present in every params struct.
 struct CallContext {

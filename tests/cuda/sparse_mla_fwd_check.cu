@@ -250,26 +250,17 @@ bool run_case(const Case& c, std::mt19937& rng) {
   return pass;
 }
 
-// The sm90 backend's limits (its supports() entry, which the entry points run before the kernel)
-// refuse what the kernel cannot read; an empty call runs.
+// An empty call runs and writes nothing. (The backend's limits, checked before the kernel by the
+// entry points, are tested without a GPU: tests/cpp/test_validate.cpp, ValidateCuda.)
 bool check_refusals() {
-  Case c{"refusal", 4, 64, 64, 64, 0.1f, 0.0, false};
+  Case c{"empty", 4, 64, 64, 64, 0.1f, 0.0, false};
   std::mt19937 rng(1);
   HostInputs in = make_inputs(c, rng);
-  in.q_stride_h = kDqk + 1;  // rows no longer 16-byte aligned
   DeviceBuffer<bf16> dummy(16);
   flashdsa::SparseMlaFwdParams p = make_params(c, in, dummy.ptr, dummy.ptr, nullptr, dummy.ptr, dummy.ptr);
-  const auto supports = flashdsa::sm90::backend().sparse_mla_fwd.supports;
-  const bool misaligned_refused = supports(p, "sparse_mla_fwd").code() == flashdsa::StatusCode::kNotSupported;
-  p.q_stride_h = kDqk;
-  p.dtype = flashdsa::DType::kFP32;
-  const bool fp32_refused = supports(p, "sparse_mla_fwd").code() == flashdsa::StatusCode::kInvalidArgument;
-  p.dtype = flashdsa::DType::kBF16;
   p.T = 0;
-  const bool empty_ok = supports(p, "sparse_mla_fwd").ok() && flashdsa::sm90::sparse_mla_fwd(p).ok();
-  const bool pass = misaligned_refused && fp32_refused && empty_ok;
-  std::printf("  %-36s %s  (misaligned stride -> NotSupported %d, fp32 -> InvalidArgument %d, T = 0 -> OK %d)\n",
-              "host checks", pass ? "PASS" : "FAIL", misaligned_refused, fp32_refused, empty_ok);
+  const bool pass = flashdsa::sm90::sparse_mla_fwd(p).ok();
+  std::printf("  %-36s %s  (T = 0 -> OK)\n", "empty call", pass ? "PASS" : "FAIL");
   return pass;
 }
 
