@@ -45,11 +45,28 @@ _cpu_shim_installed = False
 
 
 def install_cpu_shim() -> None:
-    """Without CUDA: ``torch.cuda.current_device()`` returns the CPU device (Megatron's RoPE and loss tracker)."""
+    """Without CUDA: Megatron's RoPE and indexer-loss tracker run on the CPU (test processes only).
+
+    ``torch.cuda.current_device()`` returns the CPU device, and the CP slice of the RoPE table (which
+    Megatron indexes with a CUDA tensor) is taken on the table's device.
+    """
     global _cpu_shim_installed
     if _cpu_shim_installed or torch.cuda.is_available():
         return
     torch.cuda.current_device = lambda: torch.device("cpu")
+
+    # Megatron's CP slice of the RoPE table builds its chunk index with .cuda(): the same slice on the CPU.
+    from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding, yarn_rotary_pos_embedding
+
+    def pos_emb_on_this_cp_rank(pos_emb, seq_dim, cp_group):
+        cp_size, cp_rank = cp_group.size(), cp_group.rank()
+        chunks = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp_size, -1, *pos_emb.shape[seq_dim + 1:])
+        mine = torch.tensor([cp_rank, 2 * cp_size - 1 - cp_rank], device=pos_emb.device)
+        chunks = chunks.index_select(seq_dim, mine)
+        return chunks.view(*chunks.shape[:seq_dim], -1, *chunks.shape[seq_dim + 2:])
+
+    for module in (rope_utils, rotary_pos_embedding, yarn_rotary_pos_embedding):
+        module.get_pos_emb_on_this_cp_rank = pos_emb_on_this_cp_rank
     _cpu_shim_installed = True
 
 
