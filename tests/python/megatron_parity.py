@@ -29,6 +29,7 @@ class Case:
     spec: bool = False  # FlashDSAttention layer spec (else: plain DSAttention + hooks)
     relu: bool = False
     per_token: bool = False
+    loss_scale: float = 1.0  # DSAIndexerLossAutoScaler's main-loss scale (e.g. 1 / micro-batches)
     indexer_heads: int = 4  # ReLU cases use 16: an exact score tie at the K-th place (all heads' ReLU = 0)
     #                         is then improbable; ties may be broken differently by torch.topk (see docs)
 
@@ -36,7 +37,8 @@ class Case:
     def name(self) -> str:
         """Short id for pytest."""
         return (f"{self.layout}-{'sparse' if self.sparse else 'dense'}-freq{self.topk_freq}-cp{self.cp}"
-                f"{'-spec' if self.spec else ''}{'-relu' if self.relu else ''}{'-pertoken' if self.per_token else ''}")
+                f"{'-spec' if self.spec else ''}{'-relu' if self.relu else ''}{'-pertoken' if self.per_token else ''}"
+                f"{f'-scale{self.loss_scale:g}' if self.loss_scale != 1.0 else ''}")
 
 
 def _rel(a, b) -> float:
@@ -49,6 +51,7 @@ def _rel(a, b) -> float:
 def run_case(case: Case, rank: int) -> dict:
     """Runs both backends for ``case`` in an initialized process group; returns the comparison."""
     import torch
+    from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossAutoScaler
 
     from flashdsa import megatron as fm
     from flashdsa.megatron import testing as T
@@ -65,6 +68,7 @@ def run_case(case: Case, rank: int) -> dict:
                                 cp=case.cp, relu=case.relu, loss_coeff=1.0, init_method_std=0.1,
                                 per_token_loss=case.per_token)
         model = T.build_gpt(config, shape, seed=1234, flashdsa_attention=case.spec and backend == "flashdsa")
+        DSAIndexerLossAutoScaler.set_loss_scale(torch.tensor(case.loss_scale))
         fm.reset_stats()
         results[backend] = T.train_step(model, batch)
         counters[backend] = dict(fm.stats)
