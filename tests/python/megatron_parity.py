@@ -29,6 +29,7 @@ class Case:
     spec: bool = False  # FlashDSAttention layer spec (else: plain DSAttention + hooks)
     relu: bool = False
     per_token: bool = False
+    masked: bool = False     # THD only: real_token_mask_q marks each document's last 8 tokens as padding
     loss_scale: float = 1.0  # DSAIndexerLossAutoScaler's main-loss scale (e.g. 1 / micro-batches)
     indexer_heads: int = 4  # ReLU cases use 16: an exact score tie at the K-th place (all heads' ReLU = 0)
     #                         is then improbable; ties may be broken differently by torch.topk (see docs)
@@ -38,7 +39,7 @@ class Case:
         """Short id for pytest."""
         return (f"{self.layout}-{'sparse' if self.sparse else 'dense'}-freq{self.topk_freq}-cp{self.cp}"
                 f"{'-spec' if self.spec else ''}{'-relu' if self.relu else ''}{'-pertoken' if self.per_token else ''}"
-                f"{f'-scale{self.loss_scale:g}' if self.loss_scale != 1.0 else ''}")
+                f"{f'-scale{self.loss_scale:g}' if self.loss_scale != 1.0 else ''}{'-masked' if self.masked else ''}")
 
 
 def _rel(a, b) -> float:
@@ -59,6 +60,10 @@ def run_case(case: Case, rank: int) -> dict:
     shape = T.ModelShape(indexer_heads=case.indexer_heads)
     if case.layout == "thd":
         batch = T.make_batch([32, 64], shape.vocab_size, thd=True, seed=7)
+        if case.masked:
+            mask = torch.ones(1, 96, dtype=torch.bool)
+            mask[0, 24:32] = mask[0, 88:96] = False
+            batch["real_token_mask"] = mask
     else:
         batch = T.make_batch([48, 48], shape.vocab_size, thd=False, seed=7)
     batch = T.split_batch_for_cp(batch, case.cp, rank)

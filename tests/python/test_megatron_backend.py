@@ -27,7 +27,9 @@ SPEC_CASES = [Case(layout, sparse, 2, cp, spec=True)
 EXTRA_CASES = [Case("thd", True, 1, 1, spec=True), Case("sbhd", True, 1, 1, per_token=True),
                Case("thd", True, 1, 1, relu=True, indexer_heads=16),
                Case("thd", False, 2, 1, spec=True, relu=True, indexer_heads=16),
-               Case("sbhd", False, 1, 1, loss_scale=0.25), Case("thd", True, 2, 2, spec=True, loss_scale=0.25)]
+               Case("sbhd", False, 1, 1, loss_scale=0.25), Case("thd", True, 2, 2, spec=True, loss_scale=0.25),
+               Case("thd", True, 1, 1, masked=True), Case("thd", False, 1, 2, masked=True),
+               Case("thd", True, 2, 2, masked=True), Case("thd", True, 2, 1, spec=True, masked=True)]
 ALL_CASES = HOOK_CASES + SPEC_CASES + EXTRA_CASES
 
 
@@ -45,15 +47,16 @@ def parity_results():
 
 def expected_hooks(case: Case) -> dict:
     """The hook calls FlashDSA must serve in one training step of the 2-layer model."""
+    in_backward = case.spec and case.sparse and not case.masked  # masked rows: forward-time loss
     if case.topk_freq == 1:
         expected = {"run_fused_dsa_attention": NUM_LAYERS}
-        if case.spec and case.sparse:
+        if in_backward:
             expected["loss_in_backward"] = NUM_LAYERS
         return expected
     # topk_freq 2: layer 1 computes the top-k, layer 2 reuses it.
     if case.spec:
         expected = {"run_fused_dsa_attention": 1, "run_fused_absorbed_sparse_attention": 1}
-        if case.sparse:
+        if in_backward:
             expected["loss_in_backward"] = 1
         return expected
     expected = {"run_fused_absorbed_sparse_attention": NUM_LAYERS}

@@ -239,13 +239,17 @@ def split_batch_for_cp(batch: dict, cp: int, rank: int) -> dict:
         cu = batch["cu_seqlens"].tolist()
         rows = torch.cat([cu[i] + _zigzag_positions(cu[i + 1] - cu[i], cp, rank)
                           for i in range(len(cu) - 1)]).to(batch["input_ids"].device)
-    for key in ("input_ids", "labels", "position_ids"):
-        out[key] = batch[key].index_select(1, rows)
+    for key in ("input_ids", "labels", "position_ids", "real_token_mask"):
+        if batch.get(key) is not None:
+            out[key] = batch[key].index_select(1, rows)
     return out
 
 
 def train_step(model, batch: dict, *, zero_grad: bool = True) -> dict:
     """One forward + backward; returns the local LM loss (mean over local tokens), indexer losses, grads.
+
+    A THD batch may carry ``real_token_mask`` [1, T] (bool): it becomes
+    ``packed_seq_params.real_token_mask_q``, the query rows Megatron's indexer loss counts.
 
     The indexer losses are Megatron's tracker values per layer (what the training loop logs, before
     its cross-rank reduction) read after the backward.
@@ -266,6 +270,8 @@ def train_step(model, batch: dict, *, zero_grad: bool = True) -> dict:
         max_len = int((cu[1:] - cu[:-1]).max())
         packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
                                  cu_seqlens_kv_padded=cu, max_seqlen_q=max_len, max_seqlen_kv=max_len)
+        if batch.get("real_token_mask") is not None:  # Megatron reads it with getattr (DSA loss rows)
+            packed.real_token_mask_q = batch["real_token_mask"].to(device).reshape(-1)
     model.train()
     losses = model(batch["input_ids"], batch["position_ids"], None, labels=batch["labels"],
                    packed_seq_params=packed)
