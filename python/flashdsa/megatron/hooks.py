@@ -78,6 +78,18 @@ def _device_reason(t: torch.Tensor, op: str) -> Optional[str]:
     return f"device {t.device} (FlashDSA runs on CPU and CUDA)"
 
 
+def _cuda_ops_reason(device: torch.device, ops: tuple[str, ...]) -> Optional[str]:
+    """On CUDA: which of the raw ops ``ops`` this build cannot run (None when all run)."""
+    if device.type != "cuda":
+        return None
+    missing = [op for op in ops if not _ops.has_cuda_kernel(op)]
+    return f"this FlashDSA build has no CUDA kernel for {', '.join(missing)}" if missing else None
+
+
+_SPARSE_LOSS_OPS = ("sparse_mla_fwd", "attention_mass", "sparse_kl_fwd", "sparse_kl_bwd")
+_DENSE_LOSS_OPS = ("dense_kl_fwd", "dense_kl_bwd")
+
+
 def _topk_reason(topk: int, device: torch.device) -> Optional[str]:
     if not 1 <= topk <= 8192:
         return f"index_topk={topk} (must be in [1, 8192])"
@@ -336,6 +348,8 @@ def run_fused_qk_topk_with_loss(q: torch.Tensor, k: torch.Tensor, weights: torch
         reason = "no row-wise key bounds"
     if reason is None and loss_coeff <= 0:
         reason = "loss_coeff <= 0"
+    if reason is None:
+        reason = _cuda_ops_reason(q.device, _SPARSE_LOSS_OPS)
     if reason is None and (query.shape[0] != q.shape[0] or key.shape[0] != k.shape[0]):
         reason = f"indexer rows {q.shape[0]}/{k.shape[0]} differ from attention rows {query.shape[0]}/{key.shape[0]}"
     if reason:
@@ -375,6 +389,8 @@ def run_fused_absorbed_sparse_attention(query: torch.Tensor, key: torch.Tensor, 
             reason = f"topk_indices rank {topk_indices.dim()}"
         else:
             reason = _topk_reason(k_width, query.device)
+    if reason is None and torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
+        reason = _cuda_ops_reason(query.device, ("sparse_mla_bwd",))
     if reason:
         _decline(hook, reason)
         return None
@@ -419,6 +435,11 @@ def run_fused_dsa_attention(*, config: Any, query: torch.Tensor, key: torch.Tens
     else:
         reason = _attention_reason(query, key, latent) or _indexer_reason(q_indexer, k_indexer, indexer_weights,
                                                                            indexer_topk)
+    if reason is None and torch.is_grad_enabled():
+        needed = ("sparse_mla_bwd",) if (query.requires_grad or key.requires_grad) else ()
+        if loss_coeff > 0:
+            needed += _SPARSE_LOSS_OPS if sparse_loss else _DENSE_LOSS_OPS
+        reason = _cuda_ops_reason(query.device, needed)
     if reason is None and (q_indexer.shape[0] != query.shape[0] or k_indexer.shape[0] != key.shape[0]):
         reason = (f"indexer rows {q_indexer.shape[0]}/{k_indexer.shape[0]} differ from attention rows "
                   f"{query.shape[0]}/{key.shape[0]}")
@@ -444,7 +465,7 @@ def run_fused_dsa_attention(*, config: Any, query: torch.Tensor, key: torch.Tens
     loss: Optional[torch.Tensor] = None
     want_loss = loss_coeff > 0 and torch.is_grad_enabled()
     if (want_loss and sparse_loss and options is not None and options.loss_in_backward and rows is None
-            and tp_group is None):
+            and tp_group is None and _cuda_ops_reason(query.device, ("sparse_mla_bwd_mass",)) is None):
         stat = torch.float64 if query.dtype == torch.float64 else torch.float32
         loss_out = torch.zeros((), dtype=stat, device=query.device)
         normalizer = _loss_normalizer(None, q_main.shape[0], calculate_per_token_loss, stat, query.device)
