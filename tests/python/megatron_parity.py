@@ -30,6 +30,7 @@ class Case:
     relu: bool = False
     per_token: bool = False
     masked: bool = False     # THD only: real_token_mask_q marks each document's last 8 tokens as padding
+    eval: bool = False       # inference forward only (no indexer loss): compare the logits
     loss_scale: float = 1.0  # DSAIndexerLossAutoScaler's main-loss scale (e.g. 1 / micro-batches)
     indexer_heads: int = 4  # ReLU cases use 16: an exact score tie at the K-th place (all heads' ReLU = 0)
     #                         is then improbable; ties may be broken differently by torch.topk (see docs)
@@ -39,7 +40,7 @@ class Case:
         """Short id for pytest."""
         return (f"{self.layout}-{'sparse' if self.sparse else 'dense'}-freq{self.topk_freq}-cp{self.cp}"
                 f"{'-spec' if self.spec else ''}{'-relu' if self.relu else ''}{'-pertoken' if self.per_token else ''}"
-                f"{f'-scale{self.loss_scale:g}' if self.loss_scale != 1.0 else ''}{'-masked' if self.masked else ''}")
+                f"{f'-scale{self.loss_scale:g}' if self.loss_scale != 1.0 else ''}{'-masked' if self.masked else ''}{'-eval' if self.eval else ''}")
 
 
 def _rel(a, b) -> float:
@@ -75,8 +76,11 @@ def run_case(case: Case, rank: int) -> dict:
         model = T.build_gpt(config, shape, seed=1234, flashdsa_attention=case.spec and backend == "flashdsa")
         DSAIndexerLossAutoScaler.set_loss_scale(torch.tensor(case.loss_scale))
         fm.reset_stats()
-        results[backend] = T.train_step(model, batch)
+        results[backend] = T.eval_logits(model, batch) if case.eval else T.train_step(model, batch)
         counters[backend] = dict(fm.stats)
+    if case.eval:
+        return {"logits_rel": _rel(results["none"], results["flashdsa"]), "stats": counters["flashdsa"],
+                "stats_none": counters["none"]}
     ref, got = results["none"], results["flashdsa"]
     grad_rel = {name: _rel(ref["grads"][name], got["grads"][name]) for name in ref["grads"]}
     return {

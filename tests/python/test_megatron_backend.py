@@ -30,7 +30,9 @@ EXTRA_CASES = [Case("thd", True, 1, 1, spec=True), Case("sbhd", True, 1, 1, per_
                Case("sbhd", False, 1, 1, loss_scale=0.25), Case("thd", True, 2, 2, spec=True, loss_scale=0.25),
                Case("thd", True, 1, 1, masked=True), Case("thd", False, 1, 2, masked=True),
                Case("thd", True, 2, 2, masked=True), Case("thd", True, 2, 1, spec=True, masked=True)]
-ALL_CASES = HOOK_CASES + SPEC_CASES + EXTRA_CASES
+EVAL_CASES = [Case("sbhd", True, 1, 1, eval=True), Case("thd", True, 2, 1, eval=True),
+              Case("thd", True, 2, 2, spec=True, eval=True)]
+ALL_CASES = HOOK_CASES + SPEC_CASES + EXTRA_CASES + EVAL_CASES
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +49,12 @@ def parity_results():
 
 def expected_hooks(case: Case) -> dict:
     """The hook calls FlashDSA must serve in one training step of the 2-layer model."""
+    if case.eval:  # no indexer loss
+        if case.topk_freq == 1:
+            return {"run_fused_dsa_attention": NUM_LAYERS}
+        if case.spec:
+            return {"run_fused_dsa_attention": 1, "run_fused_absorbed_sparse_attention": 1}
+        return {"run_fused_qk_topk": 1, "run_fused_absorbed_sparse_attention": NUM_LAYERS}
     in_backward = case.spec and case.sparse and not case.masked  # masked rows: forward-time loss
     if case.topk_freq == 1:
         expected = {"run_fused_dsa_attention": NUM_LAYERS}
@@ -65,7 +73,15 @@ def expected_hooks(case: Case) -> dict:
     return expected
 
 
-@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", EVAL_CASES, ids=lambda c: c.name)
+def test_flashdsa_backend_matches_megatron_in_eval(parity_results, case):
+    for rank, result in enumerate(parity_results[case]):
+        assert "error" not in result, f"rank {rank}:\n{result.get('error')}"
+        assert result["stats"] == expected_hooks(case), f"rank {rank}: hooks {result['stats']}"
+        assert result["logits_rel"] <= TOL, result["logits_rel"]
+
+
+@pytest.mark.parametrize("case", HOOK_CASES + SPEC_CASES + EXTRA_CASES, ids=lambda c: c.name)
 def test_flashdsa_backend_matches_megatron(parity_results, case):
     for rank, result in enumerate(parity_results[case]):
         assert "error" not in result, f"rank {rank}:\n{result.get('error')}"

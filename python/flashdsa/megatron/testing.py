@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 __all__ = ["ModelShape", "build_config", "build_gpt", "dsa_layer_spec", "init_parallel", "install_cpu_shim",
-           "make_batch", "split_batch_for_cp", "train_step", "destroy_parallel"]
+           "make_batch", "split_batch_for_cp", "train_step", "eval_logits", "destroy_parallel"]
 
 
 @dataclasses.dataclass
@@ -245,6 +245,29 @@ def split_batch_for_cp(batch: dict, cp: int, rank: int) -> dict:
     return out
 
 
+def _packed_params(batch: dict, device):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    if batch.get("cu_seqlens") is None:
+        return None
+    cu = batch["cu_seqlens"].to(device=device, dtype=torch.int32)
+    max_len = int((cu[1:] - cu[:-1]).max())
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
+                             cu_seqlens_kv_padded=cu, max_seqlen_q=max_len, max_seqlen_kv=max_len)
+    if batch.get("real_token_mask") is not None:  # Megatron reads it with getattr (DSA loss rows)
+        packed.real_token_mask_q = batch["real_token_mask"].to(device).reshape(-1)
+    return packed
+
+
+def eval_logits(model, batch: dict) -> torch.Tensor:
+    """Inference forward (``model.eval()``, no grad): the logits [b, s, vocab]."""
+    device = next(model.parameters()).device
+    model.eval()
+    with torch.no_grad():
+        return model(batch["input_ids"], batch["position_ids"], None,
+                     packed_seq_params=_packed_params(batch, device)).float()
+
+
 def train_step(model, batch: dict, *, zero_grad: bool = True) -> dict:
     """One forward + backward; returns the local LM loss (mean over local tokens), indexer losses, grads.
 
@@ -254,7 +277,6 @@ def train_step(model, batch: dict, *, zero_grad: bool = True) -> dict:
     The indexer losses are Megatron's tracker values per layer (what the training loop logs, before
     its cross-rank reduction) read after the backward.
     """
-    from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
 
     num_layers = model.config.num_layers
@@ -264,14 +286,7 @@ def train_step(model, batch: dict, *, zero_grad: bool = True) -> dict:
     if zero_grad:
         for p in model.parameters():
             p.grad = None
-    packed = None
-    if batch.get("cu_seqlens") is not None:
-        cu = batch["cu_seqlens"].to(device=device, dtype=torch.int32)
-        max_len = int((cu[1:] - cu[:-1]).max())
-        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
-                                 cu_seqlens_kv_padded=cu, max_seqlen_q=max_len, max_seqlen_kv=max_len)
-        if batch.get("real_token_mask") is not None:  # Megatron reads it with getattr (DSA loss rows)
-            packed.real_token_mask_q = batch["real_token_mask"].to(device).reshape(-1)
+    packed = _packed_params(batch, device)
     model.train()
     losses = model(batch["input_ids"], batch["position_ids"], None, labels=batch["labels"],
                    packed_seq_params=packed)
