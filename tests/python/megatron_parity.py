@@ -30,6 +30,7 @@ class Case:
     relu: bool = False
     per_token: bool = False
     masked: bool = False     # THD only: real_token_mask_q marks each document's last 8 tokens as padding
+    device: str = "cpu"      # "cuda": bf16, CUDA kernel shapes (D_qk 576, 16 heads, H_I 32); loose checks
     eval: bool = False       # inference forward only (no indexer loss): compare the logits
     loss_scale: float = 1.0  # DSAIndexerLossAutoScaler's main-loss scale (e.g. 1 / micro-batches)
     indexer_heads: int = 4  # ReLU cases use 16: an exact score tie at the K-th place (all heads' ReLU = 0)
@@ -40,7 +41,7 @@ class Case:
         """Short id for pytest."""
         return (f"{self.layout}-{'sparse' if self.sparse else 'dense'}-freq{self.topk_freq}-cp{self.cp}"
                 f"{'-spec' if self.spec else ''}{'-relu' if self.relu else ''}{'-pertoken' if self.per_token else ''}"
-                f"{f'-scale{self.loss_scale:g}' if self.loss_scale != 1.0 else ''}{'-masked' if self.masked else ''}{'-eval' if self.eval else ''}")
+                f"{f'-scale{self.loss_scale:g}' if self.loss_scale != 1.0 else ''}{'-masked' if self.masked else ''}{'-eval' if self.eval else ''}{'-cuda' if self.device == 'cuda' else ''}")
 
 
 def _rel(a, b) -> float:
@@ -59,6 +60,11 @@ def run_case(case: Case, rank: int) -> dict:
     from flashdsa.megatron import testing as T
 
     shape = T.ModelShape(indexer_heads=case.indexer_heads)
+    dtype = torch.float32
+    if case.device == "cuda":
+        shape = T.ModelShape(hidden_size=256, num_attention_heads=16, q_lora_rank=128, kv_lora_rank=512,
+                             qk_head_dim=32, v_head_dim=32, indexer_heads=32, indexer_head_dim=64, topk=64)
+        dtype = torch.bfloat16
     if case.layout == "thd":
         batch = T.make_batch([32, 64], shape.vocab_size, thd=True, seed=7)
         if case.masked:
@@ -67,12 +73,15 @@ def run_case(case: Case, rank: int) -> dict:
             batch["real_token_mask"] = mask
     else:
         batch = T.make_batch([48, 48], shape.vocab_size, thd=False, seed=7)
+    if case.device == "cuda":
+        batch = T.make_batch([128, 256] if case.layout == "thd" else [192, 192], shape.vocab_size,
+                             thd=case.layout == "thd", seed=7, device="cuda")
     batch = T.split_batch_for_cp(batch, case.cp, rank)
     results, counters = {}, {}
     for backend in ("none", "flashdsa"):
         config = T.build_config(shape, backend=backend, sparse_loss=case.sparse, topk_freq=case.topk_freq,
                                 cp=case.cp, relu=case.relu, loss_coeff=1.0, init_method_std=0.1,
-                                per_token_loss=case.per_token)
+                                per_token_loss=case.per_token, dtype=dtype)
         model = T.build_gpt(config, shape, seed=1234, flashdsa_attention=case.spec and backend == "flashdsa")
         DSAIndexerLossAutoScaler.set_loss_scale(torch.tensor(case.loss_scale))
         fm.reset_stats()
@@ -101,8 +110,10 @@ def _worker(rank: int, world: int, cp: int, cases: list, init_file: str, out_dir
     torch.set_num_threads(1)
     from flashdsa.megatron import testing as T
 
-    T.install_cpu_shim()
-    T.init_parallel(rank, world, cp, init_file=init_file, backend="gloo")
+    cuda = any(case.device == "cuda" for case in cases)
+    if not cuda:
+        T.install_cpu_shim()
+    T.init_parallel(rank, world, cp, init_file=init_file, backend="nccl" if cuda else "gloo")
     out = {}
     for case in cases:
         try:
