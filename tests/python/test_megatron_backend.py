@@ -31,7 +31,8 @@ EXTRA_CASES = [Case("thd", True, 1, 1, spec=True), Case("sbhd", True, 1, 1, per_
                Case("thd", True, 1, 1, masked=True), Case("thd", False, 1, 2, masked=True),
                Case("thd", True, 2, 2, masked=True), Case("thd", True, 2, 1, spec=True, masked=True)]
 EVAL_CASES = [Case("sbhd", True, 1, 1, eval=True), Case("thd", True, 2, 1, eval=True),
-              Case("thd", True, 2, 2, spec=True, eval=True)]
+              Case("thd", True, 2, 2, spec=True, eval=True), Case("thd", True, 2, 2, eval=True),
+              Case("sbhd", False, 2, 2, eval=True)]
 ALL_CASES = HOOK_CASES + SPEC_CASES + EXTRA_CASES + EVAL_CASES
 CUDA_CASES = [Case("thd", True, 1, 1, device="cuda"), Case("sbhd", False, 1, 1, device="cuda"),
               Case("thd", True, 2, 1, spec=True, device="cuda"), Case("thd", False, 2, 1, spec=True, device="cuda")]
