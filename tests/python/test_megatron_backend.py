@@ -25,6 +25,7 @@ HOOK_CASES = [Case(layout, sparse, freq, cp)
 SPEC_CASES = [Case(layout, sparse, 2, cp, spec=True)
               for cp in (1, 2) for layout in ("sbhd", "thd") for sparse in (True, False)]
 EXTRA_CASES = [Case("thd", True, 1, 1, spec=True), Case("sbhd", True, 1, 1, per_token=True),
+               Case("thd", True, 1, 2, spec=True, per_token=True),
                Case("thd", True, 1, 1, relu=True, indexer_heads=16),
                Case("thd", False, 2, 1, spec=True, relu=True, indexer_heads=16),
                Case("sbhd", False, 1, 1, loss_scale=0.25), Case("thd", True, 2, 2, spec=True, loss_scale=0.25),
