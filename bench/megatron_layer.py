@@ -67,12 +67,67 @@ def _build(backend: str, shape: dict, device: str):
     return module.to(device=device, dtype=dtype), config, dtype
 
 
+def _measure(module, shape: dict, t: int, dtype, device: str, iters: int, backend: str) -> dict:
+    """Median fwd+bwd ms (and peak GiB above the inputs on CUDA) of one DSAttention call at T = t."""
+    import torch
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from flashdsa import megatron as fm
+
+    g = torch.Generator(device=device).manual_seed(0)
+    heads, d_qk = shape["heads"], shape["kv_lora_rank"] + 64
+
+    def rand(*size, grad=False, std=0.5):
+        x = (torch.randn(*size, generator=g, device=device, dtype=torch.float32) * std).to(dtype)
+        return x.requires_grad_(grad)
+
+    query = rand(t, heads, d_qk, grad=True)
+    key = rand(t, 1, d_qk, grad=True)
+    x = rand(t, 1, shape["hidden"])
+    qr = rand(t, 1, shape["q_lora_rank"])
+    up_v = rand(heads, shape["v_head_dim"], shape["kv_lora_rank"], std=0.02)
+    dout = rand(t, 1, heads * shape["v_head_dim"])
+    cu = torch.tensor([0, t], dtype=torch.int32, device=device)
+
+    def step():
+        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
+                                 cu_seqlens_kv_padded=cu, max_seqlen_q=t, max_seqlen_kv=t)
+        out = module(query, key, None, None, x, qr, attn_mask_type=AttnMaskType.causal,
+                     packed_seq_params=packed, up_v_weight=up_v)
+        out.backward(dout.view_as(out))
+        query.grad = key.grad = None
+        for p in module.parameters():
+            p.grad = None
+
+    fm.reset_stats()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    step()  # warm-up (JIT, autotune, caches)
+    times = []
+    for _ in range(iters):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    row = dict(status="ok", ms=times[len(times) // 2], ms_min=times[0], hooks=dict(fm.stats))
+    if device == "cuda":
+        row["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    if backend.startswith("flashdsa") and any(k.startswith("declined") for k in fm.stats):
+        row.update(status="declined", reason=f"FlashDSA declined: {dict(fm.stats)}")
+    return row
+
+
 def _run_backend(backend: str, args) -> list[dict]:
     """All (H_I, T) cases of one backend, in this process."""
     warnings.filterwarnings("ignore")
     import torch
-    from megatron.core.packed_seq_params import PackedSeqParams
-    from megatron.core.transformer.enums import AttnMaskType
 
     from flashdsa.megatron import testing as T
 
@@ -99,57 +154,8 @@ def _run_backend(backend: str, args) -> list[dict]:
                 row.update(status="not run", reason=f"failed at a smaller T ({failed_smaller})")
                 rows.append(row)
                 continue
-            g = torch.Generator(device=device).manual_seed(0)
-            heads, d_qk = shape["heads"], shape["kv_lora_rank"] + 64
-
-            def rand(*size, grad=False):
-                x = (torch.randn(*size, generator=g, device=device, dtype=torch.float32) * 0.5).to(dtype)
-                return x.requires_grad_(grad)
-
             try:
-                query = rand(t, heads, d_qk, grad=True)
-                key = rand(t, 1, d_qk, grad=True)
-                x = rand(t, 1, shape["hidden"])
-                qr = rand(t, 1, shape["q_lora_rank"])
-                up_v = rand(heads, shape["v_head_dim"], shape["kv_lora_rank"]) * 0.05
-                dout = rand(t, 1, heads * shape["v_head_dim"])
-                cu = torch.tensor([0, t], dtype=torch.int32, device=device)
-                packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
-                                         cu_seqlens_kv_padded=cu, max_seqlen_q=t, max_seqlen_kv=t)
-
-                def step():
-                    packed.__dict__.pop("_dsa_index_share_topk_holder", None)
-                    out = module(query, key, None, None, x, qr, attn_mask_type=AttnMaskType.causal,
-                                 packed_seq_params=packed, up_v_weight=up_v)
-                    out.backward(dout.view_as(out))
-                    query.grad = key.grad = None
-                    for p in module.parameters():
-                        p.grad = None
-
-                from flashdsa import megatron as fm
-
-                fm.reset_stats()
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                    base = torch.cuda.memory_allocated()
-                    torch.cuda.reset_peak_memory_stats()
-                step()  # warm-up (JIT, autotune, caches)
-                times = []
-                for _ in range(args.iters):
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    step()
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    times.append((time.perf_counter() - start) * 1e3)
-                times.sort()
-                row.update(status="ok", ms=times[len(times) // 2], ms_min=times[0],
-                           hooks={k: v for k, v in fm.stats.items()})
-                if device == "cuda":
-                    row["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-                if backend.startswith("flashdsa") and any(k.startswith("declined") for k in fm.stats):
-                    row.update(status="declined", reason=f"FlashDSA declined: {dict(fm.stats)}")
+                row.update(_measure(module, shape, t, dtype, device, args.iters, backend))
             except Exception as error:
                 oom = "out of memory" in str(error).lower()
                 row.update(status="OOM" if oom else "error",
@@ -158,8 +164,6 @@ def _run_backend(backend: str, args) -> list[dict]:
                     row["traceback"] = traceback.format_exc()[-2000:]
                 failed_smaller = t
             finally:
-                for name in ("query", "key", "x", "qr", "up_v", "dout"):
-                    locals().pop(name, None)
                 if device == "cuda":
                     torch.cuda.empty_cache()
             rows.append(row)
