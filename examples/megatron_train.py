@@ -8,8 +8,9 @@ uses plain DSAttention + the backend hooks). Logs LM loss, indexer loss (Megatro
 layers / layers) and the gradient norm per step; writes a PNG overlay and JSON, and prints the maximum
 relative LM-loss difference between the two runs.
 
-The task is a copy task (each sequence is a random first half repeated), which attention solves by
-looking back exactly half a sequence: the LM loss falls once the indexer selects those keys.
+The data: the first half of each sequence is a noisy Markov chain (learnable locally), the second
+half repeats the first (learnable by attending exactly half a sequence back, i.e. once the indexer
+selects those keys).
 
 GPU (H200, bf16; defaults: 4 layers, 16 heads, D_qk = 576, H_I = 32, D_I = 128, K = 512, T = 4096)::
 
@@ -42,12 +43,23 @@ def _shape(tiny: bool):
 
 
 def _copy_batch(step: int, seq_len: int, docs: int, vocab: int, seed: int, device):
-    """Packed THD batch of ``docs`` sequences, each a random half followed by the same half again."""
+    """Packed THD batch of ``docs`` sequences: a noisy Markov chain for the first half, then its copy.
+
+    The first half follows a fixed random permutation (next = perm[current]) with probability 0.8,
+    a uniform token otherwise (learnable locally); the second half repeats the first (learnable only
+    by attending exactly half a sequence back, i.e. by selecting the right keys).
+    """
     import torch
 
+    perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
     g = torch.Generator().manual_seed(seed * 100003 + step)
     half = seq_len // 2
-    first = torch.randint(0, vocab, (docs, half), generator=g)
+    first = torch.empty(docs, half, dtype=torch.int64)
+    first[:, 0] = torch.randint(0, vocab, (docs,), generator=g)
+    noise = torch.randint(0, vocab, (docs, half), generator=g)
+    keep = torch.rand(docs, half, generator=g) < 0.8
+    for i in range(1, half):
+        first[:, i] = torch.where(keep[:, i], perm[first[:, i - 1]], noise[:, i])
     seqs = torch.cat([first, first], dim=1)                       # [docs, seq_len]
     tokens = seqs.reshape(1, -1)
     labels = torch.cat([seqs[:, 1:], seqs[:, :1]], dim=1).reshape(1, -1)
