@@ -120,14 +120,20 @@ template <int D>
 __device__ __forceinline__ void issue_score_half(float (&acc)[kHalfAcc], const __nv_bfloat16* ktile,
                                                  const __nv_bfloat16* qs, int half) {
   const char* qhalf = reinterpret_cast<const char*>(qs) + half * kHalfCols * hw::kSw128RowBytes;
+  // Descriptors of k-step 0, advanced by compile-time byte offsets (address field = bytes >> 4; the
+  // sums stay below the 14-bit field's limit since shared addresses are < 228 KB): two 64-bit adds
+  // per wgmma instead of rebuilding both descriptors from the addresses.
+  const uint64_t da = hw::desc_k_major(ktile, kTileKeys, 0), db = hw::desc_k_major(qhalf, kCols, 0);
+  auto step = [](int rows, int ks) -> uint64_t {
+    return static_cast<uint64_t>(((ks >> 2) * rows * hw::kSw128RowBytes + (ks & 3) * 32) >> 4);
+  };
   hw::wgmma_fence();
   // The first k-step overwrites acc and declares it output-only, so the compiler keeps no registers
   // for acc's old (consumed) values across the code before the issue.
-  hw::wgmma_ss_m64n128k16_overwrite<0, 0>(acc, hw::desc_k_major(ktile, kTileKeys, 0), hw::desc_k_major(qhalf, kCols, 0));
+  hw::wgmma_ss_m64n128k16_overwrite<0, 0>(acc, da, db);
 #pragma unroll
   for (int ks = 1; ks < D / 16; ++ks) {
-    hw::wgmma_ss_m64n128k16<0, 0>(acc, hw::desc_k_major(ktile, kTileKeys, ks), hw::desc_k_major(qhalf, kCols, ks),
-                                  true);
+    hw::wgmma_ss_m64n128k16<0, 0>(acc, da + step(kTileKeys, ks), db + step(kCols, ks), true);
   }
   hw::wgmma_commit();
 }
@@ -252,13 +258,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
     }
     const int tile0 = hi > 0 ? lo / kTileKeys : 0;
     const int ntiles = hi > 0 ? (hi + kTileKeys - 1) / kTileKeys - tile0 : 0;
-    int my_start[TPL], my_end[TPL];
     uint32_t my_thr[TPL];
-#pragma unroll
-    for (int u = 0; u < TPL; ++u) {
-      my_start[u] = sm.k_start[quad * TPL + u];
-      my_end[u] = sm.k_end[quad * TPL + u];
-    }
 
     // Software pipeline over (tile, column half) so that the epilogue of one half runs on the CUDA
     // cores while the tensor cores score the other half (the second CTA of the SM hides the selection).
@@ -297,8 +297,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
       partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
       float sums[NT / 2];
       quad_reduce_scatter<NT>(part, sums, quad);
+      // The rows' ranges and thresholds are re-read from shared memory each tile (broadcast loads):
+      // keeping the ranges in registers across the walk made ptxas spill at H_I = 64.
+      int my_start[TPL], my_end[TPL];
 #pragma unroll
-      for (int u = 0; u < TPL; ++u) my_thr[u] = sm.thr[quad * TPL + u];
+      for (int u = 0; u < TPL; ++u) {
+        my_thr[u] = sm.thr[quad * TPL + u];
+        my_start[u] = sm.k_start[quad * TPL + u];
+        my_end[u] = sm.k_end[quad * TPL + u];
+      }
       // Append visible keys above the row's threshold. The lanes of one quad position append to
       // the same row: one shared-memory atomic per group of them.
       const int key0 = (tile0 + tile) * kTileKeys + acc_row;
