@@ -216,3 +216,24 @@ def test_declines_unsupported_config_once_and_counts():
         assert hooks.run_fused_absorbed_sparse_attention(query, key, idx, 0.1, 32) is None
     assert fm.stats["declined:run_fused_absorbed_sparse_attention"] == 1
     assert fm.stats["run_fused_absorbed_sparse_attention"] == 0
+
+
+def test_use_flashdsa_attention_rewrites_block_specs_in_place():
+    from megatron.core.transformer.experimental_attention_variant.dsa import DSAttention
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    from flashdsa.megatron import FlashDSAttention, use_flashdsa_attention
+    from flashdsa.megatron.testing import dsa_layer_spec
+
+    layer = dsa_layer_spec()
+    block = TransformerBlockSubmodules(layer_specs=[layer, dsa_layer_spec()])
+
+    def core(spec):
+        return spec.submodules.self_attention.submodules.core_attention
+
+    assert core(layer).module is DSAttention
+    assert use_flashdsa_attention(block, indexer_loss_in_backward=False) is block
+    for spec in block.layer_specs:
+        assert core(spec).module is FlashDSAttention
+        assert core(spec).params["indexer_loss_in_backward"] is False
+    assert issubclass(FlashDSAttention, DSAttention)
