@@ -138,9 +138,14 @@ __device__ __forceinline__ void issue_score_half(float (&acc)[kHalfAcc], const _
   hw::wgmma_commit();
 }
 
+// f of the score formula. ReLU keeps NaN (max.NaN): fmaxf would turn a NaN product into 0 and let
+// the key be selected with a finite score (docs/reliability.md).
 template <bool kRelu>
 __device__ __forceinline__ float activation(float x) {
-  return kRelu ? fmaxf(x, 0.f) : x;
+  if (!kRelu) return x;
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // This thread's share of the head sums of the tokens of column half HALF: part[2 * tok + r] = sum
