@@ -155,9 +155,11 @@ def test_torch_compile_fullgraph(device):
     for name, eager, compiled in zip(["loss", "dq", "dkv", "dq_idx", "dk_idx", "dweights"], *results):
         # The CUDA indexer's slot order within a row may differ from call to call (its candidate
         # lists are appended to with shared-memory atomics), which reorders the sums behind the
-        # bf16 gradients: those agree to bf16 rounding (torch's default bf16 tolerance), the fp32
-        # results tightly.
-        tol = {} if eager.dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-6}
+        # bf16 outputs: those agree to bf16 rounding (torch's default bf16 tolerance). The loss
+        # sums the bf16 attention output too (out.float() * dout), so on CUDA it gets the bf16
+        # tolerance as well (it failed 1 in 2 H200 runs at rtol 1e-5); the fp32 gradients tightly.
+        bf16_level = eager.dtype == torch.bfloat16 or (name == "loss" and device == "cuda")
+        tol = {"rtol": 1.6e-2, "atol": 1e-5} if bf16_level else {"rtol": 1e-5, "atol": 1e-6}
         torch.testing.assert_close(compiled, eager, msg=name, **tol)
 
 
