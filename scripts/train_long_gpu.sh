@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 18 on the H200 (docs/training.md, "Long range: the two-stage recipe"). Phases, in order:
+#   build    the torch extension with the CUDA kernels (skipped when the installed one has them)
+#   compare  examples/train_long.py at 32K tokens per sequence, pairs 1K-30K back: the two-stage
+#            recipe (dense stage, dense warm-up of the indexer, sparse stage) and sparse training
+#            from scratch, each for --minutes of wall clock, same init and batches; peak memory and
+#            the T x T allocation check on one step of every stage
+#   parity   examples/train_recall.py --parity on the small task: fused (bf16) vs the plain-PyTorch
+#            reference (fp32 accumulation), --parity-steps steps, LM-loss and gradient-norm curves
+# Logs, PNGs and JSONs go to ${OUT:-/tmp/flashdsa_train_long} (at most 8 files); summary last.
+#   bash scripts/train_long_gpu.sh [--minutes M] [--parity-steps N] [--phases build,compare,parity]
+#                                  [--extra "more train_long.py options"]
+# Time: compare = 2 x M minutes + ~1 min (start, memory checks); parity ~1-3 min; build a few min.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flashdsa_train_long}; mkdir -p "$OUT"
+RUNS=${RUNS:-/tmp/flashdsa_train_long_runs}; mkdir -p "$RUNS"
+PY=${PYTHON:-python3}
+minutes=4; parity_steps=200; phases=build,compare,parity; extra=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --minutes) minutes=$2; shift 2 ;;
+    --parity-steps) parity_steps=$2; shift 2 ;;
+    --phases) phases=$2; shift 2 ;;
+    --extra) extra=$2; shift 2 ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+done
+has() { case ",$phases," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FLASHDSA_WITH_CUDA=1
+summary=()
+t0=$(date +%s)
+
+kernels_ok() {
+  $PY -c "import flashdsa, sys; sys.exit(0 if all(flashdsa.has_cuda_kernel(op) for op in flashdsa.ops.OP_NAMES) else 1)" 2>/dev/null
+}
+if has build; then
+  if kernels_ok; then
+    summary+=("build: the installed extension has every CUDA kernel (not rebuilt)")
+  elif $PY -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 && kernels_ok; then
+    summary+=("build: OK ($(( $(date +%s) - t0 )) s)")
+  else
+    tail -30 "$OUT/build.log"; echo "build: FAILED"; exit 1
+  fi
+fi
+kernels_ok || { echo "flashdsa's CUDA kernels are missing: run with --phases build first"; exit 1; }
+
+if has compare; then
+  t=$(date +%s)
+  # 2 budgets + 3 min slack (start-up, memory-check steps, the step in flight at the budget's end).
+  timeout $(( minutes * 120 + 180 )) $PY examples/train_long.py --device cuda --compare --budget-minutes "$minutes" \
+    --memory-check --log-every 50 --out "$RUNS/long" $extra >"$OUT/train_long.log" 2>&1
+  rc=$?
+  cp "$RUNS/long/compare.png" "$RUNS/long/compare.json" "$OUT/" 2>/dev/null
+  summary+=("compare (rc $rc, $(( $(date +%s) - t )) s):")
+  while IFS= read -r line; do summary+=("  $line"); done < <(grep -a -A8 "^recipe " "$OUT/train_long.log" | grep -v "^wrote")
+  [ $rc -ne 0 ] && tail -20 "$OUT/train_long.log"
+fi
+
+if has parity; then
+  t=$(date +%s)
+  # The CUDA preset's model (kernel shapes, bf16) on the small task at 4096 tokens per step, K = 64.
+  timeout 420 $PY examples/train_recall.py --device cuda --parity --tokens 4096 --steps "$parity_steps" \
+    --log-every 50 --out "$RUNS/parity" >"$OUT/parity.log" 2>&1
+  rc=$?
+  cp "$RUNS/parity/parity.png" "$OUT/parity_cuda.png" 2>/dev/null
+  cp "$RUNS/parity/parity.json" "$OUT/parity_cuda.json" 2>/dev/null
+  summary+=("parity (rc $rc, $(( $(date +%s) - t )) s):")
+  while IFS= read -r line; do summary+=("  $line"); done < <(grep -a "max relative difference" "$OUT/parity.log")
+  [ $rc -ne 0 ] && tail -20 "$OUT/parity.log"
+fi
+
+echo "==== summary ($(( $(date +%s) - t0 )) s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+printf '%s\n' "${summary[@]}"
