@@ -72,6 +72,12 @@ class LongConfig(tr.Config):
     indexer_lr: float = 1e-3  # stage 1
     sparse_lr: float = 3e-4  # stage 2 (the scratch recipe uses lr: it starts from random weights)
     kl_rows: float = 1.0  # fraction of query rows in the dense KL loss (a random subset per step)
+    # Stage 0 length curriculum: sequences of short_len, 2·short_len, ... up to seq_len (same tokens
+    # per step, distances and queries scaled with the length); 0 = off. A level ends when its share
+    # of stage 0 is spent or the accuracy reaches switch_accuracy.
+    short_len: int = 0
+    switch_accuracy: float = 0.95  # stage 0 ends early at this accuracy (mean of 10 steps) at full length
+    switch_recall: float = 0.95  # stage 1 ends early at this top-K recall (mean of 10 steps)
 
     def __post_init__(self):
         self.tokens = self.seq_len * self.seqs
@@ -91,11 +97,13 @@ PRESETS: Dict[str, LongConfig] = {
                       sparse_steps=100, indexer_lr=1e-3, sparse_lr=3e-4),
     # H200, bf16, the kernels' shapes: 32K tokens per sequence, pairs 1K-30K back, K = 512
     # (random top-K recall ~0.02). Stage lengths are caps; --budget-minutes sets the time.
-    "cuda": LongConfig(seq_len=32768, queries=256, dist_min=1024, dist_max=30000, num_keys=512, num_values=16,
+    # Stage 0 runs a length curriculum 512 -> 32K (the dense model must first form the lookup,
+    # which takes a few hundred steps even at short range; see docs/training.md).
+    "cuda": LongConfig(seq_len=32768, queries=1024, dist_min=1024, dist_max=30000, num_keys=2048, num_values=16,
                        num_fillers=64, d_model=512, layers=2, topk_freq=2, heads=16, d_latent=512, d_nope=64,
                        d_head_v=64, idx_heads=32, idx_dim=64, idx_rope=32, topk=512, lr=1e-3, warmup=30,
                        dense_steps=100000, warmup_steps=100000, sparse_steps=100000, indexer_lr=1e-3,
-                       sparse_lr=3e-4, kl_rows=0.125),
+                       sparse_lr=3e-4, kl_rows=0.125, short_len=512, switch_accuracy=0.9),
 }
 
 
@@ -130,6 +138,28 @@ def make_long_sequence(cfg: LongConfig, vocab: tr.Vocab, gen: torch.Generator):
     query_rows = first_query + 2 * torch.arange(n_q)
     seq[query_rows], seq[query_rows + 1] = keys[asked], values[asked]
     return seq, query_rows, value_rows[asked]
+
+
+def at_length(cfg: LongConfig, length: int) -> LongConfig:
+    """The task at sequence length ``length`` (curriculum): same tokens per step (more sequences),
+    distances and queries per sequence scaled by ``length / seq_len``."""
+    if length == cfg.seq_len:
+        return cfg
+    if cfg.tokens % length:
+        raise ValueError(f"curriculum length {length} does not divide the {cfg.tokens} tokens per step")
+    f = length / cfg.seq_len
+    return dataclasses.replace(cfg, seq_len=length, seqs=cfg.tokens // length, queries=max(1, round(cfg.queries * f)),
+                               dist_min=max(1, round(cfg.dist_min * f)), dist_max=max(2, round(cfg.dist_max * f)))
+
+
+def curriculum_lengths(cfg: LongConfig) -> List[int]:
+    """Stage 0's sequence lengths: short_len doubling up to seq_len (just seq_len when off)."""
+    if cfg.short_len <= 0 or cfg.short_len >= cfg.seq_len:
+        return [cfg.seq_len]
+    lengths = [cfg.short_len]
+    while lengths[-1] * 2 < cfg.seq_len:
+        lengths.append(lengths[-1] * 2)
+    return lengths + [cfg.seq_len]
 
 
 def make_long_batch(cfg: LongConfig, vocab: tr.Vocab, gen: torch.Generator) -> tr.Batch:
@@ -181,7 +211,7 @@ def recipe_stages(cfg: LongConfig, recipe: str, budget_seconds: Optional[float] 
     def share(i):
         return None if budget_seconds is None else budget_seconds * fractions[i]
 
-    if recipe == "two-stage":
+    if recipe == "two-stage":  # (stage 2's time cap is what stages 0 and 1 left: see train_recipe)
         return [Stage("dense", "dense", False, "model", cfg.dense_steps, share(0), cfg.lr),
                 Stage("warmup", "dense", True, "indexer", cfg.warmup_steps, share(1), cfg.indexer_lr),
                 Stage("sparse", "sparse", False, "all", cfg.sparse_steps, share(2), cfg.sparse_lr)]
@@ -269,6 +299,10 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
     (name, first step, steps, seconds, trainable/frozen parameter counts, a frozen-parameter
     check) and, with ``memory_check`` on CUDA, ``memory`` per stage."""
     act_dtype = tr.activation_dtype(device)
+    if device == "cuda" and recipe == "two-stage":
+        missing = [op for op in ("dense_kl_fwd", "dense_kl_bwd") if not flashdsa.has_cuda_kernel(op)]
+        if missing:
+            raise SystemExit(f"the dense warm-up needs flashdsa's CUDA kernels {missing}")
     run = tr.Run(cfg, recipe, device, act_dtype, backend="fused")
     vocab = tr.Vocab.of(cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -276,22 +310,44 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
     h.update(stage=[], tokens_per_second=[])
     stages_out, memory = [], {}
     global_step, start = 0, time.perf_counter()
+    h["seq_len"] = []
     for stage in recipe_stages(cfg, recipe, budget_seconds, fractions):
+        if stage.name == "sparse" and recipe == "two-stage" and budget_seconds is not None:
+            stage = stage._replace(seconds=max(0.0, budget_seconds - (time.perf_counter() - start)))  # what is left
         counts = apply_stage(run.model, stage)
         frozen_before = {n: p.detach().clone() for n, p in run.model.named_parameters() if not p.requires_grad}
         stage_start, i = time.perf_counter(), 0
+        lengths = curriculum_lengths(cfg) if stage.name == "dense" else [cfg.seq_len]
+        level, level_start = 0, 0
         print(f"[{recipe}] stage {stage.name}: attention {stage.attention}, dense KL {'on' if stage.dense_kl else 'off'}, "
               f"trains {stage.trains} ({counts['trainable']} parameters, {counts['frozen']} frozen), lr {stage.lr:g}, "
-              f"up to {stage.steps} steps" + (f" / {stage.seconds:.0f} s" if stage.seconds else ""), flush=True)
+              f"up to {stage.steps} steps" + (f" / {stage.seconds:.0f} s" if stage.seconds else "")
+              + (f", sequence lengths {lengths}" if len(lengths) > 1 else ""), flush=True)
         while i < stage.steps:
             elapsed = time.perf_counter() - stage_start
             if stage.seconds is not None and elapsed >= stage.seconds:
                 break
             progress = max(i / stage.steps, elapsed / stage.seconds if stage.seconds else 0.0)
+            recent = h["accuracy"][-10:] if i - level_start >= 10 else []
+            reached = bool(recent) and sum(recent) / len(recent) >= cfg.switch_accuracy
+            if stage.name == "dense" and reached and level == len(lengths) - 1:
+                print(f"[{recipe}] stage dense: accuracy {sum(recent) / len(recent):.3f} >= {cfg.switch_accuracy}: next stage")
+                break
+            if stage.name == "warmup" and i >= 10:
+                recall = [r[0] for r in h["recall"][-10:]]
+                if sum(recall) / 10 >= cfg.switch_recall:
+                    print(f"[{recipe}] stage warmup: recall {sum(recall) / 10:.3f} >= {cfg.switch_recall}: next stage")
+                    break
+            if level < len(lengths) - 1 and (reached or progress >= (level + 1) / len(lengths)):
+                level, level_start = level + 1, i
+                print(f"[{recipe}] stage dense: sequence length {lengths[level]} from step {global_step + 1}", flush=True)
             lr = stage_lr(stage.lr, i, progress, cfg.warmup)
-            batch = make_long_batch(cfg, vocab, gen).to(device)
+            batch = make_long_batch(at_length(cfg, lengths[level]), vocab, gen).to(device)
+            h["seq_len"].append(lengths[level])
             t0 = time.perf_counter()
-            if memory_check and device == "cuda" and i == 1:  # step 0 warms the kernels up
+            full_steps = sum(1 for n in h["seq_len"][len(h["seq_len"]) - (i + 1):] if n == cfg.seq_len)
+            if memory_check and device == "cuda" and stage.name not in memory and full_steps == 2:
+                # the second step at full length (the first one warmed the kernels up)
                 memory[stage.name] = measure_step_memory(run, batch, act_dtype, lr, cfg.seq_len)
             else:
                 run.step(global_step, batch, act_dtype, lr=lr)
@@ -322,15 +378,15 @@ def status(h: Dict[str, list]) -> str:
 
 
 def summarize(result: Dict, window: int = 20) -> Dict[str, float]:
-    """Per recipe: steps, seconds, tokens/s (mean), accuracy and recall (each full layer) averaged
-    over the last ``window`` steps, the random top-K recall, per stage its steps and seconds."""
+    """Per recipe: steps, seconds, tokens/s (mean), accuracy, recall (each full layer) and the
+    recall of a random top-K averaged over the last ``window`` steps; per stage its steps and seconds."""
     h = result["history"]
     n = len(h["lm_loss"])
     tail = slice(max(0, n - window), n)
     mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
     out = {"steps": n, "seconds": h["seconds"][-1] if n else 0.0, "tokens_per_second": mean(h["tokens_per_second"]),
            "accuracy_last": mean(h["accuracy"][tail]), "lm_loss_last": mean(h["lm_loss"][tail]),
-           "random_topk_recall": mean(h["chance_recall"])}
+           "random_topk_recall": mean(h["chance_recall"][tail])}
     for j, layer in enumerate(h["full_layers"]):
         out[f"recall_last_L{layer}"] = mean([r[j] for r in h["recall"][tail]])
     for st in result["stages"]:
@@ -357,6 +413,12 @@ def plot_runs(results: Dict[str, Dict], cfg: LongConfig, task: Dict, path: Path,
         ax[0, 0].plot(steps, tr.smooth(h["accuracy"], w), color=c, lw=2, label=f"{recipe} ({len(steps)} steps, {secs:.0f} s)")
         ax[0, 1].plot(steps, tr.smooth([r[0] for r in h["recall"]], w), color=c, lw=2,
                       label=f"{recipe}: full layer {h['full_layers'][0]}")
+        ax[0, 1].plot(steps, h["chance_recall"], color=c, ls=":", lw=1, label=f"{recipe}: random top-{cfg.topk}")
+        short = [s for s, n in zip(steps, h.get("seq_len", [])) if n < cfg.seq_len]
+        if short:  # the curriculum's shorter sequences (the metrics are on those, not the full task)
+            for a in (ax[0, 0], ax[0, 1]):
+                a.axvspan(short[0] - 0.5, short[-1] + 0.5, color=c, alpha=0.07)
+            ax[0, 0].text(short[-1], 0.05, f"sequences < {cfg.seq_len}", color=c, fontsize=8, ha="right")
         ax[1, 0].plot(steps, tr.smooth(h["lm_loss"], w), color=c, label=recipe)
         kl = [sum(v) for v in h["kl_loss"]]
         ax[1, 1].plot([s for s, v in zip(steps, kl) if math.isfinite(v)], [v for v in kl if math.isfinite(v)],
@@ -369,8 +431,6 @@ def plot_runs(results: Dict[str, Dict], cfg: LongConfig, task: Dict, path: Path,
                 ax[0, 0].text(st["first_step"] + 1, 1.0, st["name"], color=c, fontsize=8, va="top")
     ax[0, 0].axhline(task["chance_accuracy"], ls=":", color="gray", label=f"chance (1/{cfg.num_values})")
     ax[0, 0].set(title="task accuracy", xlabel="step", ylim=(0, 1.03))
-    ax[0, 1].axhline(task["random_topk_recall"], ls=":", color="gray",
-                     label=f"random top-{cfg.topk} ({task['random_topk_recall']:.3f})")
     ax[0, 1].set(title=f"top-{cfg.topk} recall of the needed key (indexer top-K; dense stages: measured only)",
                  xlabel="step", ylim=(0, 1.03))
     ax[1, 0].axhline(math.log(cfg.num_values), ls=":", color="gray", label="ln(#values)")

@@ -205,3 +205,20 @@ def test_compare_runs_both_recipes_and_writes_the_plot(tl, tmp_path):
     assert (tmp_path / "compare.png").stat().st_size > 10_000
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert saved["task"]["chance_accuracy"] == 1 / 8 and "summary" in saved["runs"]["scratch"]
+
+
+def test_stage0_length_curriculum(tl):
+    cfg = tl.dataclasses.replace(tl.PRESETS["tiny"], short_len=256, dense_steps=6, warmup_steps=1, sparse_steps=1)
+    assert tl.curriculum_lengths(cfg) == [256, 512, 1024]
+    assert tl.curriculum_lengths(tl.dataclasses.replace(cfg, short_len=0)) == [1024]
+    short = tl.at_length(cfg, 256)
+    assert (short.seq_len, short.seqs, short.tokens) == (256, 4, cfg.tokens)
+    assert short.queries == cfg.queries // 4 and short.dist_min == cfg.dist_min // 4 and short.dist_max == cfg.dist_max // 4
+    batch = tl.make_long_batch(short, tl.tr.Vocab.of(short), torch.Generator().manual_seed(0))
+    assert batch.cu_seqlens.tolist() == [0, 256, 512, 768, 1024]
+    with pytest.raises(ValueError, match="divide"):
+        tl.at_length(cfg, 300)
+    result = tl.train_recipe(cfg, "two-stage", "cpu", log_every=1000)
+    lengths, stages = result["history"]["seq_len"], result["history"]["stage"]
+    assert lengths == [256, 256, 512, 512, 1024, 1024, 1024, 1024]  # levels by the stage's progress
+    assert stages == ["dense"] * 6 + ["warmup", "sparse"]  # stages 1 and 2 at full length
