@@ -76,6 +76,7 @@ class LongConfig(tr.Config):
     # per step, distances and queries scaled with the length); 0 = off. A level ends when its share
     # of stage 0 is spent or the accuracy reaches switch_accuracy.
     short_len: int = 0
+    short_query_every: int = 8  # curriculum: at least one query per this many tokens of a short sequence
     switch_accuracy: float = 0.95  # stage 0 ends early at this accuracy (mean of 10 steps) at full length
     switch_recall: float = 0.95  # stage 1 ends early at this top-K recall (mean of 10 steps)
 
@@ -100,7 +101,7 @@ PRESETS: Dict[str, LongConfig] = {
     # Stage 0 runs a length curriculum 512 -> 32K (the dense model must first form the lookup,
     # which takes a few hundred steps even at short range; see docs/training.md).
     "cuda": LongConfig(seq_len=32768, queries=1024, dist_min=1024, dist_max=30000, num_keys=2048, num_values=16,
-                       num_fillers=64, d_model=512, layers=2, topk_freq=2, heads=16, d_latent=512, d_nope=64,
+                       num_fillers=64, d_model=512, layers=4, topk_freq=4, heads=16, d_latent=512, d_nope=64,
                        d_head_v=64, idx_heads=32, idx_dim=64, idx_rope=32, topk=512, lr=1e-3, warmup=30,
                        dense_steps=100000, warmup_steps=100000, sparse_steps=100000, indexer_lr=1e-3,
                        sparse_lr=3e-4, kl_rows=0.125, short_len=512, switch_accuracy=0.9),
@@ -142,13 +143,15 @@ def make_long_sequence(cfg: LongConfig, vocab: tr.Vocab, gen: torch.Generator):
 
 def at_length(cfg: LongConfig, length: int) -> LongConfig:
     """The task at sequence length ``length`` (curriculum): same tokens per step (more sequences),
-    distances and queries per sequence scaled by ``length / seq_len``."""
+    distances scaled by ``length / seq_len``; queries per sequence scaled likewise, but at least one
+    per ``short_query_every`` tokens (at most ``queries``): short sequences carry more queries."""
     if length == cfg.seq_len:
         return cfg
     if cfg.tokens % length:
         raise ValueError(f"curriculum length {length} does not divide the {cfg.tokens} tokens per step")
     f = length / cfg.seq_len
-    return dataclasses.replace(cfg, seq_len=length, seqs=cfg.tokens // length, queries=max(1, round(cfg.queries * f)),
+    queries = max(1, round(cfg.queries * f), min(cfg.queries, length // cfg.short_query_every))
+    return dataclasses.replace(cfg, seq_len=length, seqs=cfg.tokens // length, queries=queries,
                                dist_min=max(1, round(cfg.dist_min * f)), dist_max=max(2, round(cfg.dist_max * f)))
 
 
@@ -454,6 +457,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default: cpu or cuda, as --device")
     ap.add_argument("--recipe", default="two-stage", choices=["two-stage", "scratch"])
     ap.add_argument("--compare", action="store_true", help="run both recipes (same init, batches and budget)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="no training: plot and summarize the runs of these output JSONs together (compare.png/json)")
     ap.add_argument("--budget-minutes", type=float, default=None,
                     help="wall-clock budget of each recipe (two-stage: split by --stage-fractions); steps are caps")
     ap.add_argument("--stage-fractions", type=float, nargs=3, default=[0.6, 0.15, 0.25], metavar=("DENSE", "WARMUP", "SPARSE"))
@@ -471,33 +476,48 @@ def build_config(args: argparse.Namespace) -> LongConfig:
     return dataclasses.replace(PRESETS[args.preset or args.device], **given)
 
 
+def describe_run(cfg: LongConfig, device: str) -> tuple:
+    """(where, shape): the device line and the shape line of the plots' titles."""
+    where = "CPU backend, fp32" if device == "cpu" else f"{torch.cuda.get_device_name()}, bf16"
+    shape = (f"{cfg.seqs} x {cfg.seq_len} tokens/step, H={cfg.heads} D_qk={cfg.d_qk} K={cfg.topk} H_I={cfg.idx_heads} "
+             f"D_I={cfg.idx_dim}, {cfg.layers} layers, IndexShare 1-in-{cfg.topk_freq}")
+    return where, shape
+
+
 def main(argv=None) -> Dict:
     """Runs the example; returns what it writes to the JSON file (the tests use it)."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = build_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    task = describe_long_task(cfg)
-    where = "CPU backend, fp32" if args.device == "cpu" else f"{torch.cuda.get_device_name()}, bf16"
-    shape = (f"{cfg.seqs} x {cfg.seq_len} tokens/step, H={cfg.heads} D_qk={cfg.d_qk} K={cfg.topk} H_I={cfg.idx_heads} "
-             f"D_I={cfg.idx_dim}, {cfg.layers} layers, IndexShare 1-in-{cfg.topk_freq}")
-    print(f"long-range recall on {where}: {shape}")
-    print(f"{task['queries_per_step']} queries/step; query-to-pair distance min {task['distance_min']:.0f} median "
-          f"{task['distance_median']:.0f} max {task['distance_max']:.0f}; chance accuracy {task['chance_accuracy']:.4f}; "
-          f"recall of a random top-{cfg.topk} {task['random_topk_recall']:.4f}", flush=True)
-    budget = None if args.budget_minutes is None else 60 * args.budget_minutes
-    recipes = ["two-stage", "scratch"] if args.compare else [args.recipe]
-    results = {}
-    for recipe in recipes:
-        results[recipe] = train_recipe(cfg, recipe, args.device, budget_seconds=budget,
-                                       fractions=tuple(args.stage_fractions), log_every=args.log_every,
-                                       memory_check=args.memory_check)
-        results[recipe]["summary"] = summarize(results[recipe])
-    name = "compare" if args.compare else args.recipe
+    if args.merge:
+        saved = [json.loads(path.read_text()) for path in args.merge]
+        cfg = LongConfig(**{k: v for k, v in saved[0]["config"].items() if k in {f.name for f in dataclasses.fields(LongConfig)}})
+        task, results, where = saved[0]["task"], {}, saved[0].get("where", args.device)
+        for entry in saved:
+            results.update(entry["runs"])
+        name = "compare"
+        shape = describe_run(cfg, "cpu")[1]
+    else:
+        cfg = build_config(args)
+        task = describe_long_task(cfg)
+        where, shape = describe_run(cfg, args.device)
+        print(f"long-range recall on {where}: {shape}")
+        print(f"{task['queries_per_step']} queries/step; query-to-pair distance min {task['distance_min']:.0f} median "
+              f"{task['distance_median']:.0f} max {task['distance_max']:.0f}; chance accuracy {task['chance_accuracy']:.4f}; "
+              f"recall of a random top-{cfg.topk} {task['random_topk_recall']:.4f}", flush=True)
+        budget = None if args.budget_minutes is None else 60 * args.budget_minutes
+        recipes = ["two-stage", "scratch"] if args.compare else [args.recipe]
+        results = {}
+        for recipe in recipes:
+            results[recipe] = train_recipe(cfg, recipe, args.device, budget_seconds=budget,
+                                           fractions=tuple(args.stage_fractions), log_every=args.log_every,
+                                           memory_check=args.memory_check)
+            results[recipe]["summary"] = summarize(results[recipe])
+        name = "compare" if args.compare else args.recipe
     plot_runs(results, cfg, task, args.out / f"{name}.png",
               f"long-range recall, {where}\n{shape}; pairs {cfg.dist_min}-{cfg.dist_max} back")
-    out = {"config": dataclasses.asdict(cfg), "task": task, "runs": results}
+    out = {"config": dataclasses.asdict(cfg), "task": task, "where": where, "runs": results}
     (args.out / f"{name}.json").write_text(json.dumps(out))
     print(f"{'recipe':10s} {'steps':>6s} {'seconds':>8s} {'tok/s':>9s} {'accuracy':>9s} {'recall L0':>10s} {'random':>7s}")
     for recipe, res in results.items():

@@ -3,14 +3,16 @@
 #   build    the torch extension with the CUDA kernels (skipped when the installed one has them)
 #   compare  examples/train_long.py at 32K tokens per sequence, pairs 1K-30K back: the two-stage
 #            recipe (dense stage, dense warm-up of the indexer, sparse stage) and sparse training
-#            from scratch, each for --minutes of wall clock, same init and batches; peak memory and
-#            the T x T allocation check on one step of every stage
+#            from scratch, each for --minutes of wall clock, same init; peak memory and the T x T
+#            allocation check on one step of every stage; compare.png / compare.json
 #   parity   examples/train_recall.py --parity on the small task: fused (bf16) vs the plain-PyTorch
 #            reference (fp32 accumulation), --parity-steps steps, LM-loss and gradient-norm curves
 # Logs, PNGs and JSONs go to ${OUT:-/tmp/flashdsa_train_long} (at most 8 files); summary last.
 #   bash scripts/train_long_gpu.sh [--minutes M] [--parity-steps N] [--phases build,compare,parity]
 #                                  [--extra "more train_long.py options"]
-# Time: compare = 2 x M minutes + ~1 min (start, memory checks); parity ~1-3 min; build a few min.
+# Phases: build, two-stage, scratch (compare = both), parity. Time: each recipe M minutes + ~30 s
+# (start, memory-check steps); parity ~1-3 min; build a few min. One device call runs at most 10 min:
+# e.g. --phases build,parity first, then --phases compare --minutes 4.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashdsa_train_long}; mkdir -p "$OUT"
@@ -45,16 +47,23 @@ if has build; then
 fi
 kernels_ok || { echo "flashdsa's CUDA kernels are missing: run with --phases build first"; exit 1; }
 
-if has compare; then
+# The two recipes in separate processes (each result saved as soon as it is done), then merged.
+for recipe in two-stage scratch; do
+  has $recipe || has compare || continue
   t=$(date +%s)
-  # 2 budgets + 3 min slack (start-up, memory-check steps, the step in flight at the budget's end).
-  timeout $(( minutes * 120 + 180 )) $PY examples/train_long.py --device cuda --compare --budget-minutes "$minutes" \
-    --memory-check --log-every 50 --out "$RUNS/long" $extra >"$OUT/train_long.log" 2>&1
+  echo "==== $recipe" >>"$OUT/train_long.log"
+  rm -f "$RUNS/long/$recipe.json" "$RUNS/long/compare.json"
+  timeout $(( minutes * 60 + 150 )) $PY examples/train_long.py --device cuda --recipe $recipe \
+    --budget-minutes "$minutes" --memory-check --log-every 50 --out "$RUNS/long" $extra >>"$OUT/train_long.log" 2>&1
   rc=$?
-  cp "$RUNS/long/compare.png" "$RUNS/long/compare.json" "$OUT/" 2>/dev/null
-  summary+=("compare (rc $rc, $(( $(date +%s) - t )) s):")
-  while IFS= read -r line; do summary+=("  $line"); done < <(grep -a -A8 "^recipe " "$OUT/train_long.log" | grep -v "^wrote")
+  summary+=("$recipe (rc $rc, $(( $(date +%s) - t )) s):")
+  while IFS= read -r line; do summary+=("  $line"); done < <(sed -n "/^==== $recipe/,\$p" "$OUT/train_long.log" | grep -a -A4 "^recipe " | grep -v "^wrote")
   [ $rc -ne 0 ] && tail -20 "$OUT/train_long.log"
+done
+if [ -f "$RUNS/long/two-stage.json" ] || [ -f "$RUNS/long/scratch.json" ]; then
+  $PY examples/train_long.py --merge $(ls "$RUNS"/long/two-stage.json "$RUNS"/long/scratch.json 2>/dev/null) \
+    --out "$RUNS/long" >>"$OUT/train_long.log" 2>&1
+  cp "$RUNS/long/compare.png" "$RUNS/long/compare.json" "$OUT/" 2>/dev/null
 fi
 
 if has parity; then

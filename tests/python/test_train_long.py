@@ -213,7 +213,7 @@ def test_stage0_length_curriculum(tl):
     assert tl.curriculum_lengths(tl.dataclasses.replace(cfg, short_len=0)) == [1024]
     short = tl.at_length(cfg, 256)
     assert (short.seq_len, short.seqs, short.tokens) == (256, 4, cfg.tokens)
-    assert short.queries == cfg.queries // 4 and short.dist_min == cfg.dist_min // 4 and short.dist_max == cfg.dist_max // 4
+    assert short.queries == min(cfg.queries, 256 // cfg.short_query_every) and short.dist_min == cfg.dist_min // 4 and short.dist_max == cfg.dist_max // 4
     batch = tl.make_long_batch(short, tl.tr.Vocab.of(short), torch.Generator().manual_seed(0))
     assert batch.cu_seqlens.tolist() == [0, 256, 512, 768, 1024]
     with pytest.raises(ValueError, match="divide"):
@@ -222,3 +222,14 @@ def test_stage0_length_curriculum(tl):
     lengths, stages = result["history"]["seq_len"], result["history"]["stage"]
     assert lengths == [256, 256, 512, 512, 1024, 1024, 1024, 1024]  # levels by the stage's progress
     assert stages == ["dense"] * 6 + ["warmup", "sparse"]  # stages 1 and 2 at full length
+
+
+def test_recipes_run_separately_then_merge(tl, tmp_path):
+    steps = ["--dense-steps", "2", "--warmup-steps", "1", "--sparse-steps", "1", "--log-every", "1000"]
+    for recipe in ("two-stage", "scratch"):
+        tl.main(["--preset", "tiny", "--recipe", recipe, *steps, "--out", str(tmp_path)])
+        assert (tmp_path / f"{recipe}.png").exists()
+    merged = tl.main(["--merge", str(tmp_path / "two-stage.json"), str(tmp_path / "scratch.json"), "--out", str(tmp_path)])
+    assert set(merged["runs"]) == {"two-stage", "scratch"}
+    assert len(merged["runs"]["scratch"]["history"]["lm_loss"]) == 4
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
