@@ -214,7 +214,7 @@ def recipe_stages(cfg: LongConfig, recipe: str, budget_seconds: Optional[float] 
     def share(i):
         return None if budget_seconds is None else budget_seconds * fractions[i]
 
-    if recipe == "two-stage":  # (stage 2's time cap is what stages 0 and 1 left: see train_recipe)
+    if recipe == "two-stage":  # (stages 1 and 2 also get the time the stages before left: see train_recipe)
         return [Stage("dense", "dense", False, "model", cfg.dense_steps, share(0), cfg.lr),
                 Stage("warmup", "dense", True, "indexer", cfg.warmup_steps, share(1), cfg.indexer_lr),
                 Stage("sparse", "sparse", False, "all", cfg.sparse_steps, share(2), cfg.sparse_lr)]
@@ -315,8 +315,11 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
     global_step, start = 0, time.perf_counter()
     h["seq_len"] = []
     for stage in recipe_stages(cfg, recipe, budget_seconds, fractions):
-        if stage.name == "sparse" and recipe == "two-stage" and budget_seconds is not None:
-            stage = stage._replace(seconds=max(0.0, budget_seconds - (time.perf_counter() - start)))  # what is left
+        if recipe == "two-stage" and budget_seconds is not None and stage.name != "dense":
+            # Time a stage leaves unused goes to the next one: stage 1 ends at its cumulative share
+            # of the budget, stage 2 at the budget's end.
+            deadline = budget_seconds * (sum(fractions[:2]) if stage.name == "warmup" else 1.0)
+            stage = stage._replace(seconds=max(0.0, deadline - (time.perf_counter() - start)))
         counts = apply_stage(run.model, stage)
         frozen_before = {n: p.detach().clone() for n, p in run.model.named_parameters() if not p.requires_grad}
         stage_start, i = time.perf_counter(), 0
@@ -421,7 +424,7 @@ def plot_runs(results: Dict[str, Dict], cfg: LongConfig, task: Dict, path: Path,
         if short:  # the curriculum's shorter sequences (the metrics are on those, not the full task)
             for a in (ax[0, 0], ax[0, 1]):
                 a.axvspan(short[0] - 0.5, short[-1] + 0.5, color=c, alpha=0.07)
-            ax[0, 0].text(short[-1], 0.05, f"sequences < {cfg.seq_len}", color=c, fontsize=8, ha="right")
+            ax[0, 0].text(short[-1], 0.92, f"curriculum: sequences < {cfg.seq_len}", color=c, fontsize=8, ha="right")
         ax[1, 0].plot(steps, tr.smooth(h["lm_loss"], w), color=c, label=recipe)
         kl = [sum(v) for v in h["kl_loss"]]
         ax[1, 1].plot([s for s, v in zip(steps, kl) if math.isfinite(v)], [v for v in kl if math.isfinite(v)],
@@ -431,10 +434,10 @@ def plot_runs(results: Dict[str, Dict], cfg: LongConfig, task: Dict, path: Path,
                 a.axvline(st["first_step"] + 0.5, color=c, ls="--", lw=0.8, alpha=0.6)
         if len(res["stages"]) > 1:
             for st in res["stages"]:
-                ax[0, 0].text(st["first_step"] + 1, 1.0, st["name"], color=c, fontsize=8, va="top")
+                ax[0, 0].text(st["first_step"] + 1, 1.0, f"stage {st['name']}", color=c, fontsize=8, va="top")
     ax[0, 0].axhline(task["chance_accuracy"], ls=":", color="gray", label=f"chance (1/{cfg.num_values})")
     ax[0, 0].set(title="task accuracy", xlabel="step", ylim=(0, 1.03))
-    ax[0, 1].set(title=f"top-{cfg.topk} recall of the needed key (indexer top-K; dense stages: measured only)",
+    ax[0, 1].set(title=f"top-{cfg.topk} recall of the needed key\n(the indexer's top-K; in the dense stages measured only)",
                  xlabel="step", ylim=(0, 1.03))
     ax[1, 0].axhline(math.log(cfg.num_values), ls=":", color="gray", label="ln(#values)")
     ax[1, 0].set(title="LM loss on the answers", xlabel="step")
