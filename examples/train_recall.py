@@ -70,10 +70,6 @@ class Config:
     topk: int = 32  # K
     topk_freq: int = 2  # IndexShare: one full layer every topk_freq layers
     mlp_mult: int = 2
-    # Token shift: "embed" adds E_prev[x_{t-1}] (its own table); "linear" adds W_shift·E[x_{t-1}]
-    # (a learned map of the previous token's embedding, RWKV-style), so that matching a key with
-    # the row after its earlier occurrence is one bilinear form for all keys.
-    shift: str = "embed"
     loss_coeff: float = 1.0  # indexer KL loss coefficient of the full layers
     # training
     steps: int = 1500
@@ -580,9 +576,6 @@ class Decoder(nn.Module):
         vocab = Vocab.of(cfg).size
         self.embed = nn.Embedding(vocab, cfg.d_model)
         self.embed_prev = nn.Embedding(vocab + 1, cfg.d_model)  # the last row: no previous token
-        if cfg.shift not in ("embed", "linear"):
-            raise ValueError(f"shift must be 'embed' or 'linear', got {cfg.shift!r}")
-        self.shift = nn.Linear(cfg.d_model, cfg.d_model, bias=False) if cfg.shift == "linear" else None
         self.blocks = nn.ModuleList(Block(cfg, m, i, core) for i, m in enumerate(self.modes))
         self.norm = RMSNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab, bias=False)
@@ -595,11 +588,7 @@ class Decoder(nn.Module):
         rope_main = Rope.of(batch.positions, ROPE_DIM)
         rope_idx = Rope.of(batch.positions, self.cfg.idx_rope)
         prev = torch.roll(batch.tokens, 1).masked_fill(batch.positions == 0, self.embed_prev.num_embeddings - 1)
-        if self.shift is None:
-            x = self.embed(batch.tokens) + self.embed_prev(prev)
-        else:  # the "no previous token" row of embed_prev marks sequence starts
-            first = (batch.positions == 0)[:, None]
-            x = self.embed(batch.tokens) + torch.where(first, self.embed_prev(prev), self.shift(self.embed(prev.clamp(max=self.embed.num_embeddings - 1))))
+        x = self.embed(batch.tokens) + self.embed_prev(prev)
         ctx = flashdsa.IndexShareContext()  # carries each full layer's top-k to the shared layers
         full_indices = {}
         for i, block in enumerate(self.blocks):
