@@ -764,7 +764,9 @@ class Run:
         with torch.no_grad():  # one host transfer for the step's numbers
             correct = logits.argmax(-1) == batch.answers
             chance = (self.cfg.topk / batch.visible.float()).clamp(max=1).mean()
-            numbers = [loss.detach(), grad_norm, indexer_grad_norm, correct.float().mean(), chance]  # fp64 stays exact
+            # (clip_grad_norm_ returns a CPU zero when no parameter has a gradient: a frozen stage)
+            norms = [n.to(loss.device) for n in (grad_norm, indexer_grad_norm)]
+            numbers = [loss.detach(), *norms, correct.float().mean(), chance]  # fp64 stays exact
             scalars = torch.stack([t.double() for t in numbers]).tolist()
             selected = torch.stack([pair_selected(ix, batch) for ix in indices])  # [#full, N]
             recall = selected.float().mean(dim=1).tolist()
