@@ -7,12 +7,14 @@
 #            allocation check on one step of every stage; compare.png / compare.json
 #   parity   examples/train_recall.py --parity on the small task: fused (bf16) vs the plain-PyTorch
 #            reference (fp32 accumulation), --parity-steps steps, LM-loss and gradient-norm curves
-# Logs, PNGs and JSONs go to ${OUT:-/tmp/flashdsa_train_long} (at most 8 files); summary last.
+# Files in ${OUT:-/tmp/flashdsa_train_long} (at most 8): build.log, train_long.log, two-stage.json,
+# scratch.json, compare.png, parity.log, parity_cuda.png, parity_cuda.json; summary printed last.
 #   bash scripts/train_long_gpu.sh [--minutes M] [--parity-steps N] [--phases build,compare,parity]
 #                                  [--extra "more train_long.py options"]
-# Phases: build, two-stage, scratch (compare = both), parity. Time: each recipe M minutes + ~30 s
+# Phases: build, two-stage, scratch (compare = both), parity. Time: each recipe M minutes + ~40 s
 # (start, memory-check steps); parity ~1-3 min; build a few min. One device call runs at most 10 min:
-# e.g. --phases build,parity first, then --phases compare --minutes 4.
+# e.g. --phases build,parity, then --phases compare --minutes 4 (or the two recipes in two calls,
+# merged anywhere afterwards: python examples/train_long.py --merge two-stage.json scratch.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashdsa_train_long}; mkdir -p "$OUT"
@@ -56,6 +58,7 @@ for recipe in two-stage scratch; do
   timeout $(( minutes * 60 + 150 )) $PY examples/train_long.py --device cuda --recipe $recipe \
     --budget-minutes "$minutes" --memory-check --log-every 50 --out "$RUNS/long" $extra >>"$OUT/train_long.log" 2>&1
   rc=$?
+  cp "$RUNS/long/$recipe.json" "$OUT/" 2>/dev/null
   summary+=("$recipe (rc $rc, $(( $(date +%s) - t )) s):")
   while IFS= read -r line; do summary+=("  $line"); done < <(sed -n "/^==== $recipe/,\$p" "$OUT/train_long.log" | grep -a -A4 "^recipe " | grep -v "^wrote")
   [ $rc -ne 0 ] && tail -20 "$OUT/train_long.log"
@@ -63,7 +66,7 @@ done
 if [ -f "$RUNS/long/two-stage.json" ] || [ -f "$RUNS/long/scratch.json" ]; then
   $PY examples/train_long.py --merge $(ls "$RUNS"/long/two-stage.json "$RUNS"/long/scratch.json 2>/dev/null) \
     --out "$RUNS/long" >>"$OUT/train_long.log" 2>&1
-  cp "$RUNS/long/compare.png" "$RUNS/long/compare.json" "$OUT/" 2>/dev/null
+  cp "$RUNS/long/compare.png" "$OUT/" 2>/dev/null
 fi
 
 if has parity; then
