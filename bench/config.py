@@ -7,7 +7,9 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-SECTIONS = ("kernels", "layer", "baselines")
+SECTIONS = ("kernels", "layer", "baselines", "peers")
+# Run when --only is not given; "peers" (bench/peers: public peers A/B) is opt-in (--peers / --only peers).
+DEFAULT_SECTIONS = ("kernels", "layer", "baselines")
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -81,7 +83,7 @@ CPU_QUICK_SEQ_LENS = (64, 128)
 
 
 def make_config(device: torch.device, *, quick: bool = False, seq_lens: Optional[Sequence[int]] = None,
-                max_seconds: Optional[float] = None, sections: Sequence[str] = SECTIONS) -> BenchConfig:
+                max_seconds: Optional[float] = None, sections: Sequence[str] = DEFAULT_SECTIONS) -> BenchConfig:
     """The run's configuration for `device` (cuda: PERF.md's standard shape; cpu: tiny sizes)."""
     on_cuda = device.type == "cuda"
     if seq_lens is None:

@@ -210,6 +210,14 @@ def _missing_lines(records: List[dict]) -> List[str]:
     return table(["section", "case", "T", "status", "reason"], rows)
 
 
+def _peers_lines(summary: dict) -> List[str]:
+    """The vs-peers section (bench/peers) when the run measured the peers, else nothing."""
+    if not summary.get("peers"):
+        return []
+    from .peers.report import render_peers_section
+    return render_peers_section(summary["peers"], summary.get("gemm_tflops"))
+
+
 def render_markdown(cfg: BenchConfig, meta: dict, records: List[dict], summary: dict) -> str:
     s = cfg.dsa
     lines = [
@@ -237,6 +245,7 @@ def render_markdown(cfg: BenchConfig, meta: dict, records: List[dict], summary: 
         "",
         *_kernel_lines(summary),
         "",
+        *_peers_lines(summary),
         "## DSA layer forward + backward vs baselines",
         "",
         "Times per layer (an IndexShare group's time divided by its layers). × X = X's time / DSA layer time. "

@@ -4,6 +4,7 @@
     python bench/run.py                          # GPU if present: the full report in < 10 minutes on an H200
     python bench/run.py --device cpu --quick     # the same code paths at tiny sizes (CI smoke test)
     python bench/run.py --only kernels --seq-lens 4096 16384
+    python bench/run.py --only peers             # FlashDSA vs the public peers, A/B (bench/peers)
 
 Writes results.json, report.md and three PNG plots to --out (default bench/results/<date>);
 prints one progress line per case. See docs/benchmarks.md for how to read the report.
@@ -28,7 +29,7 @@ if str(REPO) not in sys.path:  # run as a script: make the `bench` package impor
 import torch  # noqa: E402
 
 from bench.cases import build_cases  # noqa: E402
-from bench.config import SECTIONS, BenchConfig, make_config  # noqa: E402
+from bench.config import DEFAULT_SECTIONS, SECTIONS, BenchConfig, make_config  # noqa: E402
 from bench.plots import write_plots  # noqa: E402
 from bench.report import fmt_t, write_outputs  # noqa: E402
 from bench.runner import Runner  # noqa: E402
@@ -45,8 +46,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=float, default=None,
                    help="time budget (default 540 on cuda, 300 on cpu): cases predicted to overrun it are "
                         "skipped, largest T first, and reported as skipped")
-    p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
-                   help="sections to run (the machine ceilings always run: every ratio needs them)")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=None,
+                   help=f"sections to run (default: {' '.join(DEFAULT_SECTIONS)}; the machine ceilings always "
+                        "run: every ratio needs them)")
+    p.add_argument("--peers", action="store_true",
+                   help="also run the public peers A/B against FlashDSA (bench/peers; same as adding 'peers' "
+                        "to --only)")
+    p.add_argument("--peer-kernels", nargs="+", choices=("sparse_mla_fwd", "sparse_mla_bwd", "indexer_topk"),
+                   default=None, help="the kernels the peers section measures (default: all three)")
+    p.add_argument("--peers-max-seconds", type=float, default=None,
+                   help="time budget of the peers section (default: --max-seconds' default)")
     p.add_argument("--seq-lens", nargs="+", type=int, default=None, help="override the sequence lengths T")
     return p.parse_args(argv)
 
@@ -111,11 +120,27 @@ def run_meta(cfg: BenchConfig, fd_description: str, policy: RepPolicy) -> dict:
     return meta
 
 
+def run_peers_section(args: argparse.Namespace, cfg: BenchConfig, fd: Optional[ModuleType], policy: RepPolicy) -> dict:
+    """The public peers A/B (bench/peers) on the standard plan; T = --seq-lens, else 4K ... 128K on CUDA."""
+    from bench.peers import KERNELS, PEER_SEQ_LENS, make_plan, run_peers
+    seq_lens = args.seq_lens or (PEER_SEQ_LENS if cfg.on_cuda and not cfg.quick else cfg.seq_lens)
+    budget = args.peers_max_seconds or cfg.max_seconds
+    print(f"peers: T = {', '.join(fmt_t(t) for t in seq_lens)}; budget {budget:.0f} s", flush=True)
+    ops = torch.ops.flashdsa if fd is not None else None
+    plan = make_plan(cfg, seq_lens, kernels=args.peer_kernels or KERNELS)
+    return run_peers(cfg, ops, policy, sys.stdout, max_seconds=budget, plan=plan)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    cfg = make_config(device, quick=args.quick, seq_lens=args.seq_lens, max_seconds=args.max_seconds,
-                      sections=args.only)
+    sections = list(args.only or DEFAULT_SECTIONS) + (["peers"] if args.peers else [])
+    seq_lens = args.seq_lens
+    if seq_lens is None and sections == ["peers"] and device.type == "cuda" and not args.quick:
+        from bench.peers import PEER_SEQ_LENS
+        seq_lens = PEER_SEQ_LENS  # the peers' standard T (4K ... 128K)
+    cfg = make_config(device, quick=args.quick, seq_lens=seq_lens, max_seconds=args.max_seconds,
+                      sections=sections)
     out_dir = args.out or REPO / "bench" / "results" / _dt.date.today().isoformat()
     torch.manual_seed(0)
     fd, fd_error, fd_description = import_flashdsa(cfg.on_cuda)
@@ -128,9 +153,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     start = time.perf_counter()
     runner = Runner(cfg, fd, fd_error, policy, sys.stdout)
     records = runner.run_all(build_cases(cfg, fd))
+    peers = run_peers_section(args, cfg, fd, policy) if "peers" in cfg.sections else None
     meta["wall_s"] = time.perf_counter() - start
 
     summary = summarize(cfg, records)
+    if peers is not None:
+        summary["peers"] = peers
     paths = write_outputs(out_dir, cfg, meta, records, summary)
     paths.update(write_plots(out_dir, cfg, records, summary))
     skipped = sum(r["status"] != "ok" for r in records)

@@ -51,6 +51,25 @@ def emit(n, rs):
     return "\n".join(out)
 
 
+def emit_ss_overwrite(n):
+    """SS wgmma that overwrites d (scale-d = 0) and declares d as output only ("=f"): the compiler
+    then knows d's old values are dead, so they need no registers across the code before the call."""
+    nacc = n // 2
+    acc = "{" + regs(nacc, 0) + "}"
+    out = ["template <int TransA, int TransB>",
+           f"__device__ __forceinline__ void wgmma_ss_m64n{n}k16_overwrite(float (&d)[{nacc}], uint64_t desc_a, uint64_t desc_b) {{",
+           "  asm volatile(",
+           f'      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nacc + 2}, 0;\\n"',
+           f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {acc}, %{nacc}, %{nacc + 1}, p, 1, 1, %{nacc + 3}, %{nacc + 4};\\n}}\\n"',
+           "      : " + ", ".join(f'"=f"(d[{i}])' for i in range(nacc)),
+           '      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(TransA), "n"(TransB));',
+           "}"]
+    return "\n".join(out)
+
+
+OVERWRITE_NS = [128]
+
+
 def main():
     print(HEADER)
     for n in NS:
@@ -58,6 +77,9 @@ def main():
         print()
         print(emit(n, rs=True))
         print()
+        if n in OVERWRITE_NS:
+            print(emit_ss_overwrite(n))
+            print()
     print("}  // namespace flashdsa::sm90::hw")
 
 

@@ -2,7 +2,7 @@
 //
 // Rows run in parallel. Each row scores its visible keys tile by tile into a row-local buffer
 // (O(T_kv) per worker, never T x T_kv), then selects the K best with nth_element. Selection order:
-// larger score first, then smaller key index (NaN ranks lowest), so the selected set is unique.
+// NaN first, then larger score, then smaller key index, so the selected set is unique.
 // Selected keys are written in increasing key order.
 #include <algorithm>
 #include <cmath>
@@ -21,12 +21,14 @@ struct Candidate {
   int32_t key;
 };
 
-// Strict total order "a is selected before b".
+// Strict total order "a is selected before b". A NaN score ranks above every number (as in
+// torch.topk), so a key with a NaN score is selected and reports its NaN score: the NaN reaches
+// the loss instead of being dropped (docs/reliability.md).
 template <class Acc>
 bool ranks_before(const Candidate<Acc>& a, const Candidate<Acc>& b) {
-  const Acc sa = std::isnan(a.score) ? neg_inf<Acc>() : a.score;
-  const Acc sb = std::isnan(b.score) ? neg_inf<Acc>() : b.score;
-  if (sa != sb) return sa > sb;
+  const bool a_nan = std::isnan(a.score), b_nan = std::isnan(b.score);
+  if (a_nan != b_nan) return a_nan;
+  if (!a_nan && a.score != b.score) return a.score > b.score;
   return a.key < b.key;
 }
 

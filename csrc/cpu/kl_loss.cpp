@@ -45,7 +45,8 @@ double kl_terms(const Acc* score, double lse_scores, const double* target, int n
   double loss = 0;
   for (int i = 0; i < n; ++i) {
     const double log_p = static_cast<double>(score[i]) - lse_scores;
-    if (target[i] > 0) loss += target[i] * (std::log(target[i]) - log_p);
+    // 0 log 0 = 0; a NaN target (NaN mass) is not skipped: it makes the loss NaN, like its gradient.
+    if (target[i] != 0) loss += target[i] * (std::log(target[i]) - log_p);
     if (g) g[i] = static_cast<Acc>(G * (std::exp(log_p) - target[i]));
   }
   return loss;

@@ -25,14 +25,18 @@
 
 namespace flashdsa {
 
-// Supported sizes (host validation enforces them on every backend, so code is portable).
-constexpr int kDqk = 576;  // latent key width (512 latent + 64 RoPE)
-constexpr int kDv = 512;   // value width = first kDv columns of kv
-constexpr int kMaxTopK = 8192;
-constexpr int kTopKMultiple = 64;
-bool is_supported_heads(int h);          // H   in {16, 32, 64, 128}
-bool is_supported_indexer_heads(int h);  // H_I in {32, 64}; the CPU backend also takes 1..128
-bool is_supported_indexer_dim(int d);    // D_I in {64, 128}
+// Supported sizes of the CUDA backend (host validation enforces them on CUDA). The CPU backend
+// accepts these and more, so that tests and references run at tiny sizes (csrc/common/validate.cpp):
+// H, H_I in [1, 128], D_I a multiple of 8 in [8, 256], D_qk a multiple of 8 in [8, 1024],
+// D_v in [1, D_qk], any K in [1, 8192], and fp32/fp64 activations besides bf16. Code that must
+// also run on CUDA should stay within the CUDA limits below.
+constexpr int kDqk = 576;  // latent key width (512 latent + 64 RoPE); CUDA: exactly this
+constexpr int kDv = 512;   // value width = first kDv columns of kv; CUDA: exactly this
+constexpr int kMaxTopK = 8192;      // both backends
+constexpr int kTopKMultiple = 64;   // CUDA only
+bool is_supported_heads(int h);          // H   in {16, 32, 64, 128} (CUDA); the CPU backend takes 1..128
+bool is_supported_indexer_heads(int h);  // H_I in {32, 64} (CUDA); the CPU backend takes 1..128
+bool is_supported_indexer_dim(int d);    // D_I in {64, 128} (CUDA); the CPU backend: multiples of 8 up to 256
 
 // Fields present in every params struct.
 struct CallContext {

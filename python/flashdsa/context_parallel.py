@@ -21,7 +21,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from .thd import check_cu_seqlens, key_ranges_for_rows, sequence_ids, sequence_lengths
+from .ops import _first_order_only
+from .thd import as_cu_seqlens, check_cu_seqlens, key_ranges_for_rows, sequence_ids, sequence_lengths
 
 __all__ = [
     "pad_cu_seqlens",
@@ -43,6 +44,7 @@ def pad_cu_seqlens(cu_seqlens: torch.Tensor, multiple: int) -> torch.Tensor:
     """
     if multiple < 1:
         raise ValueError(f"multiple must be >= 1, got {multiple}")
+    cu_seqlens = as_cu_seqlens(cu_seqlens)
     lengths = sequence_lengths(cu_seqlens)
     padded = (lengths + multiple - 1) // multiple * multiple
     cu = torch.zeros_like(cu_seqlens, dtype=torch.int64)
@@ -63,7 +65,7 @@ def zigzag_rows(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int) -> 
     """
     if not 0 <= cp_rank < cp_size:
         raise ValueError(f"cp_rank must be in [0, {cp_size}), got {cp_rank}")
-    cu_pad = cu_seqlens_padded.to(torch.int64)
+    cu_pad = as_cu_seqlens(cu_seqlens_padded, "cu_seqlens_padded").to(torch.int64)
     chunk = sequence_lengths(cu_pad) // (2 * cp_size)  # [B] tokens per chunk
     local_cu = cu_pad // cp_size  # [B+1] where each sequence starts in the local order
     local = torch.arange(int(local_cu[-1]), device=cu_pad.device, dtype=torch.int64)
@@ -265,6 +267,7 @@ class _AllGatherRows(torch.autograd.Function):
         return gathered if order is None else gathered.index_select(0, order)
 
     @staticmethod
+    @_first_order_only("all_gather_rows (context parallelism)")
     def backward(ctx, grad):
         (inverse_order,) = ctx.saved_tensors
         if inverse_order is not None:
@@ -333,7 +336,7 @@ def check_cp_agreement(
     Raises:
         ValueError: naming the first quantity on which two ranks disagree.
     """
-    cu = cu_seqlens.detach().to("cpu", torch.int64).reshape(-1)
+    cu = as_cu_seqlens(cu_seqlens).detach().to("cpu", torch.int64).reshape(-1)
     weights = torch.arange(1, cu.numel() + 1, dtype=torch.int64)
     fields: List[Tuple[str, int]] = [
         ("len(cu_seqlens)", cu.numel()),

@@ -22,7 +22,7 @@ int32. Activations bf16 on CUDA; bf16/fp32/fp64 on CPU.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from . import ops as _ops  # looked up at call time, so tests can count calls by patching it
 from .context_parallel import ZigzagLayout, all_reduce_sum, check_cp_agreement
 from .index_share import FULL, SHARED, IndexShareContext
-from .thd import causal_key_ranges, check_cu_seqlens
+from .thd import as_cu_seqlens, causal_key_ranges, check_cu_seqlens
 
 __all__ = [
     "DSAAttentionOutput",
@@ -71,7 +71,7 @@ class DSAIndexerLossAutoScaler(torch.autograd.Function):
     gradient through and gives ``loss`` the gradient ``main_loss_backward_scale`` (default 1.0), as
     if ``main_loss_backward_scale * loss`` had been added to the model loss. Set the scale with
     :func:`set_indexer_loss_scale` (e.g. to ``1 / num_microbatches`` or the AMP loss scale); it is
-    read at backward time.
+    read at backward time. Double backward raises (the backward is first-order only).
     """
 
     main_loss_backward_scale: Union[float, torch.Tensor] = 1.0
@@ -82,7 +82,10 @@ class DSAIndexerLossAutoScaler(torch.autograd.Function):
         return output
 
     @staticmethod
+    @_ops._first_order_only("DSAIndexerLossAutoScaler")
     def backward(ctx, grad_output: torch.Tensor):
+        # First order only: differentiated again, any path through the output would inject the
+        # loss's gradient a second time (a silently wrong second-order gradient).
         (loss,) = ctx.saved_tensors
         scale = DSAIndexerLossAutoScaler.main_loss_backward_scale
         return grad_output, torch.ones_like(loss) * scale
@@ -167,7 +170,7 @@ def dsa_attention(
     q_idx: Optional[torch.Tensor],
     k_idx: Optional[torch.Tensor],
     weights: Optional[torch.Tensor],
-    cu_seqlens: torch.Tensor,
+    cu_seqlens: Union[torch.Tensor, Sequence[int]],
     topk: int,
     scale: float,
     *,
@@ -188,7 +191,8 @@ def dsa_attention(
         k_idx: ``[T_kv, D_I]`` indexer keys, or None likewise.
         weights: ``[T, H_I]`` fp32 (fp64 with fp64 activations) indexer head weights (scale
             factors folded in), or None likewise.
-        cu_seqlens: int ``[B+1]`` of the packed batch. Without CP: ``cu_seqlens[-1] == T`` and
+        cu_seqlens: integer tensor ``[B+1]`` (any device) or sequence of ints, the packed batch
+            (the one contract of :mod:`flashdsa.thd`; floats are refused). Without CP: ``cu_seqlens[-1] == T`` and
             ``<= T_kv``. With ``cp_group``: the *global, unpadded* batch, the same on every rank;
             the local tensors hold this rank's zigzag share (see
             :class:`flashdsa.context_parallel.ZigzagLayout`; ``T = T_kv = T_pad / cp``).
@@ -220,7 +224,8 @@ def dsa_attention(
         until the backward when it is computed there (``indexer_loss_in_backward``).
 
     Raises:
-        ValueError: inconsistent ``cu_seqlens``, a sequence longer than the key tensor, row
+        ValueError: tensors on more than one device, inconsistent or non-integer ``cu_seqlens``,
+            a sequence longer than the key tensor, row
             mismatches, ranks of a CP group that disagree, missing indexer inputs, or
             ``indexer_loss_in_backward=True`` where it does not apply (no loss, the dense
             formulation, gradients disabled, or no indexer input requiring grad).
@@ -233,6 +238,10 @@ def dsa_attention(
         raise ValueError(f"q_idx, k_idx and weights are required when {why}")
     if q.dim() != 3 or kv.dim() != 2:
         raise ValueError(f"q must be [T, H, D_qk] and kv [T_kv, D_qk], got {tuple(q.shape)} and {tuple(kv.shape)}")
+    # cu_seqlens is read on the host and may live anywhere; every other input shares q's device.
+    _ops._check_same_device("dsa_attention", q=q, kv=kv, q_idx=q_idx, k_idx=k_idx, weights=weights,
+                            indices=indices)
+    cu_seqlens = as_cu_seqlens(cu_seqlens)
     loss_in_backward = _loss_in_backward(indexer_loss_in_backward, loss_coeff, loss_formulation, q_idx, k_idx, weights)
 
     if cp_group is None:
@@ -394,7 +403,7 @@ class DSAAttention(torch.nn.Module):
         self,
         q: torch.Tensor,
         kv: torch.Tensor,
-        cu_seqlens: torch.Tensor,
+        cu_seqlens: Union[torch.Tensor, Sequence[int]],
         q_idx: Optional[torch.Tensor] = None,
         k_idx: Optional[torch.Tensor] = None,
         weights: Optional[torch.Tensor] = None,

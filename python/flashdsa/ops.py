@@ -14,11 +14,13 @@ index outside [0, T_kv) (e.g. -1) is an empty slot.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
 
 from . import _C  # noqa: F401  (loading the library registers torch.ops.flashdsa.*)
+from .thd import check_cu_seqlens
 
 __all__ = [
     "attention_mass",
@@ -59,6 +61,60 @@ def _stat_dtype(activation: torch.dtype) -> torch.dtype:
     return torch.float64 if activation == torch.float64 else torch.float32
 
 
+def _check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
+    """Raises ValueError unless every given tensor (None entries are skipped) is on one device.
+
+    Runs before any kernel or fake kernel: with mixed devices (e.g. q on the CPU, kv on meta) the
+    dispatcher could otherwise pick the fake kernel and return uninitialised memory.
+    """
+    present = [(name, t) for name, t in tensors.items() if t is not None]
+    if len({t.device for _, t in present}) > 1:
+        where = ", ".join(f"{name} on {t.device}" for name, t in present)
+        raise ValueError(f"flashdsa.{op}: all tensors must be on one device, got {where}")
+
+
+def _first_order_only(op: str):
+    """Decorator of an autograd Function's ``backward``: the gradients it returns cannot be
+    differentiated again, and trying raises a RuntimeError that names ``op``.
+
+    The backward runs without autograd recording. With ``create_graph=True`` its outputs are
+    aliases whose grad_fn raises the error when (and only when) a second backward reaches it, so
+    first-order use under ``create_graph=True`` (e.g. a gradient penalty elsewhere in the model)
+    keeps working; without this, second-order gradients through the op would silently be zero.
+    """
+    message = (f"flashdsa.{op} does not support double backward: its backward is not differentiable "
+               f"(gradients computed with create_graph=True cannot be differentiated through {op} "
+               f"again)").encode()
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grads):
+            with torch.no_grad():
+                outputs = backward(ctx, *grads)
+            if not torch.is_grad_enabled():  # create_graph=False: nothing can differentiate them
+                return outputs
+            single = not isinstance(outputs, tuple)
+            outputs = (outputs,) if single else outputs
+            positions = [i for i, g in enumerate(outputs) if isinstance(g, torch.Tensor)]
+            if not positions:
+                return outputs[0] if single else outputs
+            aliases = []
+            for i in positions:
+                alias = outputs[i].detach()
+                alias.requires_grad_(True)
+                aliases.append(alias)
+            guarded = torch._C._functions.DelayedError(message, len(aliases))(*aliases)
+            guarded = (guarded,) if isinstance(guarded, torch.Tensor) else guarded
+            result = list(outputs)
+            for i, g in zip(positions, guarded):
+                result[i] = g
+            return result[0] if single else tuple(result)
+
+        return wrapper
+
+    return decorate
+
+
 # ---------------------------------------------------------------------------------------------
 # Build and process settings
 
@@ -91,6 +147,7 @@ def set_range_checks(enabled: bool) -> bool:
 
 @torch.library.register_fake("flashdsa::indexer_topk")
 def _indexer_topk_fake(q_idx, k_idx, weights, k_start, k_end, topk, relu):
+    _check_same_device("indexer_topk", q_idx=q_idx, k_idx=k_idx, weights=weights, k_start=k_start, k_end=k_end)
     T = q_idx.shape[0]
     return (q_idx.new_empty((T, topk), dtype=torch.int32),
             q_idx.new_empty((T, topk), dtype=_stat_dtype(q_idx.dtype)))
@@ -98,17 +155,20 @@ def _indexer_topk_fake(q_idx, k_idx, weights, k_start, k_end, topk, relu):
 
 @torch.library.register_fake("flashdsa::sparse_mla_fwd")
 def _sparse_mla_fwd_fake(q, kv, indices, scale):
+    _check_same_device("sparse_mla_fwd", q=q, kv=kv, indices=indices)
     T, H, D_qk = q.shape
     return q.new_empty((T, H, D_qk - _ROPE_WIDTH)), q.new_empty((T, H), dtype=_stat_dtype(q.dtype))
 
 
 @torch.library.register_fake("flashdsa::sparse_mla_bwd")
 def _sparse_mla_bwd_fake(q, kv, indices, scale, out, lse, dout, deterministic):
+    _check_same_device("sparse_mla_bwd", q=q, kv=kv, indices=indices, out=out, lse=lse, dout=dout)
     return q.new_empty(q.shape), kv.new_empty(kv.shape, dtype=_stat_dtype(q.dtype))
 
 
 @torch.library.register_fake("flashdsa::sparse_mla_bwd_mass")
 def _sparse_mla_bwd_mass_fake(q, kv, indices, scale, out, lse, dout, deterministic):
+    _check_same_device("sparse_mla_bwd_mass", q=q, kv=kv, indices=indices, out=out, lse=lse, dout=dout)
     stat = _stat_dtype(q.dtype)
     return (q.new_empty(q.shape), kv.new_empty(kv.shape, dtype=stat),
             q.new_empty(indices.shape, dtype=stat))
@@ -116,11 +176,13 @@ def _sparse_mla_bwd_mass_fake(q, kv, indices, scale, out, lse, dout, determinist
 
 @torch.library.register_fake("flashdsa::attention_mass")
 def _attention_mass_fake(q, kv, indices, lse, scale):
+    _check_same_device("attention_mass", q=q, kv=kv, indices=indices, lse=lse)
     return q.new_empty(indices.shape, dtype=_stat_dtype(q.dtype))
 
 
 @torch.library.register_fake("flashdsa::sparse_kl_fwd")
 def _sparse_kl_fwd_fake(q_idx, k_idx, weights, indices, mass, relu):
+    _check_same_device("sparse_kl_fwd", q_idx=q_idx, k_idx=k_idx, weights=weights, indices=indices, mass=mass)
     T, stat = q_idx.shape[0], _stat_dtype(q_idx.dtype)
     return q_idx.new_empty((T,), dtype=stat), q_idx.new_empty((T, 2), dtype=stat)
 
@@ -134,16 +196,22 @@ def _indexer_grads_fake(q_idx, k_idx):
 
 @torch.library.register_fake("flashdsa::sparse_kl_bwd")
 def _sparse_kl_bwd_fake(q_idx, k_idx, weights, indices, mass, relu, grad_rows, row_stats=None):
+    _check_same_device("sparse_kl_bwd", q_idx=q_idx, k_idx=k_idx, weights=weights, indices=indices, mass=mass,
+                       grad_rows=grad_rows, row_stats=row_stats)
     return _indexer_grads_fake(q_idx, k_idx)
 
 
 @torch.library.register_fake("flashdsa::dense_kl_fwd")
 def _dense_kl_fwd_fake(q, kv, scale, q_idx, k_idx, weights, k_start, k_end, relu):
+    _check_same_device("dense_kl_fwd", q=q, kv=kv, q_idx=q_idx, k_idx=k_idx, weights=weights, k_start=k_start,
+                       k_end=k_end)
     return q.new_empty((q.shape[0],), dtype=_stat_dtype(q.dtype))
 
 
 @torch.library.register_fake("flashdsa::dense_kl_bwd")
 def _dense_kl_bwd_fake(q, kv, scale, q_idx, k_idx, weights, k_start, k_end, relu, grad_rows):
+    _check_same_device("dense_kl_bwd", q=q, kv=kv, q_idx=q_idx, k_idx=k_idx, weights=weights, k_start=k_start,
+                       k_end=k_end, grad_rows=grad_rows)
     return _indexer_grads_fake(q_idx, k_idx)
 
 
@@ -168,6 +236,7 @@ class _SparseMla(torch.autograd.Function):
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
+    @_first_order_only("sparse_mla")
     def backward(ctx, dout, _dlse):
         q, kv, indices, out, lse = ctx.saved_tensors
         dq, dkv = _ops.sparse_mla_bwd(q, kv, indices, ctx.scale, out, lse, dout, ctx.deterministic)
@@ -214,6 +283,7 @@ class _SparseMlaWithIndexerLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
+    @_first_order_only("sparse_mla_with_indexer_loss")
     def backward(ctx, dout, _dlse):
         q, kv, indices, out, lse, q_idx, k_idx, weights, normalizer = ctx.saved_tensors
         dq, dkv, mass = _ops.sparse_mla_bwd_mass(q, kv, indices, ctx.scale, out, lse, dout, ctx.deterministic)
@@ -257,6 +327,7 @@ class _SparseKlRows(torch.autograd.Function):
         ctx.mark_non_differentiable(row_stats)
 
     @staticmethod
+    @_first_order_only("indexer_kl_loss (sparse)")
     def backward(ctx, grad_rows, _grad_row_stats):
         q_idx, k_idx, weights, indices, mass, row_stats = ctx.saved_tensors
         dq_idx, dk_idx, dweights = _ops.sparse_kl_bwd(q_idx, k_idx, weights, indices, mass, ctx.relu, grad_rows,
@@ -279,6 +350,7 @@ class _DenseKlRows(torch.autograd.Function):
         ctx.relu = relu
 
     @staticmethod
+    @_first_order_only("indexer_kl_loss (dense)")
     def backward(ctx, grad_rows):
         q_idx, k_idx, weights, q, kv, k_start, k_end = ctx.saved_tensors
         dq_idx, dk_idx, dweights = _ops.dense_kl_bwd(
@@ -308,6 +380,7 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
             all of them followed by -1.
         scores: [T, K] stat, the score of each selected key (-inf for empty slots).
     """
+    _check_same_device("indexer_topk", q_idx=q_idx, k_idx=k_idx, weights=weights, k_start=k_start, k_end=k_end)
     weights = weights.detach().to(_stat_dtype(q_idx.dtype))
     return _ops.indexer_topk(q_idx.detach(), k_idx.detach(), weights, k_start, k_end, topk, relu)
 
@@ -328,6 +401,7 @@ def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: 
         out: [T, H, D_v] act (0 for rows without a valid index).
         lse: [T, H] stat, natural-log sum of exp (-inf for such rows); not differentiable.
     """
+    _check_same_device("sparse_mla", q=q, kv=kv, indices=indices)
     return _SparseMla.apply(q, kv, indices, float(scale), bool(deterministic))
 
 
@@ -371,10 +445,16 @@ def sparse_mla_with_indexer_loss(
     Returns:
         (out, lse) as :func:`sparse_mla`.
     """
+    _check_same_device("sparse_mla_with_indexer_loss", q=q, kv=kv, indices=indices, q_idx=q_idx, k_idx=k_idx,
+                       weights=weights, loss_out=loss_out)
     stat = _stat_dtype(q.dtype)
-    if loss_out.dim() != 0 or loss_out.dtype != stat or loss_out.device != q.device or loss_out.requires_grad:
-        raise ValueError(f"loss_out must be a 0-dim {stat} tensor on {q.device} that does not require grad, got "
-                         f"{loss_out.dtype} {tuple(loss_out.shape)} on {loss_out.device}")
+    if loss_out.requires_grad:
+        raise ValueError("loss_out must not require grad: it is written in place by the backward and gets no "
+                         "gradient (create it with torch.full((), float('nan'), dtype=..., device=...), or pass "
+                         "loss_out.detach())")
+    if loss_out.dim() != 0 or loss_out.dtype != stat:
+        raise ValueError(f"loss_out must be a 0-dim {stat} tensor (the stat dtype of q's {q.dtype}), got "
+                         f"{loss_out.dtype} of shape {tuple(loss_out.shape)}")
     return _SparseMlaWithIndexerLoss.apply(q, kv, indices, float(scale), bool(deterministic), q_idx, k_idx,
                                            weights.to(_stat_dtype(q_idx.dtype)), bool(relu), float(coeff),
                                            normalizer, loss_out, loss_grad_scale, loss_reduce)
@@ -392,12 +472,15 @@ def attention_mass(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lse
     Returns:
         mass: [T, K] stat. Sum it over tensor-parallel head shards before use.
     """
+    _check_same_device("attention_mass", q=q, kv=kv, indices=indices, lse=lse)
     return _ops.attention_mass(q.detach(), kv.detach(), indices, lse.detach(), float(scale))
 
 
 def _kl_rows(q_idx, k_idx, weights, *, formulation, relu, indices, mass, q, kv, scale, k_start, k_end,
              differentiable):
     """Per-row KL loss [T] stat of either formulation, with or without autograd."""
+    _check_same_device("indexer_kl_loss", q_idx=q_idx, k_idx=k_idx, weights=weights, indices=indices, mass=mass,
+                       q=q, kv=kv, k_start=k_start, k_end=k_end)
     weights = weights.to(_stat_dtype(q_idx.dtype))
     if not differentiable:
         q_idx, k_idx, weights = q_idx.detach(), k_idx.detach(), weights.detach()
@@ -471,17 +554,19 @@ def build_key_ranges(cu_seqlens: torch.Tensor | Sequence[int],
     """THD causal key ranges: token t of sequence b sees keys [cu_seqlens[b], t + 1).
 
     Args:
-        cu_seqlens: [B + 1] integer tensor or sequence: 0, non-decreasing, last element T. It is
-            read on the host (a device tensor is copied, which synchronizes).
+        cu_seqlens: [B + 1] integer tensor or sequence of ints (the contract of
+            :func:`flashdsa.thd.check_cu_seqlens`, the same everywhere in the API): 0,
+            non-decreasing, last element T; floating-point values are refused. It is read on the
+            host (a device tensor is copied, which synchronizes).
         device: where to put the ranges; default cu_seqlens' device (CPU for a sequence).
     Returns:
         k_start, k_end: [T] int32.
+    Raises:
+        TypeError / ValueError: as :func:`flashdsa.thd.check_cu_seqlens`.
     """
     if device is None:
         device = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else torch.device("cpu")
-    cu = torch.as_tensor(cu_seqlens).to(device="cpu", dtype=torch.int64)
-    if cu.dim() != 1 or cu.numel() < 1 or cu[0] != 0 or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens must be a 1-D, non-decreasing sequence starting at 0, got {cu.tolist()}")
+    cu = check_cu_seqlens(cu_seqlens)
     if cu[-1] > torch.iinfo(torch.int32).max:
         raise ValueError(f"T = {int(cu[-1])} does not fit int32 ranges")
     lengths = cu[1:] - cu[:-1]

@@ -2,7 +2,13 @@
 
 A packed batch concatenates the sequences of a batch along the token axis (no padding between
 them). ``cu_seqlens`` (int32 ``[B+1]``) holds the cumulative lengths: sequence ``b`` occupies rows
-``cu_seqlens[b] <= t < cu_seqlens[b+1]``. Every kernel masks through per-query key ranges
+``cu_seqlens[b] <= t < cu_seqlens[b+1]``.
+
+One ``cu_seqlens`` contract across the whole API (these helpers, :func:`flashdsa.build_key_ranges`,
+the layer, context parallelism): an integer tensor (any integer dtype, any device) **or** a Python
+sequence of ints; floating-point, complex or bool values are refused with a ValueError (never
+truncated), anything else with a TypeError; 1-D with ``B+1 >= 2`` entries, ``cu_seqlens[0] = 0``,
+non-decreasing. Every kernel masks through per-query key ranges
 ``[k_start[t], k_end[t])``; the helpers here build them in vectorized torch (no Python loop over
 tokens), for plain THD and, through :func:`key_ranges_for_rows`, for context parallelism.
 """
@@ -17,10 +23,38 @@ __all__ = [
     "pack_sequences",
     "cu_seqlens_from_lengths",
     "check_cu_seqlens",
+    "as_cu_seqlens",
     "key_ranges_for_rows",
     "causal_key_ranges",
     "unpack_sequences",
 ]
+
+
+def as_cu_seqlens(cu_seqlens: torch.Tensor | Sequence[int], what: str = "cu_seqlens") -> torch.Tensor:
+    """``cu_seqlens`` as an integer tensor, checking only its type and dtype (no values, no sync).
+
+    Args:
+        cu_seqlens: an integer tensor (returned as is) or a sequence of ints (a new int64 CPU tensor).
+        what: name used in error messages.
+
+    Raises:
+        TypeError: neither a tensor nor a sequence.
+        ValueError: floating-point, complex or bool values.
+    """
+    if not isinstance(cu_seqlens, torch.Tensor):
+        if isinstance(cu_seqlens, (str, bytes)) or not isinstance(cu_seqlens, Sequence):
+            raise TypeError(f"{what} must be an integer tensor or a sequence of ints, got "
+                            f"{type(cu_seqlens).__name__}")
+        try:
+            cu_seqlens = torch.as_tensor(cu_seqlens)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(f"{what} must be a sequence of ints: {err}") from None
+        if cu_seqlens.numel() == 0:
+            cu_seqlens = cu_seqlens.to(torch.int64)
+    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
+        raise ValueError(f"{what} must hold integers (an integer tensor or a sequence of ints), got "
+                         f"{cu_seqlens.dtype} values; convert it explicitly if the values are whole numbers")
+    return cu_seqlens
 
 
 def cu_seqlens_from_lengths(
@@ -82,7 +116,8 @@ def check_cu_seqlens(
     """Validates ``cu_seqlens`` and returns a host (CPU, int64) copy of it.
 
     Args:
-        cu_seqlens: integer tensor ``[B+1]`` (any device; a CUDA tensor costs one synchronization).
+        cu_seqlens: integer tensor ``[B+1]`` (any device; a CUDA tensor costs one synchronization)
+            or a sequence of ints (see the module docstring: the one contract of the API).
         num_tokens: if given, the last element must equal it (the packed query row count).
         num_keys: if given, the last element must not exceed it (rows of the key tensor).
         what: name used in error messages.
@@ -91,12 +126,10 @@ def check_cu_seqlens(
         int64 CPU tensor ``[B+1]`` with the same values.
 
     Raises:
-        ValueError: on any inconsistency, naming the offending entry.
+        TypeError: neither a tensor nor a sequence.
+        ValueError: non-integer values, or any inconsistency, naming the offending entry.
     """
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"{what} must be a tensor, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
-        raise ValueError(f"{what} must be an integer tensor, got {cu_seqlens.dtype}")
+    cu_seqlens = as_cu_seqlens(cu_seqlens, what)
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"{what} must be 1-D with B+1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}")
     host = cu_seqlens.detach().to("cpu", torch.int64)
@@ -166,7 +199,7 @@ def key_ranges_for_rows(
         ``(k_start, k_end)``, int32 ``[N]`` each, on ``rows``' device.
     """
     rows = rows.to(torch.int64)
-    cu = cu_seqlens.to(device=rows.device, dtype=torch.int64)
+    cu = as_cu_seqlens(cu_seqlens).to(device=rows.device, dtype=torch.int64)
     seq = sequence_ids(cu, rows)
     k_start = cu[seq]
     k_end = rows + 1
@@ -186,6 +219,7 @@ def causal_key_ranges(cu_seqlens: torch.Tensor, device: Optional[torch.device | 
     Returns:
         ``(k_start, k_end)``, int32 ``[T]`` each, ``T = cu_seqlens[-1]``.
     """
+    cu_seqlens = as_cu_seqlens(cu_seqlens)
     device = cu_seqlens.device if device is None else torch.device(device)
     total = int(cu_seqlens[-1])
     rows = torch.arange(total, device=device, dtype=torch.int64)

@@ -5,8 +5,9 @@
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xptxas -v \
 //     -I include -I csrc -o /tmp/indexer_topk_check tests/cuda/indexer_topk_check.cu csrc/sm90/indexer_topk/*.cu
 // Run:
-//   /tmp/indexer_topk_check [--small] [--no-bench] [--seed N]
+//   /tmp/indexer_topk_check [--small] [--no-bench] [--bench-only] [--bench-T 8192,32768] [--bench-H 32,64] [--seed N]
 //   --small: only a few small cases (for compute-sanitizer memcheck / racecheck), implies --no-bench.
+//   --bench-only: skip the correctness cases; --bench-T / --bench-H: the benchmark's sequence lengths / heads.
 // Exit code: 0 all cases pass, 1 a case failed, 77 no CUDA device.
 //
 // Correctness: every case is checked against a double-precision CPU reference. A row passes when
@@ -465,13 +466,12 @@ std::vector<T> download(const void* src, size_t count) {
   return v;
 }
 
-bool benchmark(uint64_t seed) {
+bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs) {
   const int D = 128, K = 2048;
-  const std::vector<int64_t> Ts = {32768, 65536, 131072};
   bool ok = true;
   std::printf("\nBenchmark: one causal sequence, D_I = %d, K = %d, relu, median of 10 (CUDA events)\n", D, K);
   std::printf("  %-3s %7s %10s %10s %12s %14s   %s\n", "H_I", "T", "ms", "TFLOP/s", "workspace", "mem delta", "spot check");
-  for (int H : {32, 64}) {
+  for (int H : Hs) {
     for (int64_t T : Ts) {
       DeviceBuffer q(size_t(T) * H * D * sizeof(bf16)), k(size_t(T) * D * sizeof(bf16)), w(size_t(T) * H * sizeof(float));
       DeviceBuffer ks(size_t(T) * sizeof(int32_t)), ke(size_t(T) * sizeof(int32_t));
@@ -552,12 +552,31 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
-  bool small = false, bench = true;
+  bool small = false, bench = true, bench_only = false;
   uint64_t seed = std::random_device{}();
+  std::vector<int64_t> bench_T = {32768, 65536, 131072};
+  std::vector<int> bench_H = {32, 64};
+  // Comma-separated integer list, e.g. "8192,32768".
+  auto parse_list = [](const char* text) {
+    std::vector<int64_t> v;
+    for (const char* c = text; *c;) {
+      char* end = nullptr;
+      v.push_back(std::strtoll(c, &end, 10));
+      c = *end == ',' ? end + 1 : end;
+      if (end == c && *c) break;
+    }
+    return v;
+  };
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true, bench = false;
     else if (!std::strcmp(argv[i], "--no-bench")) bench = false;
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
+    else if (!std::strcmp(argv[i], "--bench-T") && i + 1 < argc) bench_T = parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--bench-H") && i + 1 < argc) {
+      bench_H.clear();
+      for (int64_t h : parse_list(argv[++i])) bench_H.push_back(static_cast<int>(h));
+    }
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -568,10 +587,10 @@ int main(int argc, char** argv) {
 
   std::mt19937_64 rng(seed);
   bool ok = true;
-  std::printf("Correctness vs double CPU reference (cap = candidate capacity; small caps force compactions):\n");
-  for (const Problem& p : correctness_problems(small, rng)) {
+  if (!bench_only) std::printf("Correctness vs double CPU reference (cap = candidate capacity; small caps force compactions):\n");
+  for (const Problem& p : bench_only ? std::vector<Problem>{} : correctness_problems(small, rng)) {
     // Default capacity; the tightest legal one (a compaction almost every tile); one in between.
-    std::vector<int> capacities = {0, p.K + 64};
+    std::vector<int> capacities = {0, p.K + 128};
     if (!small) capacities.push_back(p.K + 512);
     ok = check_problem(p, capacities) && ok;
   }
@@ -583,7 +602,7 @@ int main(int argc, char** argv) {
     std::printf("  %-34s %s\n", "T = 0", pass ? "PASS" : "FAIL");
     ok = ok && pass;
   }
-  if (bench) ok = benchmark(seed) && ok;
+  if (bench) ok = benchmark(seed, bench_T, bench_H) && ok;
   std::printf("%s\n", ok ? "ALL PASS" : "SOME FAILED");
   return ok ? 0 : 1;
 }

@@ -91,8 +91,9 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
   if (p.dtype != DType::kBF16) return Status::NotSupported("sm90 indexer_topk: q_idx / k_idx must be bf16");
   if (!supported_shape(p)) return Status::NotSupported("sm90 indexer_topk: needs H_I in {32, 64} and D_I in {64, 128}");
   if (p.T > INT_MAX || p.T_kv > INT_MAX) return Status::NotSupported("sm90 indexer_topk: T and T_kv must fit in int32");
-  if (candidate_capacity % 64 != 0 || candidate_capacity < p.K + kTileKeys)
-    return Status::InvalidArgument("sm90 indexer_topk: candidate capacity must be a multiple of 64 and >= K + 64");
+  if (candidate_capacity % 64 != 0 || candidate_capacity < p.K + kMinCapacitySlack)
+    return Status::InvalidArgument("sm90 indexer_topk: candidate capacity must be a multiple of 64 and >= K + " +
+                                   std::to_string(kMinCapacitySlack));
   if (!aligned16(p.q_idx) || p.q_idx_stride_t % 8 != 0 || p.q_idx_stride_h % 8 != 0 ||
       (p.T_kv > 0 && (!aligned16(p.k_idx) || p.k_idx_stride_t % 8 != 0)))
     return Status::NotSupported(

@@ -26,6 +26,11 @@ constexpr int kThreads = kSelectThreads;  // one warpgroup per CTA
 constexpr int kCtasPerSm = 2;             // the two CTAs of an SM overlap each other's epilogue and MMA
 constexpr int kCols = 256;                // wgmma N: (query token, head) columns of a block
 constexpr int kTileKeys = 64;             // wgmma M: keys per tile
+// A list is compacted at most two tiles (2 x 64 appends) after it crossed cap - 128 (see the main
+// loop), so the candidate capacity must leave that much room above K.
+constexpr int kMinCapacitySlack = 2 * kTileKeys;
+constexpr int kHalfCols = kCols / 2;      // columns scored by one wgmma group (m64n128)
+constexpr int kHalfAcc = kHalfCols / 2;   // its f32 accumulators per thread
 
 template <int H, int D>
 struct Config {
@@ -34,7 +39,7 @@ struct Config {
   static constexpr int kTokens = kCols / H;           // query rows per block: 8 (H_I 32) or 4 (H_I 64)
   static constexpr int kTokensPerLane = kTokens / 4;  // rows a lane owns after the quad reduce-scatter
   static constexpr int kChunksPerToken = H / 8;       // 8-column accumulator chunks per query row
-  static constexpr int kAcc = kCols / 2;              // m64n256 f32 accumulators per thread
+  static constexpr int kTokensPerHalf = kTokens / 2;  // query rows scored by one half (m64n128)
   static constexpr int kStages = D == 128 ? 2 : 4;    // key-tile ring depth (two CTAs per SM must fit)
 };
 
@@ -107,45 +112,63 @@ __device__ __forceinline__ void load_query_block(__nv_bfloat16* qs, const Kernel
   }
 }
 
-// acc = K_tile [64, D] x Q_block^T [D, 256] (fp32), both operands K-major SW128 tiles in smem.
+// Issues (does not wait for) acc = K_tile [64, D] x Q_half^T [D, 128] (fp32) for one half of the
+// block's 256 (token, head) columns: half h = Q rows [128 h, 128 h + 128), i.e. tokens
+// [h kTokens / 2, (h + 1) kTokens / 2). Both operands K-major SW128 tiles in smem; the 128-row
+// offset is a whole number of 1024-byte swizzle atoms, so the swizzle phase is unchanged.
 template <int D>
-__device__ __forceinline__ void score_tile(float (&acc)[kCols / 2], const __nv_bfloat16* ktile,
-                                           const __nv_bfloat16* qs) {
+__device__ __forceinline__ void issue_score_half(float (&acc)[kHalfAcc], const __nv_bfloat16* ktile,
+                                                 const __nv_bfloat16* qs, int half) {
+  const char* qhalf = reinterpret_cast<const char*>(qs) + half * kHalfCols * hw::kSw128RowBytes;
+  // Descriptors of k-step 0, advanced by compile-time byte offsets (address field = bytes >> 4; the
+  // sums stay below the 14-bit field's limit since shared addresses are < 228 KB): two 64-bit adds
+  // per wgmma instead of rebuilding both descriptors from the addresses.
+  const uint64_t da = hw::desc_k_major(ktile, kTileKeys, 0), db = hw::desc_k_major(qhalf, kCols, 0);
+  auto step = [](int rows, int ks) -> uint64_t {
+    return static_cast<uint64_t>(((ks >> 2) * rows * hw::kSw128RowBytes + (ks & 3) * 32) >> 4);
+  };
   hw::wgmma_fence();
+  // The first k-step overwrites acc and declares it output-only, so the compiler keeps no registers
+  // for acc's old (consumed) values across the code before the issue.
+  hw::wgmma_ss_m64n128k16_overwrite<0, 0>(acc, da, db);
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    hw::wgmma_ss_m64n256k16<0, 0>(acc, hw::desc_k_major(ktile, kTileKeys, ks), hw::desc_k_major(qs, kCols, ks),
-                                  ks > 0);
+  for (int ks = 1; ks < D / 16; ++ks) {
+    hw::wgmma_ss_m64n128k16<0, 0>(acc, da + step(kTileKeys, ks), db + step(kCols, ks), true);
   }
   hw::wgmma_commit();
-  hw::wgmma_wait<0>();
-  hw::fence_regs(acc);
 }
 
+// f of the score formula. ReLU keeps NaN (max.NaN): fmaxf would turn a NaN product into 0 and let
+// the key be selected with a finite score (docs/reliability.md).
 template <bool kRelu>
 __device__ __forceinline__ float activation(float x) {
-  return kRelu ? fmaxf(x, 0.f) : x;
+  if (!kRelu) return x;
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
-// This thread's share of the head sums: part[2 * tok + r] = sum over its columns of token tok of
-// w * f(acc), for accumulator row r (tile key acc_row + 8 r). Accumulator chunk j holds columns
-// 8 j + 2 (lane % 4) + {0, 1}, i.e. token j / kChunksPerToken; w_s is indexed by column.
-template <int H, int D, bool kRelu>
-__device__ __forceinline__ void partial_head_sums(const float (&acc)[kCols / 2], const float* w_s, int quad,
+// This thread's share of the head sums of the tokens of column half HALF: part[2 * tok + r] = sum
+// over its columns of token tok of w * f(acc), for accumulator row r (tile key acc_row + 8 r).
+// Accumulator chunk j of the half holds columns 128 HALF + 8 j + 2 (lane % 4) + {0, 1}, i.e. token
+// HALF * kTokensPerHalf + j / kChunksPerToken; w_s is indexed by column.
+template <int H, int D, bool kRelu, int HALF>
+__device__ __forceinline__ void partial_head_sums(const float (&acc)[kHalfAcc], const float* w_s, int quad,
                                                   float (&part)[2 * Config<H, D>::kTokens]) {
   using Cfg = Config<H, D>;
 #pragma unroll
-  for (int tok = 0; tok < Cfg::kTokens; ++tok) {
+  for (int tl = 0; tl < Cfg::kTokensPerHalf; ++tl) {
     float p0 = 0.f, p1 = 0.f;
 #pragma unroll
     for (int jj = 0; jj < Cfg::kChunksPerToken; ++jj) {
-      const int j = tok * Cfg::kChunksPerToken + jj;
-      const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
+      const int j = tl * Cfg::kChunksPerToken + jj;
+      const float2 w = *reinterpret_cast<const float2*>(w_s + HALF * kHalfCols + 8 * j + 2 * quad);
       p0 = fmaf(w.x, activation<kRelu>(acc[4 * j + 0]), p0);
       p0 = fmaf(w.y, activation<kRelu>(acc[4 * j + 1]), p0);
       p1 = fmaf(w.x, activation<kRelu>(acc[4 * j + 2]), p1);
       p1 = fmaf(w.y, activation<kRelu>(acc[4 * j + 3]), p1);
     }
+    const int tok = HALF * Cfg::kTokensPerHalf + tl;
     part[2 * tok] = p0;
     part[2 * tok + 1] = p1;
   }
@@ -180,10 +203,10 @@ __device__ __forceinline__ void compact_full_lists(const KernelArgs& a, float* c
                                                    uint32_t* thr, SelectScratch& sc) {
   for (int r = 0; r < NT; ++r) {
     const int n = count[r];
-    if (n <= a.cap - kTileKeys) continue;
+    if (n <= a.cap - kMinCapacitySlack) continue;
     float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    const Kept kept = keep_top_k(list_s, list_i, n, a.K, list_s, list_i, sc);  // n > cap - 64 >= K
+    const Kept kept = keep_top_k(list_s, list_i, n, a.K, list_s, list_i, sc);  // n > cap - 128 >= K
     if (threadIdx.x == 0) {
       count[r] = kept.count;
       thr[r] = kept.thr;
@@ -240,48 +263,57 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
     }
     const int tile0 = hi > 0 ? lo / kTileKeys : 0;
     const int ntiles = hi > 0 ? (hi + kTileKeys - 1) / kTileKeys - tile0 : 0;
-    int my_start[TPL], my_end[TPL];
     uint32_t my_thr[TPL];
-#pragma unroll
-    for (int u = 0; u < TPL; ++u) {
-      my_start[u] = sm.k_start[quad * TPL + u];
-      my_end[u] = sm.k_end[quad * TPL + u];
-    }
 
+    // Software pipeline over (tile, column half) so that the epilogue of one half runs on the CUDA
+    // cores while the tensor cores score the other half (the second CTA of the SM hides the selection).
+    // Iteration it (0 .. ntiles; the last one only drains):
+    //   barrier (tile it landed; every warp is done with tile it-1's stage; flags OR-ed) |
+    //   issue MMA(it, 0) -> acc0 | load tile it-1+S into tile it-1's stage |
+    //   head sums of tile it-1's half 1 (acc1, complete), quad reduce-scatter, appends of tile it-1 |
+    //   compact the flagged lists | issue MMA(it, 1) -> acc1n | wait MMA(it, 0); head sums of half 0 |
+    //   wait MMA(it, 1); acc1 = acc1n.
+    // No wgmma is in flight across the loop's back edge (ptxas serializes every wgmma of the kernel
+    // otherwise). Ring: tile i lives in stage i % S; the prologue loads tiles 0 .. S-1 (one cp.async
+    // group each, Q joins tile 0's) and iteration it >= 1 commits one group (tile it-1+S, maybe
+    // empty), so tile it is cp.async group it.
+    // Compaction: a row flagged by tile it-2's appends is compacted after tile it-1's appends, so the
+    // flag is raised at cap - 2 * 64 (two tiles of at most 64 appends each fit behind it).
     if (ntiles > 0) load_query_block<H, D>(sm.q, a, t0);  // joins the first key tile's group
 #pragma unroll
-    for (int s = 0; s < S - 1; ++s) {
+    for (int s = 0; s < S; ++s) {
       if (s < ntiles) load_key_tile<D>(sm.k[s], a, (tile0 + s) * kTileKeys);
       hw::cp_async_commit();
     }
 
     bool list_nearly_full = false;
-    for (int it = 0; it < ntiles; ++it) {
-      hw::cp_async_wait<S - 2>();
-      hw::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-      // Tile `it` is visible, every thread is done with tile it-1's stage and appends, and the
-      // candidate counts are stable until this tile's epilogue.
-      const bool compact = __syncthreads_or(list_nearly_full) != 0;
-      list_nearly_full = false;
-      {
-        const int next = it + S - 1;
-        if (next < ntiles) load_key_tile<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
-        hw::cp_async_commit();
-      }
-      if (compact) compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
-#pragma unroll
-      for (int u = 0; u < TPL; ++u) my_thr[u] = sm.thr[quad * TPL + u];
+    float acc1[kHalfAcc];  // tile it-1's half-1 scores, complete at the top of iteration it
+    float part[2 * NT];    // tile it-1's partial head sums (half 0 filled in iteration it-1)
 
-      float acc[Cfg::kAcc];
-      score_tile<D>(acc, sm.k[it % S], sm.q);
-      float part[2 * NT];
-      partial_head_sums<H, D, kRelu>(acc, sm.w, quad, part);
+    // Barrier at the top of iteration it; returns whether a list was flagged by tile it-2's appends.
+    auto tile_barrier = [&]() {
+      hw::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+      const bool flagged = __syncthreads_or(list_nearly_full) != 0;
+      list_nearly_full = false;
+      return flagged;
+    };
+    // Half 1's head sums, the quad reduce-scatter and the appends of tile `tile` (from acc1, part).
+    auto append_tile = [&](int tile) {
+      partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
       float sums[NT / 2];
       quad_reduce_scatter<NT>(part, sums, quad);
-
+      // The rows' ranges and thresholds are re-read from shared memory each tile (broadcast loads):
+      // keeping the ranges in registers across the walk made ptxas spill at H_I = 64.
+      int my_start[TPL], my_end[TPL];
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+        my_thr[u] = sm.thr[quad * TPL + u];
+        my_start[u] = sm.k_start[quad * TPL + u];
+        my_end[u] = sm.k_end[quad * TPL + u];
+      }
       // Append visible keys above the row's threshold. The lanes of one quad position append to
       // the same row: one shared-memory atomic per group of them.
-      const int key0 = (tile0 + it) * kTileKeys + acc_row;
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row;
 #pragma unroll
       for (int u = 0; u < TPL; ++u) {
         const int row = quad * TPL + u;
@@ -302,10 +334,50 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
             const size_t at = static_cast<size_t>(row) * a.cap + pos;
             cand_s[at] = s;
             cand_i[at] = key;
-            list_nearly_full |= pos >= a.cap - kTileKeys;
+            list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
           }
         }
       }
+    };
+    // With MMA(it, 0) in flight on acc0: issue MMA(it, 1), half 0's head sums, wait; acc1 = half 1.
+    auto finish_tile = [&](float (&acc0)[kHalfAcc], int it) {
+      float acc1n[kHalfAcc];
+      issue_score_half<D>(acc1n, sm.k[it % S], sm.q, 1);
+      hw::wgmma_wait<1>();
+      hw::fence_regs(acc0);
+      partial_head_sums<H, D, kRelu, 0>(acc0, sm.w, quad, part);
+      hw::fence_regs(part);  // half 0's sums are done here, while MMA(it, 1) runs
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc1n);
+#pragma unroll
+      for (int i = 0; i < kHalfAcc; ++i) acc1[i] = acc1n[i];
+    };
+
+    if (ntiles > 0) {
+      hw::cp_async_wait<S - 1>();  // Q and tile 0
+      tile_barrier();
+      float acc0[kHalfAcc];
+      issue_score_half<D>(acc0, sm.k[0], sm.q, 0);
+      finish_tile(acc0, 0);
+      for (int it = 1; it < ntiles; ++it) {
+        hw::cp_async_wait<S - 2>();
+        const bool compact = tile_barrier();
+        float acc0[kHalfAcc];
+        issue_score_half<D>(acc0, sm.k[it % S], sm.q, 0);
+        {
+          const int next = it - 1 + S;
+          if (next < ntiles) load_key_tile<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
+          hw::cp_async_commit();
+        }
+        append_tile(it - 1);
+        if (compact) {      // uniform over the CTA
+          __syncthreads();  // every append of tile it-1 is in the lists and counts
+          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        }
+        finish_tile(acc0, it);
+      }
+      tile_barrier();  // tile ntiles-1's flags need no compaction: no appends follow before the final select
+      append_tile(ntiles - 1);
     }
     hw::cp_async_wait<0>();
     __syncthreads();

@@ -46,7 +46,10 @@ struct SelectScratch {
 };
 
 // a < b  <=>  score_key(a) < score_key(b) for all non-NaN floats (with -0 < +0).
-// Every non-NaN score's key is >= 1, so key 0 can mark an empty slot.
+// Every non-NaN score's key is >= 1, so key 0 can mark an empty slot. NaN: the scores are computed
+// in the kernel, and GPU arithmetic (FFMA, max.NaN) only produces the canonical NaN 0x7fffffff,
+// whose key is 0xffffffff, the largest: a NaN score ranks above +inf, is selected first and is
+// reported as NaN (docs/reliability.md). An explicit NaN test here made ptxas spill in the selection.
 __device__ __forceinline__ uint32_t score_key(float s) {
   const uint32_t u = __float_as_uint(s);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);

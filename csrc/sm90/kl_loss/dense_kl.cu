@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kDenseThreads, 1) dense_kl_kernel(const DenseK
       hw::mbar_arrive(&ki_empty[st]);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        if (c.q == 0 && c.r0 + 8 * k < lim && tg[k] > 0.f)
+        if (c.q == 0 && c.r0 + 8 * k < lim && tg[k] != 0.f)  // 0 log 0 = 0; a NaN target is kept
           loss_part += tg[k] * (logf(tg[k]) - (s[k] - lse_i));  // target (log target - log p_I)
       }
     } else {

@@ -85,6 +85,13 @@ struct AccCoord {
       : warp(wg_tid >> 5), lane(wg_tid & 31), r0(16 * (wg_tid >> 5) + ((wg_tid & 31) >> 2)), q(wg_tid & 3) {}
 };
 
+// ReLU that keeps a NaN (fmaxf(NaN, 0) would be 0: a NaN score would look valid); one instruction.
+__device__ __forceinline__ float relu_keep_nan(float x) {
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Sums / maxima over the 4 lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -118,9 +125,14 @@ __device__ __forceinline__ float warpgroup_allreduce(float v, float* red, int wg
 }
 
 // Merges the softmax statistic (m, l) = (max, sum exp(x - max)) of another set into (m, l).
+// A NaN score (mo or lo NaN) makes l NaN for good (fmaxf drops a NaN from m), so the log-sum-exp
+// m + log(l) is NaN, as on the CPU (docs/reliability.md).
 __device__ __forceinline__ void merge_softmax_stat(float& m, float& l, float mo, float lo) {
   const float mn = fmaxf(m, mo);
-  if (mn == -INFINITY) return;  // both sets empty
+  if (mn == -INFINITY) {  // both sets empty, unless the other one holds NaN
+    if (mo != mo || lo != lo) l = __int_as_float(0x7fc00000);
+    return;
+  }
   l = l * expf(m - mn) + lo * expf(mo - mn);
   m = mn;
 }
@@ -276,8 +288,8 @@ struct IndexerBlock {
       for (int e = 0; e < 2; ++e) {
         const float w = w_s[8 * j + 2 * q + e];
         const float x0 = acc[4 * j + e], x1 = acc[4 * j + 2 + e];
-        a0 = fmaf(w, relu ? fmaxf(x0, 0.f) : x0, a0);
-        a1 = fmaf(w, relu ? fmaxf(x1, 0.f) : x1, a1);
+        a0 = fmaf(w, relu ? relu_keep_nan(x0) : x0, a0);
+        a1 = fmaf(w, relu ? relu_keep_nan(x1) : x1, a1);
       }
     }
     s0 = quad_sum(a0);
@@ -285,7 +297,8 @@ struct IndexerBlock {
   }
 
   // With g0 / g1 = d loss / d score of keys r0 / r0 + 8: adds g f(x) to the dw partials and turns acc
-  // into d(q.k) = g w f'(x) in place (f' = [x > 0] for relu).
+  // into d(q.k) = g w f'(x) in place (f' = [x > 0] for relu; 1 at NaN, as on the CPU, so the NaN
+  // reaches dq_idx).
   __device__ static void to_dqk(float (&acc)[kAcc], float g0, float g1, const float* w_s, bool relu, int q,
                                 float (&dw)[kCols]) {
 #pragma unroll
@@ -295,7 +308,7 @@ struct IndexerBlock {
         const float w = w_s[8 * j + 2 * q + e];
         float& x0 = acc[4 * j + e];
         float& x1 = acc[4 * j + 2 + e];
-        const bool on0 = !relu || x0 > 0.f, on1 = !relu || x1 > 0.f;
+        const bool on0 = !relu || !(x0 <= 0.f), on1 = !relu || !(x1 <= 0.f);
         dw[2 * j + e] += (on0 ? g0 * x0 : 0.f) + (on1 ? g1 * x1 : 0.f);
         x0 = on0 ? g0 * w : 0.f;
         x1 = on1 ? g1 * w : 0.f;

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kWarpgroup, kBwd ? 2 : 3) sparse_kl_kernel(con
   if (!stats_pass) {
     st.lse = a.row_stats[2 * t];
     st.mass_sum = a.row_stats[2 * t + 1];
-    st.live = st.mass_sum > 0.f && st.lse > -INFINITY;
+    st.live = st.mass_sum != 0.f;  // the forward saves 0 for a row without a target (NaN counts as live)
     if (!st.live) {
       write_zero_grads();
       return;
@@ -178,19 +178,20 @@ __global__ void __launch_bounds__(kWarpgroup, kBwd ? 2 : 3) sparse_kl_kernel(con
     float mx = -INFINITY;
     for (int j = tid; j < a.K; j += kWarpgroup) mx = fmaxf(mx, row[j]);
     mx = warpgroup_allreduce<true>(mx, red, tid, 1);
+    // Valid slots only (row[j] != -inf). With mx = -inf these can only be NaN scores (fmaxf drops
+    // NaN): they make se NaN instead of vanishing (docs/reliability.md).
     float se = 0.f, ms = 0.f;
-    if (mx != -INFINITY) {
-      for (int j = tid; j < a.K; j += kWarpgroup) {
-        if (row[j] != -INFINITY) {
-          se += expf(row[j] - mx);
-          ms += mass_row[j];
-        }
+    for (int j = tid; j < a.K; j += kWarpgroup) {
+      if (row[j] != -INFINITY) {
+        se += expf(row[j] - mx);
+        ms += mass_row[j];
       }
     }
     se = warpgroup_allreduce<false>(se, red, tid, 1);
     ms = warpgroup_allreduce<false>(ms, red, tid, 1);
-    // Empty support, or no attention mass on it: loss 0 and zero gradients.
-    st.live = mx != -INFINITY && ms > 0.f;
+    // Empty support (se = 0), or no attention mass on it (ms = 0): loss 0 and zero gradients. A NaN
+    // score or mass keeps the row live, so the NaN reaches the loss and the gradients (as on the CPU).
+    st.live = se != 0.f && ms != 0.f;
     st.lse = mx + logf(se);
     st.mass_sum = ms;
   }
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(kWarpgroup, kBwd ? 2 : 3) sparse_kl_kernel(con
         // Test the target itself, not the mass: a denormal mass times 1/Σmass can round to 0, and
         // 0 · log 0 would be NaN (0 log 0 = 0).
         const float tg = m * inv_ms;
-        if (tg > 0.f) term += tg * (logf(tg) - (row[j] - st.lse));  // target (log target - log p_I)
+        if (tg != 0.f) term += tg * (logf(tg) - (row[j] - st.lse));  // target (log target - log p_I); NaN kept
       }
     }
     term = warpgroup_allreduce<false>(term, red, tid, 1);

@@ -232,7 +232,9 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
     for (int j = 0; j < 32; ++j)
       *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
           __floats2bfloat162_rn(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-    if (consumer == 0 && ct.quad == 0) a.lse[out_row] = total > 0.f ? (max[h] + log2f(total)) * kLn2 : -INFINITY;
+    // total is 0 only for a row without valid keys (lse -inf). A NaN score makes total NaN (fmaxf drops
+    // it from max, exp2 does not): lse is then NaN too, never -inf (docs/reliability.md).
+    if (consumer == 0 && ct.quad == 0) a.lse[out_row] = total == 0.f ? -INFINITY : (max[h] + log2f(total)) * kLn2;
   }
 }
 

@@ -1,0 +1,397 @@
+"""The A/B cases: for each kernel, T and head count, FlashDSA against each peer on the same inputs.
+
+Each peer adapter converts our inputs to the peer's layout and conventions *outside* the timed
+region (views where possible: kv [T, D] -> [T, 1, D], indices [T, K] -> [T, 1, K]; both use -1 for
+empty slots), and cross-checks the peer's outputs against ours:
+
+| kernel | peer | what is compared |
+|---|---|---|
+| sparse_mla_fwd | FlashMLA SM90 sparse prefill (`sparse_prefill_fwd`) | out (rel. error), lse (natural log, max abs) |
+| sparse_mla_fwd | TileLang, megatron-core's `sparse_mla_fwd_interface` | out, lse (TileLang's is log2: × ln 2) |
+| sparse_mla_bwd | cuDNN frontend `sparse_attention_backward_wrapper` (our out + lse, sink -inf) | dq, dkv |
+| sparse_mla_bwd | TileLang `sparse_mla_bwd` (its own forward's out + lse, made outside the timing) | dq, dkv |
+| sparse_mla_bwd | megatron-core `SparseMLA.backward` (re-runs the forward, as Megatron trains) | dq, dkv |
+| indexer_topk | cuDNN `indexer_forward_wrapper` (bf16, T×T fp32 scores) + `indexer_top_k_wrapper` | recall of our exact top-k |
+| indexer_topk | cuDNN `indexer_forward_wrapper` alone (scores only) | scores at our selected keys |
+| indexer_topk | megatron-core TileLang indexer + `torch.topk` in 8192-row blocks | recall of our exact top-k |
+| indexer_topk | megatron-core TileLang indexer logits alone (8192-row blocks) | logits at our selected keys (first block) |
+
+FLOPs are those of bench/flops.py (DSA_SPEC §9) for both sides, so TFLOP/s compare like for like
+(a peer that recomputes more is charged for it in time, not in FLOPs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .. import flops
+from ..config import BenchConfig, DsaShape
+from ..inputs import causal_ranges, causal_topk_indices, input_set_count
+from .ab import ABPrepared, Side, max_abs_err, rel_err, topk_recall
+from .registry import PeerStatus
+
+FWD, BWD, INDEXER = "sparse_mla_fwd", "sparse_mla_bwd", "indexer_topk"
+KERNELS = (FWD, BWD, INDEXER)
+# megatron-core's TileLang indexer runs in blocks of query rows of this size (its default).
+TILELANG_INDEXER_BLOCK = 8192
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    """Which (kernel, T, heads) points a peers run measures.
+
+    heads: the head counts measured at every T per kernel (H for the attention kernels, H_I for
+    the indexer); extra_heads: more head counts measured only at extra_t (when extra_t is in seq_lens).
+    """
+
+    seq_lens: Tuple[int, ...]
+    kernels: Tuple[str, ...] = KERNELS
+    heads: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+    extra_t: Optional[int] = None
+    extra_heads: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+
+    def points(self, kernel: str) -> List[Tuple[int, int]]:
+        """(T, heads) pairs of a kernel, T ascending."""
+        out = []
+        for t in self.seq_lens:
+            hs = list(self.heads.get(kernel, ()))
+            if t == self.extra_t:
+                hs += [h for h in self.extra_heads.get(kernel, ()) if h not in hs]
+            out += [(t, h) for h in hs]
+        return out
+
+
+# The standard plan of issues 19-21: H = 64 everywhere, H = 128 for the forward and H = 16/32/128 for
+# the backward at 32K, indexer H_I = 32 and 64, T = 4K ... 128K.
+PEER_SEQ_LENS = (4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def make_plan(cfg: BenchConfig, seq_lens: Optional[Sequence[int]] = None,
+              kernels: Sequence[str] = KERNELS) -> PeerPlan:
+    """The plan for a run: the standard one on CUDA (T from cfg unless it is the default list), the
+    CPU shape's heads at cfg's T on the CPU (only a fake peer runs there)."""
+    s = cfg.dsa
+    if seq_lens is None:
+        seq_lens = cfg.seq_lens
+    if cfg.on_cuda:
+        return PeerPlan(tuple(seq_lens), tuple(kernels),
+                        heads={FWD: (s.heads,), BWD: (s.heads,), INDEXER: (32, 64)},
+                        extra_t=32768, extra_heads={FWD: (128,), BWD: (16, 32, 128)})
+    return PeerPlan(tuple(seq_lens), tuple(kernels),
+                    heads={FWD: (s.heads,), BWD: (s.heads,), INDEXER: (s.index_heads,)})
+
+
+@dataclass
+class PeerCase:
+    """One A/B measurement: FlashDSA's `kernel` against one peer at (T, heads)."""
+
+    kernel: str
+    peer_key: str  # registry key of the peer package
+    peer: str  # display name of the peer's path
+    t: int
+    heads: int
+    flops: float
+    prepare: Callable[[], ABPrepared]
+    note: str = ""
+    unsupported: str = ""  # why the peer cannot run this point (e.g. its head counts), else ""
+
+    @property
+    def series(self) -> str:
+        """Identifies the case across T (for time predictions and stop rules)."""
+        return f"{self.kernel}|{self.peer}|{self.heads}"
+
+
+@dataclass
+class Context:
+    """What an adapter needs: the device, dtype, the shape at this point, our ops, the peer module."""
+
+    cfg: BenchConfig
+    shape: DsaShape
+    t: int
+    ops: Any  # torch.ops.flashdsa (or a stand-in with the same methods)
+    peer: Any  # the present peer's module (PeerStatus.module)
+    sets: int  # input sets to rotate
+
+    def randn(self, *shape) -> torch.Tensor:
+        return torch.randn(*shape, dtype=self.cfg.dtype, device=self.cfg.device)
+
+
+# ---------------------------------------------------------------------- our sides and inputs
+
+def attention_inputs(ctx: Context, with_forward: bool, with_dout: bool = False) -> dict:
+    """Random q [T, H, D_qk], kv [T, D_qk], distinct causal indices [T, K] (-1 padded); optionally
+    our forward's out and lse, and an upstream gradient dout [T, H, D_v]."""
+    s, t = ctx.shape, ctx.t
+    a = {"q": ctx.randn(t, s.heads, s.d_qk), "kv": ctx.randn(t, s.d_qk),
+         "idx": causal_topk_indices(t, s.topk, ctx.cfg.device)}
+    if with_forward:
+        a["out"], a["lse"] = ctx.ops.sparse_mla_fwd(a["q"], a["kv"], a["idx"], s.scale)
+    if with_dout:
+        a["dout"] = ctx.randn(t, s.heads, s.d_v)
+    return a
+
+
+def index_inputs(ctx: Context) -> dict:
+    """Random indexer inputs: q_idx [T, H_I, D_I], k_idx [T, D_I], weights [T, H_I] fp32, causal ranges."""
+    s, t = ctx.shape, ctx.t
+    weights = torch.randn(t, s.index_heads, device=ctx.cfg.device) * (s.index_heads * s.index_dim) ** -0.5
+    k_start, k_end = causal_ranges(t, ctx.cfg.device)
+    return {"q_idx": ctx.randn(t, s.index_heads, s.index_dim), "k_idx": ctx.randn(t, s.index_dim),
+            "weights": weights, "k_start": k_start, "k_end": k_end}
+
+
+def ours_fwd(ctx: Context) -> Callable:
+    """FlashDSA's sparse_mla_fwd on an attention input set."""
+    scale = ctx.shape.scale
+    return lambda a: ctx.ops.sparse_mla_fwd(a["q"], a["kv"], a["idx"], scale)
+
+
+def ours_bwd(ctx: Context) -> Callable:
+    """FlashDSA's sparse_mla_bwd (fast, non-deterministic mode) from our forward's out and lse."""
+    scale = ctx.shape.scale
+    return lambda a: ctx.ops.sparse_mla_bwd(a["q"], a["kv"], a["idx"], scale, a["out"], a["lse"], a["dout"], False)
+
+
+def ours_indexer(ctx: Context) -> Callable:
+    """FlashDSA's fused indexer_topk (bf16 scores, exact top-k, ReLU)."""
+    k = ctx.shape.topk
+    return lambda a: ctx.ops.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True)
+
+
+def fwd_check(lse_to_natural: float = 1.0, out_at: int = 0, lse_at: Optional[int] = 1):
+    """Cross-check of a forward: rel. error of out, max abs error of lse (peer lse × lse_to_natural)."""
+    def check(ours, peer, _set):
+        result = {"out_rel_err": rel_err(peer[out_at], ours[0])}
+        if lse_at is not None:
+            result["lse_max_abs_err"] = max_abs_err(peer[lse_at].float() * lse_to_natural, ours[1])
+        return result
+    return check
+
+
+def bwd_check(ours, peer, _set) -> Dict[str, float]:
+    """Cross-check of a backward: rel. errors of dq and dkv (peer results as (dq, dkv))."""
+    dq, dkv = peer
+    return {"dq_rel_err": rel_err(dq.reshape(ours[0].shape), ours[0]),
+            "dkv_rel_err": rel_err(dkv.reshape(ours[1].shape), ours[1])}
+
+
+def recall_check(ours, peer, _set) -> Dict[str, float]:
+    """Recall of our exact top-k by the peer's indices ([T, K] or [1, T, K])."""
+    return topk_recall(peer.reshape(ours[0].shape[0], -1), ours[0])
+
+
+def selected_scores_check(rows: Optional[int] = None):
+    """rel. error of the peer's dense scores [rows, T_kv] gathered at our selected keys vs our scores."""
+    def check(ours, peer, _set):
+        idx, scores = ours
+        n = peer.shape[-2] if rows is None else rows
+        dense = peer.reshape(-1, peer.shape[-1])[:n]
+        idx, scores = idx[:n], scores[:n]
+        gathered = dense.gather(1, idx.clamp_min(0).long())
+        gathered = torch.where(idx >= 0, gathered, torch.full_like(gathered, -math.inf))
+        return {"scores_rel_err": rel_err(gathered, scores.float())}
+    return check
+
+
+# ---------------------------------------------------------------------- peer adapters
+
+def flashmla_fwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """FlashMLA's sparse prefill forward on views of our inputs (kv [T, 1, D], indices [T, 1, K])."""
+    op, s, t = ctx.peer, ctx.shape, ctx.t
+    args = [(a["q"], a["kv"].view(t, 1, s.d_qk), a["idx"].view(t, 1, s.topk)) for a in ours_sets]
+    return ABPrepared(Side(ours_fwd(ctx), ours_sets),
+                      Side(lambda p: op(p[0], p[1], p[2], s.scale, s.d_v), args),
+                      fwd_check(lse_to_natural=1.0, out_at=0, lse_at=2))
+
+
+def tilelang_fwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """megatron-core's TileLang sparse MLA forward on views of our inputs; its lse is log2-based."""
+    tl, s, t = ctx.peer, ctx.shape, ctx.t
+    args = [(a["q"], a["kv"].view(t, 1, s.d_qk), a["idx"].view(t, 1, s.topk)) for a in ours_sets]
+    return ABPrepared(Side(ours_fwd(ctx), ours_sets),
+                      Side(lambda p: tl.sparse_mla_fwd(p[0], p[1], p[2], sm_scale=s.scale, d_v=s.d_v), args),
+                      fwd_check(lse_to_natural=LN2))
+
+
+def cudnn_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """cuDNN frontend's DSA backward from our forward's out and lse, attention sink disabled (-inf)."""
+    m, s = ctx.peer, ctx.shape
+    sink = torch.full((s.heads,), -math.inf, dtype=torch.float32, device=ctx.cfg.device)  # no attention sink
+
+    def call(a):
+        r = m.sparse_attention_backward_wrapper(a["q"], a["kv"], a["out"], a["dout"], a["lse"], sink, a["idx"],
+                                                softmax_scale=s.scale)
+        return r["dq"], r["dkv"]
+    return ABPrepared(Side(ours_bwd(ctx), ours_sets), Side(call, ours_sets), bwd_check)
+
+
+def tilelang_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """megatron-core's TileLang sparse MLA backward from its own forward (made outside the timing)."""
+    tl, s, t = ctx.peer, ctx.shape, ctx.t
+    args = []
+    for a in ours_sets:  # TileLang's backward takes its own forward's out and (log2) lse
+        kv3, idx3 = a["kv"].view(t, 1, s.d_qk), a["idx"].view(t, 1, s.topk)
+        out, lse = tl.sparse_mla_fwd(a["q"], kv3, idx3, sm_scale=s.scale, d_v=s.d_v)
+        args.append((a["q"], kv3, out, a["dout"], idx3, lse))
+    return ABPrepared(Side(ours_bwd(ctx), ours_sets),
+                      Side(lambda p: tl.sparse_mla_bwd(*p, sm_scale=s.scale), args), bwd_check)
+
+
+def megatron_bwd(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+    """megatron-core's SparseMLA.backward as Megatron trains: re-runs the forward, delta, backward."""
+    tl, s, t = ctx.peer, ctx.shape, ctx.t
+    args = []
+    for a in ours_sets:  # Megatron's SparseMLA saves (q, kv, indices, valid heads) and recomputes out, lse
+        q4, kv4 = a["q"].unsqueeze(0), a["kv"].view(1, t, 1, s.d_qk)
+        idx4 = a["idx"].view(1, t, 1, s.topk)
+        valid_heads = idx4.ge(0).any(dim=-1).repeat_interleave(s.heads, dim=-1)
+        saved = types.SimpleNamespace(saved_tensors=(q4, kv4, idx4, valid_heads), scaling=s.scale)
+        args.append((saved, a["dout"].unsqueeze(0)))
+
+    def call(p):
+        dq, dkv, _, _ = tl.SparseMLA.backward(p[0], p[1], None)
+        return dq, dkv
+    return ABPrepared(Side(ours_bwd(ctx), ours_sets), Side(call, args), bwd_check)
+
+
+def cudnn_indexer(scores_only: bool):
+    """cuDNN frontend's bf16 indexer scores (T×T fp32), then its top-k unless scores_only."""
+    def adapter(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+        m, s, t = ctx.peer, ctx.shape, ctx.t
+        args = [(a["q_idx"].unsqueeze(0), a["k_idx"].view(1, t, 1, s.index_dim), a["weights"].unsqueeze(0),
+                 a["k_end"]) for a in ours_sets]
+
+        def call(p):
+            scores = m.indexer_forward_wrapper(p[0], p[1], p[2], ratio=1, sm_scale=1.0)["scores"]
+            if scores_only:
+                return scores
+            selected = m.indexer_top_k_wrapper(scores.view(t, -1), p[3], s.topk)["indices"]
+            del scores
+            return selected
+        check = selected_scores_check() if scores_only else recall_check
+        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args), check)
+    return adapter
+
+
+def tilelang_indexer(logits_only: bool):
+    """megatron-core's TileLang indexer in 8192-row blocks, + torch.topk unless logits_only."""
+    def adapter(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+        tl, s, t = ctx.peer, ctx.shape, ctx.t
+        block = TILELANG_INDEXER_BLOCK
+        if logits_only:
+            args = [(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"]) for a in ours_sets]
+
+            def call(p):
+                first = None
+                for start in range(0, t, block):  # as megatron-core's fused_qk_topk_lighting, without the top-k
+                    end = min(start + block, t)
+                    logits = tl.indexer_fwd(p[0][start:end], p[1], p[2][start:end], p[3][start:end], p[4][start:end])
+                    first = logits if first is None else first
+                return first
+            return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args),
+                              selected_scores_check(rows=min(block, t)))
+        args = [(a["q_idx"].unsqueeze(1), a["k_idx"].unsqueeze(1), a["weights"].unsqueeze(1), a["k_start"],
+                 a["k_end"]) for a in ours_sets]
+        def call(p):
+            selected = tl.fused_qk_topk(p[0], p[1], p[2], s.topk, p[3], p[4], block)
+            if selected is None:  # megatron-core's hook returns None for inputs it does not take
+                raise RuntimeError("megatron-core's fused_qk_topk_lighting declined the inputs (returned None)")
+            return selected
+        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args), recall_check)
+    return adapter
+
+
+@dataclass(frozen=True)
+class PeerPath:
+    """One way a peer computes one of our kernels."""
+
+    kernel: str
+    peer_key: str
+    label: str
+    adapter: Callable[[Context, List[dict]], ABPrepared]
+    note: str = ""
+    heads_ok: Callable[[int], bool] = lambda h: True
+    heads_rule: str = ""
+
+
+def _pow2_at_least_16(h: int) -> bool:
+    return h >= 16 and h & (h - 1) == 0
+
+
+PATHS: Tuple[PeerPath, ...] = (
+    PeerPath(FWD, "flashmla", "FlashMLA SM90 sparse prefill", flashmla_fwd,
+             heads_ok=lambda h: h in (64, 128), heads_rule="H = 64 or 128"),
+    PeerPath(FWD, "tilelang", "TileLang (megatron-core kernel)", tilelang_fwd,
+             heads_ok=_pow2_at_least_16, heads_rule="H a power of two >= 16"),
+    PeerPath(BWD, "cudnn", "cuDNN frontend", cudnn_bwd, note="our forward's out + lse, sink -inf"),
+    PeerPath(BWD, "tilelang", "TileLang (megatron-core kernel)", tilelang_bwd,
+             note="its own forward's out + lse, made outside the timing",
+             heads_ok=_pow2_at_least_16, heads_rule="H a power of two >= 16"),
+    PeerPath(BWD, "tilelang", "megatron-core SparseMLA.backward", megatron_bwd,
+             note="re-runs the TileLang forward, as Megatron trains", heads_ok=_pow2_at_least_16,
+             heads_rule="H a power of two >= 16"),
+    PeerPath(INDEXER, "cudnn", "cuDNN bf16 scores + top-k", cudnn_indexer(False),
+             note="T×T fp32 scores, then indexer_top_k_wrapper"),
+    PeerPath(INDEXER, "cudnn", "cuDNN bf16 scores only", cudnn_indexer(True), note="no selection"),
+    PeerPath(INDEXER, "tilelang", "TileLang logits + torch.topk (megatron-core)", tilelang_indexer(False),
+             note=f"{TILELANG_INDEXER_BLOCK}-row blocks"),
+    PeerPath(INDEXER, "tilelang", "TileLang logits only (megatron-core)", tilelang_indexer(True),
+             note=f"{TILELANG_INDEXER_BLOCK}-row blocks, no selection"),
+)
+
+INPUT_MAKERS = {
+    FWD: lambda ctx: attention_inputs(ctx, with_forward=False),
+    BWD: lambda ctx: attention_inputs(ctx, with_forward=True, with_dout=True),
+    INDEXER: index_inputs,
+}
+
+
+def shape_at(s: DsaShape, kernel: str, heads: int) -> DsaShape:
+    """The shape with H (attention kernels) or H_I (indexer) set to `heads`."""
+    return dataclasses.replace(s, index_heads=heads) if kernel == INDEXER else dataclasses.replace(s, heads=heads)
+
+
+def kernel_flops(kernel: str, t: int, s: DsaShape) -> float:
+    """DSA_SPEC §9 FLOPs of one call of `kernel` (bench/flops.py)."""
+    return {FWD: flops.sparse_fwd_flops, BWD: flops.sparse_bwd_flops, INDEXER: flops.indexer_flops}[kernel](t, s)
+
+
+def set_bytes(kernel: str, t: int, s: DsaShape) -> int:
+    """Bytes of one input set of a kernel (inputs of both sides; the peer's are views or small)."""
+    if kernel == INDEXER:
+        return t * (s.index_heads + 1) * s.index_dim * 2 + t * s.index_heads * 4 + 8 * t
+    attention = t * (s.heads + 1) * s.d_qk * 2 + t * s.topk * 4
+    return attention if kernel == FWD else attention + 2 * t * s.heads * s.d_v * 2
+
+
+def build_peer_cases(cfg: BenchConfig, plan: PeerPlan, peers: Dict[str, PeerStatus], ops: Any,
+                     paths: Sequence[PeerPath] = PATHS) -> List[PeerCase]:
+    """Every (path, T, heads) of the plan, T ascending; a case of an absent peer is still built (it
+    is reported as absent without running)."""
+    l2 = torch.cuda.get_device_properties(cfg.device).L2_cache_size if cfg.on_cuda else 0
+    cases = []
+    for kernel in plan.kernels:
+        for t, heads in plan.points(kernel):
+            s = shape_at(cfg.dsa, kernel, heads)
+            for path in paths:
+                if path.kernel != kernel:
+                    continue
+                status = peers.get(path.peer_key)
+
+                def prepare(path=path, s=s, t=t, status=status) -> ABPrepared:
+                    sets = input_set_count(set_bytes(path.kernel, t, s), l2) if cfg.on_cuda else 2
+                    ctx = Context(cfg, s, t, ops, status.module if status else None, sets)
+                    ours_sets = [INPUT_MAKERS[path.kernel](ctx) for _ in range(sets)]
+                    return path.adapter(ctx, ours_sets)
+                unsupported = "" if path.heads_ok(heads) else f"supports {path.heads_rule}"
+                cases.append(PeerCase(kernel, path.peer_key, path.label, t, heads, kernel_flops(kernel, t, s),
+                                      prepare, path.note, unsupported))
+    cases.sort(key=lambda c: c.t)  # stable: kernel order kept within a T
+    return cases

@@ -1,0 +1,60 @@
+"""The "vs peers" section of report.md, from the A/B records of bench/peers/runner.py."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from ..report import fmt_ms, fmt_num, fmt_rate, fmt_t, table
+
+CHECK_LABELS = (
+    ("out_rel_err", "out rel {:.1e}"),
+    ("lse_max_abs_err", "lse abs {:.1e}"),
+    ("dq_rel_err", "dq rel {:.1e}"),
+    ("dkv_rel_err", "dkv rel {:.1e}"),
+    ("scores_rel_err", "scores rel {:.1e}"),
+    ("recall_mean", "recall {:.5f}"),
+    ("recall_min", "min row {:.4f}"),
+)
+
+
+def check_text(checks: dict) -> str:
+    """Short text of a case's cross-check numbers, e.g. 'out rel 4.0e-05, lse abs 1.2e-06'."""
+    parts = [fmt.format(checks[key]) for key, fmt in CHECK_LABELS if checks.get(key) is not None]
+    return ", ".join(parts) or "—"
+
+
+def _status_text(r: dict) -> str:
+    if r["status"] == "ok":
+        return "ok"
+    reason = r["reason"].replace("|", "/")
+    return f"{r['status']}: {reason}" if reason else r["status"]
+
+
+def peers_table(rows: Sequence[dict], gemm_tflops: Optional[float]) -> List[str]:
+    """Markdown table: kernel, T, heads, peer, peer ms, ours ms, ratio, TFLOP/s of each, GEMM ceiling, check."""
+    gemm = fmt_rate(gemm_tflops)
+    body = []
+    for r in rows:
+        ok = r["status"] == "ok"
+        body.append([r["kernel"], fmt_t(r["t"]), str(r["heads"]), r["peer"],
+                     fmt_ms(r["peer_ms"]) if ok else "—", fmt_ms(r["ours_ms"]) if ok else "—",
+                     fmt_num(r["ratio"], 2, "×") if ok else "—",
+                     fmt_rate(r["peer_tflops"]) if ok else "—", fmt_rate(r["ours_tflops"]) if ok else "—",
+                     gemm, check_text(r.get("checks") or {}) if ok else "—", _status_text(r)])
+    return table(["kernel", "T", "H", "peer", "peer ms", "ours ms", "ratio (peer / ours)", "peer TFLOP/s",
+                  "ours TFLOP/s", "GEMM TFLOP/s (this run)", "cross-check vs ours", "status"], body)
+
+
+def render_peers_section(peers: dict, gemm_tflops: Optional[float]) -> List[str]:
+    """The whole '## vs peers' section from summary['peers'] ({'status': [...], 'rows': [...]})."""
+    lines = ["## vs peers", "",
+             "FlashDSA and each public peer alternated call by call in one process on the same inputs "
+             "(converted to the peer's layout outside the timed region); median over the rounds; ratio = "
+             "peer ms / ours ms (> 1: FlashDSA is faster). H is the attention heads (the indexer's H_I for "
+             "indexer_topk). TFLOP/s of both sides by DSA_SPEC §9 (bench/flops.py). Cross-check: relative "
+             "Frobenius error of the peer's output vs ours, max abs error of the natural-log lse, recall of "
+             "our exact top-k (mean over rows, worst row).", ""]
+    for s in peers.get("status", []):
+        lines.append(f"- {s['package']}: {'present, ' + s['detail'] if s['present'] else 'absent (' + s['detail'] + ')'}")
+    lines += ["", *peers_table(peers.get("rows", []), gemm_tflops), ""]
+    return lines

@@ -1,0 +1,368 @@
+"""The public peers in the benchmark suite (bench/peers), on the CPU.
+
+No peer package runs here (they need CUDA and are not installed): the registry must report each
+peer as absent with a reason, never raise. The A/B machinery is exercised with fake peers that are
+plain PyTorch functions (bench/unfused's gather + softmax sparse MLA, dense scores + torch.topk),
+against FlashDSA's CPU kernels: alternation, medians and ratio, cross-check numbers, recall, the
+OOM / n/a / absent rules, and the "vs peers" table of the report, end to end through bench/run.py.
+"""
+
+import dataclasses
+import io
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import flashdsa  # noqa: E402,F401 - registers torch.ops.flashdsa
+from bench import unfused  # noqa: E402
+from bench.config import GLM5_DSA, make_config  # noqa: E402
+from bench.peers import (ABPrepared, ABResult, ABTimer, PeerPath, PeerPlan, Side, build_peer_cases,  # noqa: E402
+                         discover, make_plan, peers_table, rel_err, render_peers_section, run_peers, topk_recall)
+from bench.peers import registry  # noqa: E402
+from bench.peers.cases import BWD, FWD, INDEXER, PATHS, fwd_check, recall_check, bwd_check, ours_bwd  # noqa: E402
+from bench.peers.registry import PeerStatus  # noqa: E402
+from bench.timing import CPU_POLICY  # noqa: E402
+
+CPU = torch.device("cpu")
+CHUNK = 1 << 30
+
+
+@pytest.fixture
+def cfg():
+    return make_config(CPU, quick=True, seq_lens=(64, 128))
+
+
+@pytest.fixture
+def ops():
+    return torch.ops.flashdsa
+
+
+# ---------------------------------------------------------------------- registry
+
+def test_registry_reports_every_peer_absent_without_cuda():
+    found = discover()
+    assert set(found) == {"flashmla", "cudnn", "tilelang"}
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the peers' presence depends on the installed packages")
+    for status in found.values():
+        assert not status.present and status.module is None
+        assert "CUDA" in status.detail
+
+
+def test_registry_reports_missing_packages_cleanly(monkeypatch, tmp_path):
+    """With CUDA pretended present, missing packages are absent with the import error, not raised."""
+    monkeypatch.setattr(registry, "_cuda_required", lambda: None)
+    monkeypatch.setenv("FLASHDSA_PEERS_DIR", str(tmp_path))  # no FlashMLA build there
+    real_import = registry.importlib.import_module
+
+    def no_peers(name, *args):
+        if name.split(".")[0] in ("cudnn", "tilelang", "flash_mla", "megatron"):
+            raise ModuleNotFoundError(f"No module named '{name}'")
+        return real_import(name, *args)
+    monkeypatch.setattr(registry.importlib, "import_module", no_peers)
+    found = discover()
+    for key, status in found.items():
+        assert not status.present, key
+        assert status.detail, key
+    assert "not importable" in found["cudnn"].detail and "No module named" in found["cudnn"].detail
+    assert "not importable" in found["tilelang"].detail
+    assert str(tmp_path) in found["flashmla"].detail and "flash_mla not importable" in found["flashmla"].detail
+    assert all(s.as_dict()["present"] is False for s in found.values())
+    with pytest.raises(ValueError, match="unknown peer"):
+        discover(["nope"])
+    # a run on the CPU never probes: every peer runs on CUDA only
+    on_cpu = discover(device=CPU)
+    assert all(not s.present and "CUDA only" in s.detail for s in on_cpu.values())
+
+
+def test_a_failing_probe_is_recorded_not_raised(monkeypatch):
+    def broken():
+        raise RuntimeError("boom")
+    monkeypatch.setitem(registry.PROBES, "cudnn", broken)
+    status = discover(["cudnn"])["cudnn"]
+    assert not status.present and "probe failed" in status.detail and "boom" in status.detail
+
+
+# ---------------------------------------------------------------------- cross-check helpers
+
+def test_rel_err_and_recall_on_known_values():
+    ref = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
+    assert rel_err(ref, ref) == 0.0
+    assert rel_err(ref + torch.tensor([[0.0, 0.5], [0.0, 0.0]]), ref) == pytest.approx(0.1)
+    # -inf entries of the reference (empty slots) are left out of both norms
+    ref_inf = torch.tensor([[3.0, -math.inf], [4.0, 0.0]])
+    assert rel_err(torch.tensor([[3.0, 7.0], [4.0, 0.5]]), ref_inf) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        rel_err(ref, ref[:1])
+
+    exact = torch.tensor([[5, 1, 3, -1], [0, 1, 2, 3], [-1, -1, -1, -1]], dtype=torch.int32)
+    peer = torch.tensor([[3, 5, 7, -1], [3, 2, 1, 0], [-1, -1, -1, -1]], dtype=torch.int32)
+    r = topk_recall(peer, exact, rows_per_chunk=2)  # chunks cross the rows
+    # row 0: 2 of 3 valid, row 1: 4 of 4, row 2: no valid entry (not counted)
+    assert r["recall_rows"] == 2
+    assert r["recall_mean"] == pytest.approx((2 / 3 + 1.0) / 2)
+    assert r["recall_min"] == pytest.approx(2 / 3)
+    assert topk_recall(exact.flip(1), exact)["recall_mean"] == 1.0  # order inside a row does not matter
+
+
+def test_ab_result_ratio_is_peer_median_over_ours():
+    r = ABResult(ours_ms=[1.0, 2.0, 3.0, 100.0, 2.5], peer_ms=[4.0, 5.0, 6.0, 5.5, 0.1])
+    assert r.ours_median == statistics.median(r.ours_ms) == 2.5
+    assert r.ratio == pytest.approx(5.0 / 2.5)
+
+
+def test_ab_timer_alternates_calls_on_the_same_input_sets():
+    calls = []
+
+    def side(name):
+        def fn(arg):
+            calls.append((name, arg))
+            return torch.tensor(float(arg))
+        return fn
+    checked = []
+    prepared = ABPrepared(Side(side("ours"), [0, 1, 2]), Side(side("peer"), [0, 1, 2]),
+                          check=lambda o, p, i: checked.append((float(o), float(p), i)) or {"same": float(o == p)})
+    result = ABTimer(CPU, CPU_POLICY).run(prepared)
+    assert len(result.ours_ms) == len(result.peer_ms) >= 10
+    assert result.checks == {"same": 1.0} and checked == [(0.0, 0.0, 0)]
+    timed = calls[4:]  # after the two warm-up calls of each side
+    assert len(timed) == 2 * len(result.ours_ms)
+    for r in range(len(result.ours_ms)):
+        first, second = timed[2 * r], timed[2 * r + 1]
+        assert {first[0], second[0]} == {"ours", "peer"}  # each round runs both ...
+        assert first[0] == ("ours" if r % 2 == 0 else "peer")  # ... in alternating order
+        assert first[1] == second[1] == r % 3  # on the same input set, rotating the sets
+    with pytest.raises(ValueError):
+        ABTimer(CPU, CPU_POLICY).run(ABPrepared(Side(side("ours"), [0]), Side(side("peer"), [0, 1])))
+
+
+# ---------------------------------------------------------------------- fake peers: plain torch functions
+
+def torch_sparse_fwd(q, kv, idx, scale, d_v):
+    """Sparse MLA forward in plain PyTorch: (out [T, H, d_v], natural-log lse [T, H])."""
+    valid = (idx >= 0).unsqueeze(1)  # [T, 1, K]
+    gathered = kv[idx.clamp_min(0).long()]  # [T, K, D_qk]
+    logits = torch.einsum("thd,tkd->thk", q, gathered).float() * scale
+    logits = logits.masked_fill(~valid, -math.inf)
+    lse = torch.logsumexp(logits, dim=-1)
+    out = torch.einsum("thk,tkd->thd", torch.exp(logits - lse.unsqueeze(-1)), gathered[..., :d_v].float())
+    return out.to(q.dtype), lse
+
+
+def fake_fwd(ctx, ours_sets):
+    s = ctx.shape
+
+    def call(a):
+        return torch_sparse_fwd(a["q"], a["kv"], a["idx"], s.scale, s.d_v)
+    return ABPrepared(Side(lambda a: ctx.ops.sparse_mla_fwd(a["q"], a["kv"], a["idx"], s.scale), ours_sets),
+                      Side(call, ours_sets), fwd_check())
+
+
+def fake_bwd(ctx, ours_sets):
+    s = ctx.shape
+
+    def call(a):  # autograd through the unfused forward
+        q, kv = a["q"].detach().requires_grad_(True), a["kv"].detach().requires_grad_(True)
+        out, _ = unfused.sparse_mla(q, kv, a["idx"], s.scale, s.d_v, chunk_bytes=CHUNK)
+        return torch.autograd.grad(out, (q, kv), a["dout"])
+    return ABPrepared(Side(ours_bwd(ctx), ours_sets), Side(call, ours_sets), bwd_check)
+
+
+def fake_indexer(ctx, ours_sets):
+    s = ctx.shape
+
+    def call(a):
+        idx, _ = unfused.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], s.topk,
+                                      chunk_bytes=CHUNK)
+        return idx
+    ours = Side(lambda a: ctx.ops.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"],
+                                               s.topk, True), ours_sets)
+    return ABPrepared(ours, Side(call, ours_sets), recall_check)
+
+
+def oom_peer(ctx, ours_sets):
+    def call(_):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 GiB")
+    return ABPrepared(Side(lambda a: None, ours_sets), Side(call, ours_sets))
+
+
+FAKE_PATHS = (
+    PeerPath(FWD, "fake", "torch gather+softmax", fake_fwd),
+    PeerPath(BWD, "fake", "torch autograd", fake_bwd),
+    PeerPath(INDEXER, "fake", "torch scores + topk", fake_indexer),
+    PeerPath(FWD, "fake", "fake H=64 only", fake_fwd, heads_ok=lambda h: h == 64, heads_rule="H = 64"),
+    PeerPath(FWD, "missing", "an absent peer", fake_fwd),
+)
+FAKE_PEERS = {"fake": PeerStatus("fake", "torch", True, "plain torch functions", module=object()),
+              "missing": PeerStatus("missing", "nothing", False, "not importable: ModuleNotFoundError")}
+
+
+def test_fake_peers_run_ab_with_checks(cfg, ops):
+    out = io.StringIO()
+    result = run_peers(cfg, ops, CPU_POLICY, out, max_seconds=120, plan=make_plan(cfg), peers=FAKE_PEERS,
+                       paths=FAKE_PATHS)
+    rows = result["rows"]
+    s = cfg.dsa
+    assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+    assert len(rows) == len(cfg.seq_lens) * len(FAKE_PATHS)
+    by = {(r["peer"], r["t"]): r for r in rows}
+    for t in cfg.seq_lens:
+        for label in ("torch gather+softmax", "torch autograd", "torch scores + topk"):
+            r = by[(label, t)]
+            assert r["status"] == "ok", r
+            assert r["rounds"] >= 10 and len(r["ours_ms_all"]) == len(r["peer_ms_all"]) == r["rounds"]
+            assert r["ratio"] == pytest.approx(r["peer_ms"] / r["ours_ms"])
+            assert r["peer_ms"] == pytest.approx(statistics.median(r["peer_ms_all"]))
+            assert r["ours_tflops"] == pytest.approx(r["flops"] / (r["ours_ms"] * 1e-3) / 1e12)
+            assert r["peer_tflops"] * r["peer_ms"] == pytest.approx(r["ours_tflops"] * r["ours_ms"])
+        fwd = by[("torch gather+softmax", t)]
+        assert fwd["heads"] == s.heads and fwd["kernel"] == FWD
+        assert fwd["checks"]["out_rel_err"] < 1e-5 and fwd["checks"]["lse_max_abs_err"] < 1e-4
+        bwd = by[("torch autograd", t)]
+        assert bwd["checks"]["dq_rel_err"] < 1e-4 and bwd["checks"]["dkv_rel_err"] < 1e-4
+        idx = by[("torch scores + topk", t)]
+        assert idx["heads"] == s.index_heads
+        assert idx["checks"]["recall_mean"] == 1.0 and idx["checks"]["recall_rows"] == t
+        assert by[("fake H=64 only", t)]["status"] == "n/a" and "H = 64" in by[("fake H=64 only", t)]["reason"]
+        absent = by[("an absent peer", t)]
+        assert absent["status"] == "absent" and "not importable" in absent["reason"]
+    lines = out.getvalue().splitlines()
+    assert any("peer fake" in line and "present" in line for line in lines)
+    assert sum("peers    " in line for line in lines) == len(rows)  # one progress line per case
+
+
+def test_out_of_memory_stops_the_series(cfg, ops):
+    plan = PeerPlan((64, 128, 256), (FWD,), heads={FWD: (cfg.dsa.heads,)})
+    result = run_peers(cfg, ops, CPU_POLICY, io.StringIO(), max_seconds=60, plan=plan, peers=FAKE_PEERS,
+                       paths=(PeerPath(FWD, "fake", "oom", oom_peer),))
+    statuses = [(r["t"], r["status"]) for r in result["rows"]]
+    assert statuses == [(64, "oom"), (128, "skipped"), (256, "skipped")]
+    assert "out of memory" in result["rows"][1]["reason"]
+
+
+def test_standard_plan_covers_the_issue_points():
+    gpu_like = dataclasses.replace(make_config(CPU), device=torch.device("cuda", 0), dsa=GLM5_DSA)
+    plan = make_plan(gpu_like, (4096, 8192, 16384, 32768, 65536, 131072))
+    assert plan.points(FWD) == [(t, 64) for t in (4096, 8192, 16384)] + [(32768, 64), (32768, 128)] + \
+        [(65536, 64), (131072, 64)]
+    assert [(t, h) for t, h in plan.points(BWD) if t == 32768] == [(32768, 64), (32768, 16), (32768, 32),
+                                                                    (32768, 128)]
+    assert {h for _, h in plan.points(INDEXER)} == {32, 64} and len(plan.points(INDEXER)) == 12
+    # every real peer path is built for every point (absent ones are reported, not dropped)
+    cases = build_peer_cases(make_config(CPU, seq_lens=(64,)), make_plan(make_config(CPU, seq_lens=(64,))),
+                             {}, None)
+    assert {(c.kernel, c.peer) for c in cases} == {(p.kernel, p.label) for p in PATHS}
+
+
+# ---------------------------------------------------------------------- report
+
+def test_peers_table_renders_ratio_rates_checks_and_status():
+    rows = [
+        {"kernel": FWD, "t": 8192, "heads": 64, "peer": "FlashMLA SM90 sparse prefill", "status": "ok", "reason": "",
+         "peer_ms": 3.73, "ours_ms": 4.18, "ratio": 3.73 / 4.18, "peer_tflops": 627.0, "ours_tflops": 559.4,
+         "checks": {"out_rel_err": 4e-5, "lse_max_abs_err": 2e-6}},
+        {"kernel": INDEXER, "t": 131072, "heads": 32, "peer": "cuDNN bf16 scores + top-k", "status": "oom",
+         "reason": "OutOfMemoryError: Tried to allocate 128.00 GiB", "peer_ms": None, "ours_ms": None,
+         "ratio": None, "peer_tflops": None, "ours_tflops": None, "checks": {}},
+        {"kernel": INDEXER, "t": 8192, "heads": 32, "peer": "TileLang logits + torch.topk (megatron-core)",
+         "status": "ok", "reason": "", "peer_ms": 1.1, "ours_ms": 1.0, "ratio": 1.1, "peer_tflops": 251.0,
+         "ours_tflops": 276.1, "checks": {"recall_mean": 0.97812, "recall_min": 0.91, "recall_rows": 8192.0}},
+    ]
+    lines = peers_table(rows, gemm_tflops=751.2)
+    text = "\n".join(lines)
+    assert lines[0].startswith("| kernel | T | H | peer | peer ms | ours ms | ratio (peer / ours) |")
+    assert len(lines) == 2 + len(rows)
+    assert "| sparse_mla_fwd | 8K | 64 | FlashMLA SM90 sparse prefill | 3.730 | 4.180 | 0.89× | 627.0 | 559.4 | 751.2 |" in text
+    assert "out rel 4.0e-05, lse abs 2.0e-06" in text
+    assert "oom: OutOfMemoryError: Tried to allocate 128.00 GiB" in text and "| 128K | 32 |" in text
+    assert "recall 0.97812, min row 0.9100" in text and "| 1.10× |" in text
+    section = render_peers_section({"status": [{"key": "cudnn", "package": "cudnn pkg", "present": False,
+                                                "detail": "needs a CUDA device"}], "rows": rows}, 751.2)
+    assert section[0] == "## vs peers"
+    assert "- cudnn pkg: absent (needs a CUDA device)" in section
+
+
+def test_run_py_only_peers_writes_the_vs_peers_table(tmp_path):
+    """bench/run.py --only peers on the CPU: every peer absent, the report still has the table."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--device", "cpu", "--quick",
+                           "--only", "peers", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    peers = results["summary"]["peers"]
+    assert {s["key"] for s in peers["status"]} == {"flashmla", "cudnn", "tilelang"}
+    assert peers["rows"] and all(r["status"] in ("absent", "n/a") for r in peers["rows"])
+    assert {r["section"] for r in results["records"]} == {"ceiling"}
+    report = (tmp_path / "report.md").read_text()
+    assert "## vs peers" in report and "| kernel | T | H | peer |" in report
+    assert report.count("absent: ") >= len(PATHS)
+    assert "peers    sparse_mla_fwd" in proc.stdout  # progress lines
+
+
+# ---------------------------------------------------------------------- GPU-machine set-up script
+
+def _sh(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True, **kw)
+
+
+def test_peers_gpu_script_unpacks_parts_arriving_over_several_calls(tmp_path):
+    """scripts/peers_gpu.sh keeps parts across calls and unpacks a set only once all its parts (by the
+    MANIFEST, sha256-checked) are there; idempotent; writes env.sh with the set on PYTHONPATH."""
+    repo, peers = tmp_path / "repo", tmp_path / "peers"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "peers_gpu.sh").write_text((ROOT / "scripts" / "peers_gpu.sh").read_text())
+    site = tmp_path / "site" / "fakepkg"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("VALUE = 42\n")
+    (site / "blob.bin").write_bytes(os.urandom(300_000))  # incompressible: the archive splits in parts
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    _sh(["tar", "-cJf", str(tmp_path / "cudnn.tar.xz"), "-C", str(tmp_path / "site"), "."])
+    _sh(["split", "-b", "200K", "-d", "-a", "2", str(tmp_path / "cudnn.tar.xz"), str(staged / "cudnn.tar.xz.part")])
+    parts = sorted(p.name for p in staged.iterdir())
+    assert parts == ["cudnn.tar.xz.part00", "cudnn.tar.xz.part01"]
+    manifest = "".join(f"{n} {(staged / n).stat().st_size} "
+                       f"{_sh(['sha256sum', str(staged / n)]).stdout.split()[0]}\n" for n in parts)
+    env = dict(os.environ, FLASHDSA_PEERS_DIR=str(peers), PEERS_SKIP_BUILD="1")
+
+    def call(*names):
+        stage = repo / ".peers"
+        if stage.exists():
+            for f in stage.iterdir():
+                f.unlink()
+        stage.mkdir(exist_ok=True)
+        (stage / "MANIFEST").write_text(manifest)
+        for n in names:
+            (stage / n).write_bytes((staged / n).read_bytes())
+        return _sh(["bash", str(repo / "scripts" / "peers_gpu.sh")], env=env).stdout
+
+    out = call("cudnn.tar.xz.part00")
+    assert "cudnn: waiting for cudnn.tar.xz.part01" in out and not (peers / "cudnn" / ".unpacked").exists()
+    out = call("cudnn.tar.xz.part01")
+    assert "cudnn: unpacked 2 part(s)" in out
+    assert (peers / "cudnn" / "fakepkg" / "__init__.py").read_text() == "VALUE = 42\n"
+    assert "cudnn: unpacked earlier" in call()
+    env_sh = (peers / "env.sh").read_text()
+    assert f"PYTHONPATH={peers}/cudnn:" in env_sh and "TILELANG_CACHE_DIR" in env_sh
+    check = subprocess.run(["bash", "-c", f"source {peers}/env.sh && python3 -c 'import fakepkg; print(fakepkg.VALUE)'"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.stdout.strip() == "42", check.stderr
+
+    # a corrupted part is refused (and nothing is unpacked)
+    bad_peers = tmp_path / "peers_bad"
+    env["FLASHDSA_PEERS_DIR"] = str(bad_peers)
+    (staged / "cudnn.tar.xz.part01").write_bytes(b"corrupt")
+    out = call("cudnn.tar.xz.part00", "cudnn.tar.xz.part01")
+    assert "checksum mismatch in cudnn.tar.xz.part01" in out and not (bad_peers / "cudnn").exists()
