@@ -93,10 +93,10 @@ PRESETS: Dict[str, LongConfig] = {
     # CI: seconds on 2 cores.
     "tiny": LongConfig(**TINY),
     # 2-core CPU, fp32: 2 x 1024 tokens, pairs 100-900 back, K = 32 (random top-K recall 0.033);
-    # ~16 min per recipe on 2 loaded cores (docs/training.md: the measured run).
+    # ~10 min per recipe on 2 shared cores (docs/training.md: the measured run).
     "cpu": LongConfig(seq_len=1024, seqs=2, queries=64, dist_min=100, dist_max=900, num_keys=128, num_values=16,
-                      layers=4, topk_freq=4, topk=32, lr=3e-3, warmup=20, dense_steps=800, warmup_steps=150,
-                      sparse_steps=100, indexer_lr=1e-3, sparse_lr=3e-4, short_len=256, switch_accuracy=0.9),
+                      layers=4, topk_freq=4, topk=32, lr=3e-3, warmup=20, dense_steps=800, warmup_steps=300,
+                      sparse_steps=200, indexer_lr=2e-3, sparse_lr=3e-4, short_len=256, switch_accuracy=0.9),
     # Stage 0 runs a length curriculum 512 -> 32K (the dense model must first form the lookup,
     # which takes a few hundred steps even at short range; see docs/training.md).
     "cuda": LongConfig(seq_len=32768, queries=1024, dist_min=1024, dist_max=30000, num_keys=2048, num_values=16,
