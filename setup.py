@@ -72,9 +72,12 @@ setup(
     version=VERSION["__version__"],
     description="Fused DeepSeek Sparse Attention (DSA) training kernels for Hopper, with a PyTorch front end",
     package_dir={"": "python"},
-    packages=["flashdsa"],
+    packages=["flashdsa", "flashdsa.megatron"],
     ext_modules=[_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     python_requires=">=3.10",
     install_requires=["torch>=2.5"],
+    # Megatron Core backend (flashdsa.megatron, docs/megatron.md). megatron-core 0.19.2 declares
+    # Python >= 3.12; on 3.11 install it with `pip install --ignore-requires-python` (scripts/install.sh).
+    extras_require={"megatron": ["megatron-core==0.19.2"]},
 )

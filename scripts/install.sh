@@ -33,6 +33,14 @@ fi
 step "pip install test/bench dependencies"
 $PY -m pip install -q "numpy>=1.26" "pytest>=8" "ninja>=1.11" "matplotlib>=3.8" "setuptools>=69" wheel
 
+# --- Megatron Core backend tests (flashdsa[megatron], docs/megatron.md; owner: megatron helper) ---
+# megatron-core 0.19.2 is pure Python and declares Python >= 3.12, but runs on 3.11; its DSA path
+# needs only torch, numpy and packaging (already installed), hence --no-deps.
+if ! $PY -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('megatron-core') == '0.19.2' else 1)" 2>/dev/null; then
+  step "pip install megatron-core==0.19.2 (Megatron Core backend tests)"
+  $PY -m pip install -q --ignore-requires-python --no-deps "megatron-core==0.19.2" "packaging>=23"
+fi
+
 if [ -z "${FLASHDSA_WITH_CUDA:-}" ]; then
   if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then FLASHDSA_WITH_CUDA=1; else FLASHDSA_WITH_CUDA=0; fi
 fi

@@ -95,7 +95,14 @@ __global__ void __launch_bounds__(kMassThreads, 1) attention_mass_kernel(const M
   // Slots of empty blocks are never computed: write their zeros here.
   for (int j = tid; j < a.K; j += 2 * kWarpgroup)
     if (!block_nonempty(bl, j / kBlockKeys)) mass_row[j] = 0.f;
-  if (nb <= wg) return;
+  // Consumers: with NHG = 1 the two warpgroups take alternate key blocks, each with its own half of
+  // the 18-slot ring (slots 0-8: even blocks, 9-17: odd ones), so a slot's consecutive phases belong
+  // to one warpgroup. With NHG = 2 the ring has one block's 9 slots; two consumers alternating on
+  // them would wait on mbarrier parities two phases apart (a parity wait passes at once for the phase
+  // before the current one, and a consumer may run a block ahead), so warpgroup 0 consumes every
+  // block and warpgroup 1 only zero-fills above.
+  constexpr int kConsumers = NHG == 1 ? 2 : 1;
+  if (wg >= kConsumers || nb <= wg) return;
 
   const AccCoord c(wtid);
   float lse2[NHG][2];
@@ -106,7 +113,7 @@ __global__ void __launch_bounds__(kMassThreads, 1) attention_mass_kernel(const M
   hw::mbar_wait(q_bar, 0);
 
 #pragma unroll 1
-  for (int n = wg; n < nb; n += 2) {
+  for (int n = wg; n < nb; n += kConsumers) {
     float acc[NHG][32];
     ring.template consume_block<NHG>(acc, smem + L::kQ, n * kChunksPerBlock);
     float v[16];
