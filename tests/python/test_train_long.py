@@ -233,3 +233,25 @@ def test_recipes_run_separately_then_merge(tl, tmp_path):
     assert set(merged["runs"]) == {"two-stage", "scratch"}
     assert len(merged["runs"]["scratch"]["history"]["lm_loss"]) == 4
     assert (tmp_path / "compare.png").stat().st_size > 10_000
+
+
+@pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "sparse_kl_fwd",
+                     "sparse_kl_bwd", "dense_kl_fwd", "dense_kl_bwd")
+def test_two_stage_recipe_on_cuda_at_16k(tl, tmp_path, device):
+    """Every stage on the GPU at the kernels' shapes (bf16), with the allocator check: a few steps."""
+    if device != "cuda":
+        pytest.skip("the CPU runs are above")
+    result = tl.main(["--device", "cuda", "--recipe", "two-stage", "--seq-len", "16384", "--queries", "256",
+                      "--dist-min", "1024", "--dist-max", "15000", "--num-keys", "512", "--short-len", "8192",
+                      "--dense-steps", "4", "--warmup-steps", "2", "--sparse-steps", "2", "--memory-check",
+                      "--out", str(tmp_path)])
+    res = result["runs"]["two-stage"]
+    h = res["history"]
+    assert h["stage"] == ["dense"] * 4 + ["warmup"] * 2 + ["sparse"] * 2
+    assert h["seq_len"] == [8192, 8192] + [16384] * 6
+    assert all(math.isfinite(v) for v in h["lm_loss"])
+    assert all(math.isfinite(v) for step in h["kl_loss"][4:] for v in step)
+    assert all(not s["frozen_parameters_changed"] for s in res["stages"])
+    assert set(res["memory"]) == {"dense", "warmup", "sparse"}
+    for stage, m in res["memory"].items():
+        assert m["ok"], (stage, m)  # no allocation as large as one 16384^2 bf16 matrix
