@@ -48,6 +48,10 @@ if has build; then
   fi
 fi
 kernels_ok || { echo "flashdsa's CUDA kernels are missing: run with --phases build first"; exit 1; }
+if has build; then  # every stage at 16K for a few steps, with the allocator check (~1 min)
+  timeout 300 $PY -m pytest -q -k cuda tests/python/test_train_long.py >>"$OUT/train_long.log" 2>&1
+  summary+=("pytest -k cuda tests/python/test_train_long.py: $(tail -1 "$OUT/train_long.log")")
+fi
 
 # The two recipes in separate processes (each result saved as soon as it is done), then merged.
 for recipe in two-stage scratch; do
