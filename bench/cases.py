@@ -50,7 +50,7 @@ class Case:
     name: str
     t: Optional[int]  # sequence length (None for the ceilings)
     prepare: Callable[[], Prepared]
-    flops: Optional[float] = None  # DSA_SPEC §9 count of one call
+    flops: Optional[float] = None  # docs/spec.md §9 count of one call
     bytes_moved: Optional[float] = None  # for bandwidth cases (read + write)
     requires: Tuple[str, ...] = ()  # raw flashdsa ops it runs
     layers: int = 1  # layers in one call (IndexShare group); per-layer time = time / layers

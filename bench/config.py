@@ -18,7 +18,7 @@ GIB = 1024 * MIB
 
 @dataclass(frozen=True)
 class DsaShape:
-    """One DSA layer (absorbed MLA + lightning indexer), DSA_SPEC §2 names."""
+    """One DSA layer (absorbed MLA + lightning indexer), docs/spec.md §2 names."""
 
     heads: int  # H, attention heads on this GPU
     d_qk: int  # latent key width (512 latent + 64 RoPE in GLM-5)

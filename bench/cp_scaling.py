@@ -57,9 +57,9 @@ import torch.multiprocessing as mp  # noqa: E402
 import flashdsa  # noqa: E402
 from flashdsa.context_parallel import ZigzagLayout  # noqa: E402
 from bench.config import CPU_DSA, GLM5_DSA, DsaShape  # noqa: E402
+from bench.timing import Clock  # noqa: E402
 
 ROW_TENSORS = ("q", "kv", "q_idx", "k_idx", "weights")  # the layer's inputs, one row per token
-CP_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "attention_mass", "sparse_kl_fwd", "sparse_kl_bwd")
 # Defaults per device kind: GPU = PERF.md's standard shape and sizes; CPU = seconds-long smoke runs.
 CHECK_LENGTHS = {"cuda": (6143, 1, 2049, 777, 4097, 3001), "cpu": (37, 101, 1, 150, 67, 255)}
 SCALE_TOKENS = {"cuda": (131072, 262144), "cpu": (2048,)}
@@ -166,10 +166,10 @@ def spawn(args: argparse.Namespace) -> int:
 def pick_device(choice: str, place: Place) -> torch.device:
     """This rank's device: its own GPU (cuda:local_rank) or the CPU."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    missing = [op for op in CP_OPS if not flashdsa.has_cuda_kernel(op)]
-    usable = gpus >= place.local_world and not missing
+    kernels = flashdsa.built_with_cuda()
+    usable = gpus >= place.local_world and kernels
     if choice == "cuda" and not usable:
-        why = (f"missing CUDA kernels: {', '.join(missing)}" if missing
+        why = ("flashdsa was built without CUDA" if not kernels
                else f"{gpus} GPUs for {place.local_world} processes")
         raise SystemExit(f"--device cuda: cannot give every rank its own GPU ({why})")
     if choice == "cpu" or not usable:
@@ -419,31 +419,7 @@ def format_check_table(rows: List[CheckRow]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# Timing: device clock and collective recording.
-
-
-class Clock:
-    """Marks on the device's timeline: CUDA events (current stream) on the GPU, perf_counter on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self):
-        """A point on the timeline: a recorded CUDA event, or a perf_counter value."""
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def ms(self, start, end) -> float:
-        """Milliseconds between two marks (after :meth:`sync`)."""
-        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
-
-    def sync(self) -> None:
-        """Waits for the GPU's queued work (no-op on the CPU), so marks can be read."""
-        if self.cuda:
-            torch.cuda.synchronize()
+# Timing: collective recording (the clock is bench/timing.py's).
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""FLOP counts of DSA_SPEC §9 for one causal sequence of T tokens (k_start = 0, k_end = t + 1).
+"""FLOP counts of docs/spec.md §9 for one causal sequence of T tokens (k_start = 0, k_end = t + 1).
 
 The KL-loss kernels are not in §9; they are counted like the indexer, over the top-k slots:
 fwd = 2 · T · K · H_I · D_I (score recompute), bwd = 3 × fwd (score recompute, dq_idx, dk_idx).

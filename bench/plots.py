@@ -112,7 +112,7 @@ def plot_kernel_tflops(cfg: BenchConfig, records: Sequence[dict], summary: dict,
     else:
         _empty(ax, "no kernel measured (no kernels in this build?)")
     _t_axis(ax, cfg.seq_lens)
-    ax.set_ylabel("TFLOP/s (DSA_SPEC §9)")
+    ax.set_ylabel("TFLOP/s (docs/spec.md §9)")
     ax.set_title(f"FlashDSA kernels ({cfg.device.type})")
     return _save(fig, path)
 

@@ -240,7 +240,7 @@ def render_markdown(cfg: BenchConfig, meta: dict, records: List[dict], summary: 
         "",
         "## Kernels",
         "",
-        f"TFLOP/s by DSA_SPEC §9; % of GEMM = kernel TFLOP/s / {cfg.dtype_name} GEMM TFLOP/s of this run; floor and goal "
+        f"TFLOP/s by docs/spec.md §9; % of GEMM = kernel TFLOP/s / {cfg.dtype_name} GEMM TFLOP/s of this run; floor and goal "
         "from PERF.md where they apply; × unfused = unfused PyTorch time / kernel time.",
         "",
         *_kernel_lines(summary),

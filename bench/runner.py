@@ -40,7 +40,7 @@ class Runner:
     def __init__(self, cfg: BenchConfig, fd: Optional[ModuleType], fd_error: Optional[str], policy: RepPolicy,
                  out: TextIO, *, has_kernel: Optional[Callable[[str], bool]] = None,
                  device_memory: Optional[int] = None):
-        """has_kernel(op): whether the raw op can run on cfg.device (default: flashdsa.has_cuda_kernel on
+        """has_kernel(op): whether the raw op can run on cfg.device (default: flashdsa.built_with_cuda() on
         CUDA, always on the CPU); device_memory: bytes cases may use (default: the GPU's, none on the CPU)."""
         self.cfg = cfg
         self.fd = fd
@@ -54,7 +54,8 @@ class Runner:
         self.stopped: Dict[str, str] = {}  # name -> why larger T of it are skipped
         self.context_lost = False
         if has_kernel is None:
-            has_kernel = fd.has_cuda_kernel if (cfg.on_cuda and fd is not None) else (lambda op: True)
+            cuda_kernels = fd is not None and fd.built_with_cuda()
+            has_kernel = (lambda op: cuda_kernels) if cfg.on_cuda else (lambda op: True)
         self.has_kernel = has_kernel
         if device_memory is None and cfg.on_cuda:
             device_memory = torch.cuda.get_device_properties(cfg.device).total_memory

@@ -96,16 +96,34 @@ class Measurement:
 
 
 class Clock:
-    """Times calls on one device: CUDA events on the GPU, perf_counter on the CPU."""
+    """Times calls on one device: CUDA events on the GPU, perf_counter on the CPU.
 
-    def __init__(self, device: torch.device, policy: RepPolicy):
+    measure() runs a whole case (warm-up, adaptive repetitions, peak memory); mark() / ms() time
+    spans inside a program (bench/cp_scaling.py brackets collectives and passes with them).
+    """
+
+    def __init__(self, device: torch.device, policy: Optional[RepPolicy] = None):
         self.device = device
-        self.policy = policy
+        self.policy = policy if policy is not None else RepPolicy()
         self.on_cuda = device.type == "cuda"
 
     def sync(self) -> None:
+        """Waits for the device's queued work (no-op on the CPU), so marks can be read."""
         if self.on_cuda:
             torch.cuda.synchronize(self.device)
+
+    def mark(self):
+        """A point on the device's timeline: a CUDA event recorded on the current stream, or a
+        perf_counter value on the CPU."""
+        if self.on_cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def ms(self, start, end) -> float:
+        """Milliseconds between two marks (after :meth:`sync` on the GPU)."""
+        return start.elapsed_time(end) if self.on_cuda else (end - start) * 1e3
 
     def wall_call(self, fn: Callable[[Any], Any], arg: Any) -> float:
         """Seconds of one synchronized call (used for warm-up and to size the repetitions)."""

@@ -29,7 +29,7 @@ def rows_per_chunk(bytes_per_row: int, chunk_bytes: int) -> int:
 def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, k_start: torch.Tensor,
                  k_end: torch.Tensor, topk: int, *, relu: bool = True,
                  chunk_bytes: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Indexer scores (chunked matmul) and torch.topk (DSA_SPEC §3); no gradient.
+    """Indexer scores (chunked matmul) and torch.topk (docs/spec.md §3); no gradient.
 
     Args:
         q_idx: [T, H_I, D_I] act; k_idx: [T_kv, D_I] act; weights: [T, H_I] fp32.
@@ -70,13 +70,13 @@ def _valid_slots(indices: torch.Tensor, num_keys: int) -> torch.Tensor:
 
 def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, d_v: int, *,
                chunk_bytes: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Sparse MLA (DSA_SPEC §4) by gather + einsum + softmax; differentiable through autograd.
+    """Sparse MLA (docs/spec.md §4) by gather + einsum + softmax; differentiable through autograd.
 
     Args:
         q: [T, H, D_qk] act; kv: [T_kv, D_qk] act (value = kv[:, :d_v]); indices: [T, K] int32.
     Returns:
         out [T, H, d_v] act (0 for rows with no valid slot), and the attention mass
-        [T, K] stat = sum_h softmax probability (DSA_SPEC §6), detached.
+        [T, K] stat = sum_h softmax probability (docs/spec.md §6), detached.
     """
     t, heads, d_qk = q.shape
     topk = indices.shape[1]
@@ -95,7 +95,7 @@ def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: 
 
 def sparse_kl_loss(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
                    mass: torch.Tensor, *, relu: bool = True, chunk_bytes: int) -> torch.Tensor:
-    """Sparse indexer KL loss (DSA_SPEC §6), mean over rows with a non-empty support.
+    """Sparse indexer KL loss (docs/spec.md §6), mean over rows with a non-empty support.
 
     Differentiable in q_idx, k_idx and weights; the target (mass [T, K] fp32) is detached.
     """

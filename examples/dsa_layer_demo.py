@@ -17,7 +17,6 @@ import flashdsa
 
 # The raw ops of the layer's training step (the KL loss runs in the backward, from the mass that
 # sparse_mla_bwd_mass emits: no attention_mass).
-LAYER_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd_mass", "sparse_kl_fwd", "sparse_kl_bwd")
 
 
 def pick_device(requested: str) -> str:
@@ -25,10 +24,8 @@ def pick_device(requested: str) -> str:
         return requested
     if not torch.cuda.is_available():
         return "cpu"
-    missing = [op for op in LAYER_OPS if not flashdsa.has_cuda_kernel(op)]
-    if missing:
-        print(f"note: a GPU is present but these ops have no CUDA kernel in this build: {', '.join(missing)};"
-              " running on the CPU backend instead")
+    if not flashdsa.built_with_cuda():
+        print("note: a GPU is present but flashdsa was built without CUDA; running on the CPU backend instead")
         return "cpu"
     return "cuda"
 

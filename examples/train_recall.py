@@ -211,7 +211,7 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
 
 def reference_topk(q_idx, k_idx, weights, k_start, k_end, topk: int, relu: bool = True,
                    chunk_elems: int = 1 << 22) -> torch.Tensor:
-    """Indexer top-k (DSA_SPEC §3) with the CPU backend's selection rule. No gradient.
+    """Indexer top-k (docs/spec.md §3) with the CPU backend's selection rule. No gradient.
 
     ``score(t, s) = Σ_h w[t,h]·f(q_idx[t,h]·k_idx[s])`` for ``s`` in ``[k_start, k_end)``; keeps
     the K largest, ties to the smaller key; writes them in increasing key order, then ``-1``.
@@ -252,7 +252,7 @@ def _gather(x: torch.Tensor, indices: torch.Tensor):
 
 
 def reference_sparse_mla(q, kv, indices, scale: float):
-    """Sparse MLA forward (DSA_SPEC §4) by gathers; backward by autograd.
+    """Sparse MLA forward (docs/spec.md §4) by gathers; backward by autograd.
 
     Returns ``out [T, H, D_v]`` in q's dtype and the attention probabilities ``[T, H, K]``.
     """
@@ -265,7 +265,7 @@ def reference_sparse_mla(q, kv, indices, scale: float):
 
 
 def reference_sparse_kl(q_idx, k_idx, weights, indices, probs, coeff: float, relu: bool = True):
-    """Sparse indexer KL loss (DSA_SPEC §6), differentiable in q_idx, k_idx, weights.
+    """Sparse indexer KL loss (docs/spec.md §6), differentiable in q_idx, k_idx, weights.
 
     Target: the head-summed attention mass of the top-k, normalized (detached; the kernels
     recompute the same mass from q, kv and lse). ``coeff · mean`` over rows with a non-empty support.
@@ -677,11 +677,9 @@ def activation_dtype(device: str, fp64: bool = False) -> torch.dtype:
         return torch.float64 if fp64 else torch.float32
     if fp64:
         raise SystemExit("--fp64 is for the CPU backend only")
-    layer_ops = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
-                 "sparse_kl_fwd", "sparse_kl_bwd")
-    missing = [op for op in layer_ops if not flashdsa.has_cuda_kernel(op)]
-    if not torch.cuda.is_available() or missing:
-        raise SystemExit(f"--device cuda needs a GPU and flashdsa's CUDA kernels (missing: {missing or 'a GPU'})")
+    if not torch.cuda.is_available() or not flashdsa.built_with_cuda():
+        missing = "a GPU" if not torch.cuda.is_available() else "a build with CUDA"
+        raise SystemExit(f"--device cuda needs a GPU and flashdsa's CUDA kernels (missing: {missing})")
     flashdsa.set_range_checks(False)  # the layer builds the key ranges itself
     torch.backends.cuda.matmul.allow_tf32 = True
     return torch.bfloat16

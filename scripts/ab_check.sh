@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 overlay=$1; name=$2; sources=$3; rounds=$4; shift 4; [ "${1:-}" = "--" ] && shift
 out=${OUT:-/tmp/ab}; mkdir -p "$out"
 flags=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo)
-after_src=(); before_src=()
+# The check programs build their key ranges with the library's helpers (tests/cuda/check_common.cuh).
+after_src=(csrc/common/ranges.cpp csrc/common/status.cpp); before_src=(csrc/common/ranges.cpp csrc/common/status.cpp)
 for s in $sources; do
   after_src+=("$s")
   if [ -f "$overlay/$s" ]; then before_src+=("$overlay/$s"); else before_src+=("$s"); fi

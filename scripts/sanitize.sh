@@ -35,10 +35,10 @@ if [ ! -x "$SAN" ]; then echo "compute-sanitizer not found (set COMPUTE_SANITIZE
 # name | sources | arguments
 programs=(
   "hopper_primitives|tests/cuda/hopper_primitives_check.cu|"
-  "indexer_topk|tests/cuda/indexer_topk_check.cu csrc/sm90/indexer_topk/*.cu|--small"
+  "indexer_topk|tests/cuda/indexer_topk_check.cu csrc/sm90/indexer_topk/*.cu csrc/common/ranges.cpp csrc/common/status.cpp|--small"
   "sparse_mla_fwd|tests/cuda/sparse_mla_fwd_check.cu csrc/sm90/sparse_mla_fwd/*.cu|--small"
   "sparse_mla_bwd|tests/cuda/sparse_mla_bwd_check.cu csrc/sm90/sparse_mla_bwd/*.cu|--small --no-bench"
-  "kl_loss|tests/cuda/kl_loss_check.cu csrc/sm90/kl_loss/*.cu|--small"
+  "kl_loss|tests/cuda/kl_loss_check.cu csrc/sm90/kl_loss/*.cu csrc/common/ranges.cpp csrc/common/status.cpp|--small"
 )
 selected() { [ "$only" = all ] || [[ ",$only," == *",$1,"* ]]; }
 

@@ -16,7 +16,7 @@ empty slots), and cross-checks the peer's outputs against ours:
 | indexer_topk | megatron-core TileLang indexer + `torch.topk` in 8192-row blocks | recall of our exact top-k |
 | indexer_topk | megatron-core TileLang indexer logits alone (8192-row blocks) | logits at our selected keys (first block) |
 
-FLOPs are those of bench/flops.py (DSA_SPEC §9) for both sides, so TFLOP/s compare like for like
+FLOPs are those of bench/flops.py (docs/spec.md §9) for both sides, so TFLOP/s compare like for like
 (a peer that recomputes more is charged for it in time, not in FLOPs).
 """
 
@@ -359,7 +359,7 @@ def shape_at(s: DsaShape, kernel: str, heads: int) -> DsaShape:
 
 
 def kernel_flops(kernel: str, t: int, s: DsaShape) -> float:
-    """DSA_SPEC §9 FLOPs of one call of `kernel` (bench/flops.py)."""
+    """docs/spec.md §9 FLOPs of one call of `kernel` (bench/flops.py)."""
     return {FWD: flops.sparse_fwd_flops, BWD: flops.sparse_bwd_flops, INDEXER: flops.indexer_flops}[kernel](t, s)
 
 

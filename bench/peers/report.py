@@ -51,7 +51,7 @@ def render_peers_section(peers: dict, gemm_tflops: Optional[float]) -> List[str]
              "FlashDSA and each public peer alternated call by call in one process on the same inputs "
              "(converted to the peer's layout outside the timed region); median over the rounds; ratio = "
              "peer ms / ours ms (> 1: FlashDSA is faster). H is the attention heads (the indexer's H_I for "
-             "indexer_topk). TFLOP/s of both sides by DSA_SPEC §9 (bench/flops.py). Cross-check: relative "
+             "indexer_topk). TFLOP/s of both sides by docs/spec.md §9 (bench/flops.py). Cross-check: relative "
              "Frobenius error of the peer's output vs ours, max abs error of the natural-log lse, recall of "
              "our exact top-k (mean over rows, worst row).", ""]
     for s in peers.get("status", []):

@@ -8,8 +8,11 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "flashdsa/threads.h"
 
 namespace flashdsa::detail {
 namespace {
@@ -159,3 +162,15 @@ void parallel_for(int64_t n, int64_t grain, const ParallelBody& body) {
 }
 
 }  // namespace flashdsa::detail
+
+namespace flashdsa {
+
+int cpu_num_threads() { return detail::num_threads(); }
+
+Status set_cpu_num_threads(int n) {
+  if (n < 1) return Status::InvalidArgument("set_cpu_num_threads: n = " + std::to_string(n) + ": must be >= 1");
+  detail::set_num_threads(n);
+  return Status::OK();
+}
+
+}  // namespace flashdsa

@@ -1,4 +1,4 @@
-// Key-range builders for packed (THD) batches and zigzag context parallelism (DSA_SPEC §2, §7).
+// Key-range builders for packed (THD) batches and zigzag context parallelism (docs/spec.md §2, §7).
 #include "flashdsa/ranges.h"
 
 #include <algorithm>

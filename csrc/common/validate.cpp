@@ -1,11 +1,9 @@
-// Host validation of every params struct (what each entry point runs first).
+// Generic host checks of every params struct: what holds for every backend (sizes non-negative,
+// pointers present, strides that do not overlap rows, finite scalars, key ranges in bounds). The
+// limits of one backend (supported H, D, K, dtypes, alignment) are that backend's supports()
+// (csrc/cpu/supports.cpp, csrc/sm90/supports.cpp); csrc/common/ops.cpp runs both.
 //
-// Size rules: the CUDA backend takes the production shapes (ops.h: is_supported_*, D_qk = 576,
-// D_v = 512, K a multiple of 64, bf16 only); the CPU backend also takes small shapes so that tests
-// and references can run at tiny sizes:
-//   H, H_I in [1, 128];  D_I a multiple of 8 in [8, 256];  D_qk a multiple of 8 in [8, 1024];
-//   D_v in [1, D_qk];  K in [1, 8192];  dtype bf16, fp32 or fp64.
-// Strides (both backends): non-negative, and rows / heads must not overlap: for [rows, heads, dim],
+// Strides: non-negative, and rows / heads must not overlap: for [rows, heads, dim],
 // stride_h >= dim and stride_t >= (heads - 1) * stride_h + dim; a dimension of size <= 1 (or an
 // empty tensor) is not constrained. A tensor with no elements may be null.
 #include <cmath>
@@ -14,49 +12,28 @@
 #include <string>
 #include <vector>
 
+#include "common/check.h"
 #include "common/host_copy.h"
 #include "common/status_macros.h"
+#include "common/validate.h"
 #include "flashdsa/ops.h"
 
 namespace flashdsa {
 
+// The production shapes of docs/spec.md §2 (the sizes the sm90 backend runs).
 bool is_supported_heads(int h) { return h == 16 || h == 32 || h == 64 || h == 128; }
 bool is_supported_indexer_heads(int h) { return h == 32 || h == 64; }
 bool is_supported_indexer_dim(int d) { return d == 64 || d == 128; }
 
 namespace {
 
-constexpr int kCpuMaxHeads = 128;
-constexpr int kCpuMaxIndexerDim = 256;
-constexpr int kCpuMaxDqk = 1024;
-constexpr int kDimMultiple = 8;
 constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();  // row ids are int32
 
-// The op being validated: its name (message prefix) and device.
-struct Check {
-  const char* op;
-  Device device;
+using detail::Check;
 
-  bool cuda() const { return device == Device::kCUDA; }
-
-  // "op: field = value: requirement"
-  Status fail(const std::string& field, const std::string& value, const std::string& requirement) const {
-    return Status::InvalidArgument(std::string(op) + ": " + field + " = " + value + ": " + requirement);
-  }
-  Status fail(const std::string& field, int64_t value, const std::string& requirement) const {
-    return fail(field, std::to_string(value), requirement);
-  }
-};
-
-Status check_device_and_dtype(const Check& c, DType dtype) {
-  if (c.device != Device::kCPU && c.device != Device::kCUDA) {
-    return c.fail("device", static_cast<int64_t>(c.device), "must be kCPU or kCUDA");
-  }
+Status check_dtype(const Check& c, DType dtype) {
   if (dtype != DType::kBF16 && dtype != DType::kFP32 && dtype != DType::kFP64) {
     return c.fail("dtype", static_cast<int64_t>(dtype), "must be kBF16, kFP32 or kFP64");
-  }
-  if (c.cuda() && dtype != DType::kBF16) {
-    return c.fail("dtype", dtype_name(dtype), "the CUDA backend supports only bf16 (fp32/fp64 are CPU only)");
   }
   return Status::OK();
 }
@@ -66,59 +43,14 @@ Status check_rows(const Check& c, const char* field, int64_t rows) {
   return Status::OK();
 }
 
-Status check_heads(const Check& c, const char* field, int h) {
-  if (c.cuda()) {
-    if (!is_supported_heads(h)) return c.fail(field, h, "must be one of 16, 32, 64, 128 on CUDA");
-  } else if (h < 1 || h > kCpuMaxHeads) {
-    return c.fail(field, h, "must be in [1, 128]");
-  }
-  return Status::OK();
-}
-
-Status check_indexer_heads(const Check& c, int h) {
-  if (c.cuda()) {
-    if (!is_supported_indexer_heads(h)) return c.fail("H_I", h, "must be 32 or 64 on CUDA");
-  } else if (h < 1 || h > kCpuMaxHeads) {
-    return c.fail("H_I", h, "must be in [1, 128]");
-  }
-  return Status::OK();
-}
-
-Status check_indexer_dim(const Check& c, int d) {
-  if (c.cuda()) {
-    if (!is_supported_indexer_dim(d)) return c.fail("D_I", d, "must be 64 or 128 on CUDA");
-  } else if (d < kDimMultiple || d > kCpuMaxIndexerDim || d % kDimMultiple != 0) {
-    return c.fail("D_I", d, "must be a multiple of 8 in [8, 256]");
-  }
-  return Status::OK();
-}
-
-Status check_qk_dim(const Check& c, int d_qk) {
-  if (c.cuda()) {
-    if (d_qk != kDqk) return c.fail("D_qk", d_qk, "must be 576 on CUDA");
-  } else if (d_qk < kDimMultiple || d_qk > kCpuMaxDqk || d_qk % kDimMultiple != 0) {
-    return c.fail("D_qk", d_qk, "must be a multiple of 8 in [8, 1024]");
-  }
+// A size that every backend needs to be at least 1 (backends bound it further in supports()).
+Status check_positive(const Check& c, const char* field, int64_t v) {
+  if (v < 1) return c.fail(field, v, "must be >= 1");
   return Status::OK();
 }
 
 Status check_value_dim(const Check& c, int d_v, int d_qk) {
-  if (c.cuda()) {
-    if (d_v != kDv) return c.fail("D_v", d_v, "must be 512 on CUDA");
-  } else if (d_v < 1 || d_v > d_qk) {
-    return c.fail("D_v", d_v, "must be in [1, D_qk = " + std::to_string(d_qk) + "]");
-  }
-  return Status::OK();
-}
-
-Status check_topk(const Check& c, int k) {
-  if (c.cuda()) {
-    if (k < kTopKMultiple || k > kMaxTopK || k % kTopKMultiple != 0) {
-      return c.fail("K", k, "must be a multiple of 64 in [64, 8192] on CUDA");
-    }
-  } else if (k < 1 || k > kMaxTopK) {
-    return c.fail("K", k, "must be in [1, 8192]");
-  }
+  if (d_v < 1 || d_v > d_qk) return c.fail("D_v", d_v, "must be in [1, D_qk = " + std::to_string(d_qk) + "]");
   return Status::OK();
 }
 
@@ -127,18 +59,6 @@ Status check_ptr(const Check& c, const char* field, const void* ptr, int64_t num
   if (ptr == nullptr && numel > 0) {
     return Status::InvalidArgument(std::string(c.op) + ": " + field + " must not be null (it has " +
                                    std::to_string(numel) + " elements)");
-  }
-  return Status::OK();
-}
-
-// An output the CUDA kernels write with 16-byte stores must start on a 16-byte boundary (any
-// address is fine on the CPU).
-Status check_aligned(const Check& c, const char* field, const void* ptr) {
-  constexpr uintptr_t kAlignment = 16;
-  if (c.cuda() && reinterpret_cast<uintptr_t>(ptr) % kAlignment != 0) {
-    return Status::InvalidArgument(std::string(c.op) + ": " + field +
-                                   " must be 16-byte aligned on CUDA (address % 16 = " +
-                                   std::to_string(reinterpret_cast<uintptr_t>(ptr) % kAlignment) + ")");
   }
   return Status::OK();
 }
@@ -167,15 +87,6 @@ Status check_finite(const Check& c, const char* field, double value) {
   return Status::OK();
 }
 
-Status check_workspace(const Check& c, size_t needed, const void* workspace, size_t bytes) {
-  if (needed == 0) return Status::OK();
-  if (workspace == nullptr || bytes < needed) {
-    return c.fail("workspace_bytes", static_cast<int64_t>(workspace ? bytes : 0),
-                  "workspace must be non-null and hold at least " + std::to_string(needed) + " bytes");
-  }
-  return Status::OK();
-}
-
 // Main-attention inputs q [T, H, D_qk] and kv [T_kv, D_qk], and the softmax scale.
 struct MainAttention {
   const void* q;
@@ -186,8 +97,8 @@ struct MainAttention {
 };
 
 Status check_main_attention(const Check& c, const MainAttention& m, int64_t T, int64_t T_kv) {
-  FLASHDSA_RETURN_IF_ERROR(check_heads(c, "H", m.H));
-  FLASHDSA_RETURN_IF_ERROR(check_qk_dim(c, m.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "H", m.H));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D_qk", m.D_qk));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q", m.q, T * m.H * m.D_qk));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "kv", m.kv, T_kv * m.D_qk));
   FLASHDSA_RETURN_IF_ERROR(check_strides_3d(c, "q", m.q_stride_t, m.q_stride_h, T, m.H, m.D_qk));
@@ -205,8 +116,8 @@ struct IndexerInputs {
 };
 
 Status check_indexer(const Check& c, const IndexerInputs& in, int64_t T, int64_t T_kv) {
-  FLASHDSA_RETURN_IF_ERROR(check_indexer_heads(c, in.H_I));
-  FLASHDSA_RETURN_IF_ERROR(check_indexer_dim(c, in.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "H_I", in.H_I));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D_I", in.D_I));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q_idx", in.q_idx, T * in.H_I * in.D_I));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "k_idx", in.k_idx, T_kv * in.D_I));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "weights", in.weights, T * in.H_I));
@@ -218,7 +129,7 @@ Status check_indexer(const Check& c, const IndexerInputs& in, int64_t T, int64_t
 
 // Top-k indices [T, K] read by an op.
 Status check_indices_input(const Check& c, const int32_t* indices, int64_t stride_t, int64_t T, int K) {
-  FLASHDSA_RETURN_IF_ERROR(check_topk(c, K));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "K", K));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", indices, T * K));
   return check_stride(c, "indices_stride_t", stride_t, T, K);
 }
@@ -228,9 +139,10 @@ Status check_key_ranges(const Check& c, const CallContext& ctx, const int32_t* k
                         int64_t T, int64_t T_kv) {
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "k_start", k_start, T));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "k_end", k_end, T));
-  if (T == 0 || (c.cuda() && !ctx.check_ranges)) return Status::OK();
+  const bool on_device = ctx.device == Device::kCUDA;
+  if (T == 0 || (on_device && !ctx.check_ranges)) return Status::OK();
   std::vector<int32_t> host_start, host_end;
-  if (c.cuda()) {
+  if (on_device) {
     host_start.resize(T);
     host_end.resize(T);
     const size_t bytes = static_cast<size_t>(T) * sizeof(int32_t);
@@ -252,7 +164,7 @@ Status check_key_ranges(const Check& c, const CallContext& ctx, const int32_t* k
 }
 
 Status check_sizes(const Check& c, DType dtype, int64_t T, int64_t T_kv) {
-  FLASHDSA_RETURN_IF_ERROR(check_device_and_dtype(c, dtype));
+  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, dtype));
   FLASHDSA_RETURN_IF_ERROR(check_rows(c, "T", T));
   return check_rows(c, "T_kv", T_kv);
 }
@@ -303,27 +215,19 @@ Status check_kl_grads(const Check& c, const P& p) {
 
 }  // namespace
 
-Status validate_workspace(const IndexerTopkParams& p) {
-  return check_workspace(Check{"indexer_topk", p.device}, indexer_topk_workspace_size(p), p.workspace,
-                         p.workspace_bytes);
-}
+namespace detail {
 
-Status validate_workspace(const SparseMlaBwdParams& p) {
-  return check_workspace(Check{"sparse_mla_bwd", p.device}, sparse_mla_bwd_workspace_size(p), p.workspace,
-                         p.workspace_bytes);
-}
-
-Status validate(const IndexerTopkParams& p) {
-  const Check c{"indexer_topk", p.device};
+Status check_generic(const IndexerTopkParams& p) {
+  const Check c{"indexer_topk"};
   FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_indexer(c, indexer_inputs_of(p), p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "K", p.K));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", p.indices, p.T * p.K));
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
 }
 
-Status validate(const SparseMlaFwdParams& p) {
-  const Check c{"sparse_mla_fwd", p.device};
+Status check_generic(const SparseMlaFwdParams& p) {
+  const Check c{"sparse_mla_fwd"};
   FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v, p.D_qk));
@@ -332,8 +236,8 @@ Status validate(const SparseMlaFwdParams& p) {
   return check_ptr(c, "lse", p.lse, p.T * p.H);
 }
 
-Status validate(const SparseMlaBwdParams& p) {
-  const Check c{"sparse_mla_bwd", p.device};
+Status check_generic(const SparseMlaBwdParams& p) {
+  const Check c{"sparse_mla_bwd"};
   FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v, p.D_qk));
@@ -342,13 +246,12 @@ Status validate(const SparseMlaBwdParams& p) {
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.H));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dout", p.dout, p.T * p.H * p.D_v));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq", p.dq, p.T * p.H * p.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dkv", p.dkv, p.T_kv * p.D_qk));
-  // mass [T, K] is optional (null = not requested); when given, the CUDA kernel stores it in 16 bytes.
-  return p.mass == nullptr ? Status::OK() : check_aligned(c, "mass", p.mass);
+  // mass [T, K] is optional (null = not requested).
+  return check_ptr(c, "dkv", p.dkv, p.T_kv * p.D_qk);
 }
 
-Status validate(const AttnMassParams& p) {
-  const Check c{"attention_mass", p.device};
+Status check_generic(const AttnMassParams& p) {
+  const Check c{"attention_mass"};
   FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
@@ -356,30 +259,40 @@ Status validate(const AttnMassParams& p) {
   return check_ptr(c, "mass", p.mass, p.T * p.K);
 }
 
-Status validate_fwd(const SparseKlParams& p) {
-  const Check c{"sparse_kl_fwd", p.device};
+Status check_generic_fwd(const SparseKlParams& p) {
+  const Check c{"sparse_kl_fwd"};
   FLASHDSA_RETURN_IF_ERROR(check_sparse_kl_inputs(c, p));
   return check_ptr(c, "loss_rows", p.loss_rows, p.T);
 }
 
-Status validate_bwd(const SparseKlParams& p) {
-  const Check c{"sparse_kl_bwd", p.device};
+Status check_generic_bwd(const SparseKlParams& p) {
+  const Check c{"sparse_kl_bwd"};
   FLASHDSA_RETURN_IF_ERROR(check_sparse_kl_inputs(c, p));
   return check_kl_grads(c, p);
 }
 
-Status validate_fwd(const DenseKlParams& p) {
-  const Check c{"dense_kl_fwd", p.device};
+Status check_generic_fwd(const DenseKlParams& p) {
+  const Check c{"dense_kl_fwd"};
   FLASHDSA_RETURN_IF_ERROR(check_dense_kl_inputs(c, p));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "loss_rows", p.loss_rows, p.T));
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
 }
 
-Status validate_bwd(const DenseKlParams& p) {
-  const Check c{"dense_kl_bwd", p.device};
+Status check_generic_bwd(const DenseKlParams& p) {
+  const Check c{"dense_kl_bwd"};
   FLASHDSA_RETURN_IF_ERROR(check_dense_kl_inputs(c, p));
   FLASHDSA_RETURN_IF_ERROR(check_kl_grads(c, p));
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
 }
 
+Status check_workspace(const char* op, size_t needed, const void* workspace, size_t bytes) {
+  if (needed == 0) return Status::OK();
+  if (workspace == nullptr || bytes < needed) {
+    return Check{op}.fail("workspace_bytes", static_cast<int64_t>(workspace ? bytes : 0),
+                          "workspace must be non-null and hold at least " + std::to_string(needed) + " bytes");
+  }
+  return Status::OK();
+}
+
+}  // namespace detail
 }  // namespace flashdsa

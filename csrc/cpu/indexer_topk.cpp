@@ -1,4 +1,4 @@
-// CPU lightning indexer + top-k (DSA_SPEC §3).
+// CPU lightning indexer + top-k (docs/spec.md §3).
 //
 // Rows run in parallel. Each row scores its visible keys tile by tile into a row-local buffer
 // (O(T_kv) per worker, never T x T_kv), then selects the K best with nth_element. Selection order:
@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cpu/cpu_backend.h"
+#include "cpu/backend.h"
 #include "cpu/op_inputs.h"
 
 namespace flashdsa::cpu {

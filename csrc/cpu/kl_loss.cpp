@@ -1,4 +1,4 @@
-// CPU indexer KL losses, sparse and dense (DSA_SPEC §6).
+// CPU indexer KL losses, sparse and dense (docs/spec.md §6).
 //
 // Per row t with support S_t (valid top-k slots, or the visible keys [k_start, k_end)):
 //   score_i = sum_h w[t,h] f(q_idx[t,h] . k_idx[key_i]),  p_I = softmax(score) over S_t,
@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cpu/cpu_backend.h"
+#include "cpu/backend.h"
 #include "cpu/key_partition.h"
 #include "cpu/op_inputs.h"
 

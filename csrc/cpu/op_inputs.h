@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "cpu/kernels.h"
+#include "cpu/simd_rows.h"
 #include "cpu/row_math.h"
 #include "cpu/tensor_access.h"
 

@@ -1,4 +1,4 @@
-// CPU sparse MLA forward / backward and attention mass (DSA_SPEC §4, §5, §6).
+// CPU sparse MLA forward / backward and attention mass (docs/spec.md §4, §5, §6).
 //
 // Every op walks the query rows in parallel; a row keeps its scores in a [H, K] scratch (per
 // worker, never T x H x K). The backward computes dq (and, when asked, the attention mass from
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cpu/cpu_backend.h"
+#include "cpu/backend.h"
 #include "cpu/key_partition.h"
 #include "cpu/op_inputs.h"
 

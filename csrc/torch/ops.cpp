@@ -262,28 +262,6 @@ std::tuple<Tensor, Tensor, Tensor> dense_kl_bwd(const Tensor& q, const Tensor& k
   return grads;
 }
 
-// Op names as registered, with the OpKind each one runs.
-struct OpEntry {
-  const char* name;
-  OpKind kind;
-};
-constexpr OpEntry kOps[] = {
-    {"indexer_topk", OpKind::kIndexerTopk},     {"sparse_mla_fwd", OpKind::kSparseMlaFwd},
-    {"sparse_mla_bwd", OpKind::kSparseMlaBwd},  {"attention_mass", OpKind::kAttentionMass},
-    {"sparse_kl_fwd", OpKind::kSparseKlFwd},    {"sparse_kl_bwd", OpKind::kSparseKlBwd},
-    {"dense_kl_fwd", OpKind::kDenseKlFwd},      {"dense_kl_bwd", OpKind::kDenseKlBwd},
-    {"sparse_mla_bwd_mass", OpKind::kSparseMlaBwd},  // the sparse MLA backward with its mass output
-};
-
-bool has_cuda_kernel(std::string name) {
-  for (const OpEntry& op : kOps) {
-    if (name == op.name) return backend_implements(Device::kCUDA, op.kind);
-  }
-  std::string known;
-  for (const OpEntry& op : kOps) known += std::string(known.empty() ? "" : ", ") + op.name;
-  TORCH_CHECK_VALUE(false, "flashdsa: unknown op '", name, "'; known ops: ", known);
-}
-
 bool built_with_cuda_op() { return built_with_cuda(); }
 
 bool set_range_checks_op(bool enabled) { return set_range_checks(enabled); }
@@ -335,7 +313,6 @@ TORCH_LIBRARY(flashdsa, m) {
         "Tensor dweights)",
         traceable);
   // Build and process settings (no tensors; used by python/flashdsa/ops.py at import and by the layer).
-  m.def("_has_cuda_kernel(str op) -> bool", &tb::has_cuda_kernel);
   m.def("_built_with_cuda() -> bool", &tb::built_with_cuda_op);
   m.def("_set_range_checks(bool enabled) -> bool", &tb::set_range_checks_op);
 }

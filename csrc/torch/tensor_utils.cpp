@@ -20,7 +20,7 @@ std::atomic<bool> g_range_checks{true};
 // "torch.int32", as Python users spell the dtype.
 std::string dtype_name(at::ScalarType t) { return "torch." + c10::getDtypeNames(t).first; }
 
-// TMA descriptors need 16-byte aligned global addresses and strides.
+// The CUDA kernels load rows with 16-byte cp.async copies: addresses and row strides must be 16-byte aligned.
 constexpr int64_t kRowAlignmentBytes = 16;
 
 }  // namespace
@@ -96,7 +96,7 @@ at::Tensor strided_rows(const at::Tensor& t) {
     inner_span += (t.size(d) - 1) * t.stride(d);
   }
   if (!t.is_cuda()) return usable ? t : t.contiguous();
-  // CUDA kernels load rows with TMA: base address and row strides must be 16-byte aligned.
+  // CUDA kernels load rows with 16-byte cp.async copies: base address and row strides must be aligned.
   const int64_t elem = static_cast<int64_t>(t.element_size());
   usable = usable && reinterpret_cast<uintptr_t>(t.data_ptr()) % kRowAlignmentBytes == 0;
   for (int64_t d = 0; usable && d + 1 < ndim; ++d) {

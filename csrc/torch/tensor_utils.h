@@ -33,8 +33,8 @@ void check_shape(const at::Tensor& t, std::initializer_list<int64_t> sizes, cons
 int to_int(int64_t v, const char* what);
 
 // A view the kernels can read through its strides: last dimension contiguous, outer strides that
-// step over the block inside them and, on CUDA, 16-byte aligned base address and row strides (what
-// TMA needs). Any other tensor (transposed, expanded, ...) is copied to a contiguous one.
+// step over the block inside them and, on CUDA, 16-byte aligned base address and row strides (the
+// kernels' 16-byte row copies). Any other tensor (transposed, expanded, ...) is copied to a contiguous one.
 at::Tensor strided_rows(const at::Tensor& t);
 
 // Checks an int32 tensor [T] of key-range bounds (k_start or k_end) and returns it contiguous.

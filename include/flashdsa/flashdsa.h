@@ -4,4 +4,5 @@
 #include "flashdsa/ops.h"
 #include "flashdsa/ranges.h"
 #include "flashdsa/status.h"
+#include "flashdsa/threads.h"
 #include "flashdsa/types.h"

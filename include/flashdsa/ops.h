@@ -1,4 +1,4 @@
-// FlashDSA: the DSA operators (see docs/architecture.md and DSA_SPEC §3-§6).
+// FlashDSA: the DSA operators (see docs/architecture.md and docs/spec.md §3-§6).
 //
 // Conventions shared by every op:
 //  - One flat params struct per op. Pointers carry a shape comment; strides are in elements and
@@ -10,8 +10,9 @@
 //  - Top-k indices: int32 [T, K]; any entry outside [0, T_kv) (e.g. -1) is an empty slot and is
 //    never read.
 //  - Every entry point validates its params on the host first and returns kInvalidArgument with
-//    a message naming the offending field. Then it runs on `device` (on `stream` for CUDA) and
-//    returns; CUDA calls are asynchronous.
+//    a message naming the offending field, or kNotSupported when no backend of this build runs on
+//    `device` (a build without CUDA, or a GPU that is not compute capability 9.0). Then it runs on
+//    `device` (on `stream` for CUDA) and returns; CUDA calls are asynchronous.
 //  - Outputs are fully written by the op (no need to zero them first).
 //  - A tensor with no elements may be null. Strides: stride_h >= D and stride_t >= (H-1)*stride_h + D
 //    (dimensions of size <= 1 are not checked). The CUDA backend also needs 16-byte aligned rows.
@@ -25,11 +26,11 @@
 
 namespace flashdsa {
 
-// Supported sizes of the CUDA backend (host validation enforces them on CUDA). The CPU backend
-// accepts these and more, so that tests and references run at tiny sizes (csrc/common/validate.cpp):
-// H, H_I in [1, 128], D_I a multiple of 8 in [8, 256], D_qk a multiple of 8 in [8, 1024],
-// D_v in [1, D_qk], any K in [1, 8192], and fp32/fp64 activations besides bf16. Code that must
-// also run on CUDA should stay within the CUDA limits below.
+// The production sizes of docs/spec.md §2: the sm90 backend runs exactly these (its limits are in
+// csrc/sm90/backend.cpp). The CPU backend accepts these and more, so that tests and references run
+// at tiny sizes (csrc/cpu/backend.cpp): H, H_I in [1, 128], D_I a multiple of 8 in [8, 256], D_qk a
+// multiple of 8 in [8, 1024], D_v in [1, D_qk], any K in [1, 8192], and fp32/fp64 activations
+// besides bf16. Code that must also run on CUDA should stay within the CUDA limits below.
 constexpr int kDqk = 576;  // latent key width (512 latent + 64 RoPE); CUDA: exactly this
 constexpr int kDv = 512;   // value width = first kDv columns of kv; CUDA: exactly this
 constexpr int kMaxTopK = 8192;      // both backends
@@ -201,8 +202,10 @@ struct DenseKlParams : CallContext {
 
 // ---------------------------------------------------------------------------------------------
 // Validation (host side; what every entry point runs first). Exposed for tests and bindings.
-// validate() checks everything except the workspace, whose size is only defined for valid params;
-// the entry points of the two ops with a workspace also run validate_workspace().
+// validate() finds the backend of p.device (kNotSupported when this build or this CUDA device has
+// none), checks the backend's limits (sizes, dtypes, alignment) and the generic conditions (pointers,
+// strides, key ranges); it checks everything except the workspace, whose size is only defined for
+// valid params: the entry points of the two ops with a workspace also run validate_workspace().
 Status validate(const IndexerTopkParams& p);
 Status validate(const SparseMlaFwdParams& p);
 Status validate(const SparseMlaBwdParams& p);
@@ -228,12 +231,9 @@ Status run_dense_kl_bwd(const DenseKlParams& p);
 size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
 size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p);
 
-// Which ops a backend of this build implements (CUDA kernels land op by op).
-enum class OpKind : int {
-  kIndexerTopk = 0, kSparseMlaFwd, kSparseMlaBwd, kAttentionMass, kSparseKlFwd, kSparseKlBwd,
-  kDenseKlFwd, kDenseKlBwd,
-};
-bool backend_implements(Device device, OpKind op);
+// Whether this build contains CUDA kernels (FLASHDSA_WITH_CUDA). A CUDA call still needs a device
+// one of them targets (compute capability 9.0): on any other, every op returns kNotSupported with
+// a message naming the device.
 bool built_with_cuda();
 
 }  // namespace flashdsa

@@ -1,4 +1,4 @@
-// FlashDSA: host-side helpers that build key ranges (DSA_SPEC §2, §7). All arrays are host memory.
+// FlashDSA: host-side helpers that build key ranges (docs/spec.md §2, §7). All arrays are host memory.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-"""Context parallelism for the DSA layer (DSA_SPEC §7), over any ``torch.distributed`` backend.
+"""Context parallelism for the DSA layer (docs/spec.md §7), over any ``torch.distributed`` backend.
 
 Layout (Megatron / Transformer Engine *zigzag*): every sequence of the global packed batch is padded
 to a multiple of ``2·cp`` tokens and cut into ``2·cp`` equal chunks; rank ``r`` holds chunk ``r``

@@ -1,4 +1,4 @@
-"""IndexShare (DSA_SPEC §8): layers that reuse the top-k indices of an earlier layer.
+"""IndexShare (docs/spec.md §8): layers that reuse the top-k indices of an earlier layer.
 
 A model declares, per layer, ``"full"`` (runs the indexer, top-k and the KL loss) or ``"shared"``
 (reuses the indices of the nearest preceding full layer: no indexer parameters, no indexer work,

@@ -1,4 +1,4 @@
-"""The attention core of an absorbed-MLA DSA layer (DSA_SPEC §2–§8) on packed THD batches.
+"""The attention core of an absorbed-MLA DSA layer (docs/spec.md §2–§8) on packed THD batches.
 
 One call does: key ranges from ``cu_seqlens`` (or from global positions under context
 parallelism) → indexer top-k (unless indices are given, e.g. by IndexShare) → sparse MLA →

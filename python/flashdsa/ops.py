@@ -1,7 +1,8 @@
 """FlashDSA ops for PyTorch: fake kernels, autograd and the public functions (docs/python-api.md).
 
 The kernels are C++ ops registered as ``torch.ops.flashdsa.<name>`` (csrc/torch/ops.cpp), with CPU
-kernels and, in CUDA builds, CUDA kernels as they land (see :func:`has_cuda_kernel`). This module
+kernels and, in CUDA builds (:func:`built_with_cuda`), CUDA kernels for compute capability 9.0
+GPUs (on any other GPU the ops raise ``NotImplementedError`` naming the device). This module
 registers their fake (meta) kernels, so the ops trace under ``torch.compile`` (fullgraph), and wraps
 them in differentiable functions.
 
@@ -26,7 +27,6 @@ __all__ = [
     "attention_mass",
     "build_key_ranges",
     "built_with_cuda",
-    "has_cuda_kernel",
     "indexer_kl_loss",
     "indexer_kl_loss_rows",
     "indexer_topk",
@@ -37,7 +37,7 @@ __all__ = [
 
 _ops = torch.ops.flashdsa
 
-# Raw op names, as accepted by has_cuda_kernel().
+# Raw op names (torch.ops.flashdsa.<name>).
 OP_NAMES = (
     "indexer_topk",
     "sparse_mla_fwd",
@@ -49,9 +49,6 @@ OP_NAMES = (
     "dense_kl_fwd",
     "dense_kl_bwd",
 )
-
-# Looked up once so that has_cuda_kernel() is a plain Python lookup (constant under torch.compile).
-_CUDA_KERNELS = frozenset(name for name in OP_NAMES if _ops._has_cuda_kernel(name))
 
 # D_v = D_qk - _ROPE_WIDTH: the value is the first columns of the latent key (as in csrc/torch/ops.cpp).
 _ROPE_WIDTH = 64
@@ -119,15 +116,9 @@ def _first_order_only(op: str):
 # Build and process settings
 
 
-def has_cuda_kernel(op_name: str) -> bool:
-    """Whether this build runs the raw op ``op_name`` (one of :data:`OP_NAMES`) on CUDA tensors."""
-    if op_name not in OP_NAMES:
-        raise ValueError(f"unknown flashdsa op {op_name!r}; known ops: {', '.join(OP_NAMES)}")
-    return op_name in _CUDA_KERNELS
-
-
 def built_with_cuda() -> bool:
-    """Whether the extension was compiled with the CUDA (sm_90a) backend."""
+    """Whether the extension was compiled with CUDA kernels (the sm90 backend: every op runs on CUDA
+    tensors of a compute capability 9.0 GPU)."""
     return _ops._built_with_cuda()
 
 

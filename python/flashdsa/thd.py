@@ -1,4 +1,4 @@
-"""Packed THD helpers (DSA_SPEC §2): packing, ``cu_seqlens``, causal key ranges, unpacking.
+"""Packed THD helpers (docs/spec.md §2): packing, ``cu_seqlens``, causal key ranges, unpacking.
 
 A packed batch concatenates the sequences of a batch along the token axis (no padding between
 them). ``cu_seqlens`` (int32 ``[B+1]``) holds the cumulative lengths: sequence ``b`` occupies rows

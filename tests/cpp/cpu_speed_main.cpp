@@ -1,5 +1,5 @@
 // flashdsa_cpu_speed: times every CPU op once at the demo shape (one causal sequence, bf16) and
-// prints seconds and GFLOP/s (DSA_SPEC §9 counts).
+// prints seconds and GFLOP/s (docs/spec.md §9 counts).
 //
 // Usage: flashdsa_cpu_speed [--T 4096] [--H 16] [--K 512] [--H_I 32] [--D_I 128] [--threads N] [--dense]
 // --dense also times the dense KL loss (O(T^2) work).

@@ -1,4 +1,4 @@
-// Naive double-precision references of every op (DSA_SPEC §3-§6), written as plainly as possible:
+// Naive double-precision references of every op (docs/spec.md §3-§6), written as plainly as possible:
 // contiguous logical tensors, materialized intermediates, no tiling. For tiny sizes only.
 #pragma once
 

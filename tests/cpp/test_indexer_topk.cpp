@@ -1,4 +1,4 @@
-// Indexer + top-k on the CPU backend vs the double reference (DSA_SPEC §3). Selections are compared
+// Indexer + top-k on the CPU backend vs the double reference (docs/spec.md §3). Selections are compared
 // as multisets of reference scores against the K largest visible scores, with a tolerance at the
 // threshold, never as exact index lists.
 #include <gtest/gtest.h>

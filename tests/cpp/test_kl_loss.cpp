@@ -1,4 +1,4 @@
-// Sparse and dense indexer KL losses on the CPU backend vs the double reference (DSA_SPEC §6),
+// Sparse and dense indexer KL losses on the CPU backend vs the double reference (docs/spec.md §6),
 // plus finite-difference checks of their backward in fp64.
 #include <gtest/gtest.h>
 

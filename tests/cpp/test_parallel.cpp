@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "flashdsa/threads.h"
 
 namespace {
 
@@ -64,6 +65,16 @@ TEST_F(Parallel, ExceptionsReachTheCaller) {
   std::atomic<int> count{0};
   parallel_for(10, 1, [&](int64_t b, int64_t e, int) { count += static_cast<int>(e - b); });
   EXPECT_EQ(count.load(), 10);
+}
+
+// The public thread-count API (include/flashdsa/threads.h) drives the same pool.
+TEST_F(Parallel, PublicThreadCount) {
+  ASSERT_TRUE(flashdsa::set_cpu_num_threads(3).ok());
+  EXPECT_EQ(flashdsa::cpu_num_threads(), 3);
+  EXPECT_EQ(flashdsa::detail::num_threads(), 3);
+  const flashdsa::Status bad = flashdsa::set_cpu_num_threads(0);
+  EXPECT_EQ(bad.code(), flashdsa::StatusCode::kInvalidArgument) << bad.to_string();
+  EXPECT_EQ(flashdsa::cpu_num_threads(), 3);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Sparse MLA forward / backward and attention mass on the CPU backend vs the double reference
-// (DSA_SPEC §4-§6), plus finite-difference checks of the backward in fp64.
+// (docs/spec.md §4-§6), plus finite-difference checks of the backward in fp64.
 #include <gtest/gtest.h>
 
 #include <cstring>

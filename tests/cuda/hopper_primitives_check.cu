@@ -12,17 +12,9 @@
 #include <vector>
 
 #include "sm90/common/hopper.cuh"
+#include "check_common.cuh"
 
 using namespace flashdsa::sm90::hw;
-
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 // Stores a row-major [rows x cols] global matrix into a SW128 tile (cols multiple of 64).
 __device__ void load_sw128(char* tile, const __nv_bfloat16* g, int rows, int cols) {
@@ -173,13 +165,13 @@ static float f(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T>
 static T* to_dev(const std::vector<T>& h) {
   T* d;
-  CK(cudaMalloc(&d, h.size() * sizeof(T)));
-  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d, h.size() * sizeof(T)));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 static std::vector<float> from_dev(const float* d, size_t n) {
   std::vector<float> h(n);
-  CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
   return h;
 }
 
@@ -203,23 +195,23 @@ int main() {
     return 77;
   }
   const int smem = 200 * 1024;
-  CK(cudaFuncSetAttribute(k_ss_kmajor<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(k_ss_kmajor<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(k_ss_mnmajor_b, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(k_ss_mnmajor_a, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(k_rs, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(k_gather<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(k_gather<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_ss_kmajor<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_ss_kmajor<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_ss_mnmajor_b, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_ss_mnmajor_a, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_rs, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_gather<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_gather<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   float* dC;
-  CK(cudaMalloc(&dC, 64 * 256 * sizeof(float)));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&dC, 64 * 256 * sizeof(float)));
 
   for (int N : {64, 256}) {  // SS K-major
     auto A = rand_bf16(64 * 128), B = rand_bf16(static_cast<size_t>(N) * 128);
     auto dA = to_dev(A), dB = to_dev(B);
     if (N == 64) k_ss_kmajor<64><<<1, 128, smem>>>(dA, dB, dC);
     else k_ss_kmajor<256><<<1, 128, smem>>>(dA, dB, dC);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    FLASHDSA_CHECK_CUDA(cudaGetLastError());
+    FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<double> ref(64 * N);
     for (int m = 0; m < 64; ++m)
       for (int n = 0; n < N; ++n) {
@@ -233,8 +225,8 @@ int main() {
     auto A = rand_bf16(64 * 64), B = rand_bf16(64 * 256);
     auto dA = to_dev(A), dB = to_dev(B);
     k_ss_mnmajor_b<<<1, 128, smem>>>(dA, dB, dC);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    FLASHDSA_CHECK_CUDA(cudaGetLastError());
+    FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<double> ref(64 * 192);
     for (int m = 0; m < 64; ++m)
       for (int n = 0; n < 192; ++n) {
@@ -248,8 +240,8 @@ int main() {
     auto At = rand_bf16(64 * 64), B = rand_bf16(64 * 64);
     auto dA = to_dev(At), dB = to_dev(B);
     k_ss_mnmajor_a<<<1, 128, smem>>>(dA, dB, dC);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    FLASHDSA_CHECK_CUDA(cudaGetLastError());
+    FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<double> ref(64 * 64);
     for (int m = 0; m < 64; ++m)
       for (int n = 0; n < 64; ++n) {
@@ -263,8 +255,8 @@ int main() {
     auto A = rand_bf16(64 * 64), K = rand_bf16(64 * 64), V = rand_bf16(64 * 256);
     auto dA = to_dev(A), dK = to_dev(K), dV = to_dev(V);
     k_rs<<<1, 128, smem>>>(dA, dK, dV, dC);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    FLASHDSA_CHECK_CUDA(cudaGetLastError());
+    FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<float> S(64 * 64);
     for (int m = 0; m < 64; ++m)
       for (int n = 0; n < 64; ++n) {
@@ -296,13 +288,13 @@ int main() {
     auto dG = to_dev(G);
     auto dI = to_dev(idx);
     __nv_bfloat16* dO;
-    CK(cudaMalloc(&dO, 64 * 128 * sizeof(__nv_bfloat16)));
+    FLASHDSA_CHECK_CUDA(cudaMalloc(&dO, 64 * 128 * sizeof(__nv_bfloat16)));
     if (hint) k_gather<1><<<1, 128, smem>>>(dG, dI, n, dO);
     else k_gather<0><<<1, 128, smem>>>(dG, dI, n, dO);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    FLASHDSA_CHECK_CUDA(cudaGetLastError());
+    FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<__nv_bfloat16> O(64 * 128);
-    CK(cudaMemcpy(O.data(), dO, O.size() * 2, cudaMemcpyDeviceToHost));
+    FLASHDSA_CHECK_CUDA(cudaMemcpy(O.data(), dO, O.size() * 2, cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int r = 0; r < 64; ++r)
       for (int c = 0; c < 128; ++c) {

@@ -1,9 +1,7 @@
 // Standalone check + benchmark of the Hopper fused lightning indexer + top-k
-// (csrc/sm90/indexer_topk, DSA_SPEC §3).
+// (csrc/sm90/indexer_topk, docs/spec.md §3).
 //
-// Build (from the repository root):
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xptxas -v \
-//     -I include -I csrc -o /tmp/indexer_topk_check tests/cuda/indexer_topk_check.cu csrc/sm90/indexer_topk/*.cu
+// Build: the CMake target indexer_topk_check (links the library; `cmake --build build --target indexer_topk_check`).
 // Run:
 //   /tmp/indexer_topk_check [--small] [--no-bench] [--bench-only] [--bench-T 8192,32768] [--bench-H 32,64] [--seed N]
 //   --small: only a few small cases (for compute-sanitizer memcheck / racecheck), implies --no-bench.
@@ -33,12 +31,13 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "flashdsa/ops.h"
 #include "flashdsa/types.h"
 #include "sm90/indexer_topk/indexer_topk.h"
-#include "sm90/sm90_backend.h"
+#include "sm90/backend.h"
 #include "check_common.cuh"
 
 namespace {
@@ -46,22 +45,12 @@ namespace {
 using flashdsa::bf16;
 namespace impl = flashdsa::sm90::indexer_topk_impl;
 
-#define CHECK_CUDA(expr)                                                                          \
-  do {                                                                                            \
-    const cudaError_t err_ = (expr);                                                              \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(err_), __FILE__, __LINE__, \
-                   #expr);                                                                        \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
 // Owning device allocation.
 struct DeviceBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
   explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n > 0) CHECK_CUDA(cudaMalloc(&ptr, n));
+    if (n > 0) FLASHDSA_CHECK_CUDA(cudaMalloc(&ptr, n));
   }
   ~DeviceBuffer() {
     if (ptr != nullptr) cudaFree(ptr);
@@ -76,7 +65,7 @@ struct DeviceBuffer {
 
 template <typename T>
 void upload(DeviceBuffer& dst, const std::vector<T>& src) {
-  if (!src.empty()) CHECK_CUDA(cudaMemcpy(dst.ptr, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice));
+  if (!src.empty()) FLASHDSA_CHECK_CUDA(cudaMemcpy(dst.ptr, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice));
 }
 
 // Runs fn(i) for i in [0, n) on all host cores.
@@ -109,38 +98,20 @@ struct Problem {
   float w_at(int64_t t, int h) const { return w[t * w_st + h]; }
 };
 
-// THD causal ranges for packed sequences of the given lengths (keys = queries).
-void thd_causal_ranges(const std::vector<int>& lens, Problem& p) {
-  p.k_start.clear();
-  p.k_end.clear();
-  int start = 0;
-  for (int len : lens) {
-    for (int i = 0; i < len; ++i) {
-      p.k_start.push_back(start);
-      p.k_end.push_back(start + i + 1);
-    }
-    start += len;
-  }
-  p.T = p.T_kv = start;
+void set_ranges(flashdsa_check::KeyRanges r, Problem& p) {
+  p.k_start = std::move(r.k_start);
+  p.k_end = std::move(r.k_end);
+  p.T = r.T;
+  p.T_kv = r.T_kv;
 }
+
+// THD causal ranges for packed sequences of the given lengths (keys = queries).
+void thd_causal_ranges(const std::vector<int>& lens, Problem& p) { set_ranges(flashdsa_check::thd_causal_ranges(lens), p); }
 
 // Context-parallel zigzag ranges: the global batch has sequences of the given lengths (multiples of
 // 2 cp); this rank holds chunks `rank` and 2 cp - 1 - rank of each; keys are the global sequence.
 void cp_zigzag_ranges(const std::vector<int>& lens, int cp, int rank, Problem& p) {
-  p.k_start.clear();
-  p.k_end.clear();
-  int start = 0;
-  for (int len : lens) {
-    const int chunk = len / (2 * cp);
-    for (int c : {rank, 2 * cp - 1 - rank})
-      for (int i = 0; i < chunk; ++i) {
-        p.k_start.push_back(start);
-        p.k_end.push_back(start + c * chunk + i + 1);
-      }
-    start += len;
-  }
-  p.T = static_cast<int64_t>(p.k_start.size());
-  p.T_kv = start;
+  set_ranges(flashdsa_check::cp_zigzag_ranges(lens, cp, rank), p);
 }
 
 // Fills q, k, w with fresh random values; pad_* add unused elements to the strides.
@@ -321,8 +292,8 @@ bool run_gpu(const Problem& p, int capacity, GpuResult& out) {
   upload(ks, p.k_start);
   upload(ke, p.k_end);
   // Garbage in the outputs, so that a slot the kernel does not write fails the check.
-  CHECK_CUDA(cudaMemset(idx.ptr, 0x7b, idx.bytes));
-  CHECK_CUDA(cudaMemset(sc.ptr, 0x7b, sc.bytes));
+  FLASHDSA_CHECK_CUDA(cudaMemset(idx.ptr, 0x7b, idx.bytes));
+  FLASHDSA_CHECK_CUDA(cudaMemset(sc.ptr, 0x7b, sc.bytes));
   flashdsa::IndexerTopkParams prm = make_params(p, q, k, w, ks, ke, idx, sc);
   out.workspace_bytes = workspace_bytes_for(prm, capacity);
   DeviceBuffer ws(out.workspace_bytes);
@@ -333,12 +304,12 @@ bool run_gpu(const Problem& p, int capacity, GpuResult& out) {
     std::printf("    launch failed: %s\n", st.message().c_str());
     return false;
   }
-  CHECK_CUDA(cudaDeviceSynchronize());
+  FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
   out.idx.resize(static_cast<size_t>(p.T * p.K));
   out.scores.resize(static_cast<size_t>(p.T * p.K));
   if (p.T > 0) {
-    CHECK_CUDA(cudaMemcpy(out.idx.data(), idx.ptr, out.idx.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(out.scores.data(), sc.ptr, out.scores.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    FLASHDSA_CHECK_CUDA(cudaMemcpy(out.idx.data(), idx.ptr, out.idx.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    FLASHDSA_CHECK_CUDA(cudaMemcpy(out.scores.data(), sc.ptr, out.scores.size() * sizeof(float), cudaMemcpyDeviceToHost));
   }
   return true;
 }
@@ -462,7 +433,7 @@ __global__ void causal_ranges(int32_t* ks, int32_t* ke, int64_t T) {
 template <typename T>
 std::vector<T> download(const void* src, size_t count) {
   std::vector<T> v(count);
-  if (count > 0) CHECK_CUDA(cudaMemcpy(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost));
+  if (count > 0) FLASHDSA_CHECK_CUDA(cudaMemcpy(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost));
   return v;
 }
 
@@ -480,7 +451,7 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
       fill_bf16<<<1024, 256>>>(k.as<__nv_bfloat16>(), T * D, seed + 2);
       fill_weights<<<1024, 256>>>(w.as<float>(), T * H, seed + 3);
       causal_ranges<<<256, 256>>>(ks.as<int32_t>(), ke.as<int32_t>(), T);
-      CHECK_CUDA(cudaGetLastError());
+      FLASHDSA_CHECK_CUDA(cudaGetLastError());
       Problem shape;
       shape.T = shape.T_kv = T;
       shape.H = H, shape.D = D, shape.K = K, shape.relu = true;
@@ -488,8 +459,8 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
       flashdsa::IndexerTopkParams prm = make_params(shape, q, k, w, ks, ke, idx, sc);
       const size_t ws_bytes = flashdsa::sm90::indexer_topk_workspace_size(prm);
       size_t free_before = 0, free_after = 0, total = 0;
-      CHECK_CUDA(cudaDeviceSynchronize());
-      CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
+      FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+      FLASHDSA_CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
       DeviceBuffer ws(ws_bytes);
       prm.workspace = ws.ptr;
       prm.workspace_bytes = ws.bytes;
@@ -498,8 +469,8 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
         std::printf("  launch failed: %s\n", st.message().c_str());
         return false;
       }
-      CHECK_CUDA(cudaDeviceSynchronize());
-      CHECK_CUDA(cudaMemGetInfo(&free_after, &total));
+      FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+      FLASHDSA_CHECK_CUDA(cudaMemGetInfo(&free_after, &total));
       const double med = flashdsa_check::median_ms([&] { (void)flashdsa::sm90::indexer_topk(prm); }, 0, 10);
       const double pairs = double(T) * double(T + 1) / 2.0;
       const double tflops = 2.0 * pairs * H * D / (med * 1e-3) / 1e12;
@@ -579,9 +550,9 @@ int main(int argc, char** argv) {
     }
   }
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  FLASHDSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   int clock_khz = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  FLASHDSA_CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   std::printf("indexer_topk_check: %s, %d SMs, %.0f MHz, seed %llu\n", prop.name, prop.multiProcessorCount,
               clock_khz / 1000.0, (unsigned long long)seed);
 

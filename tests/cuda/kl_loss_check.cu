@@ -6,9 +6,7 @@
 //       H_I in {32, 64}, D_I in {64, 128}); the sparse forward's row_stats, and the sparse backward both
 //       from them (one pass) and without them;
 //   (b) unless --no-bench, timings at the issue's shapes (H=64, K=2048, H_I=32, D_I=128).
-// Build (see docs/kernels/kl_loss.md):
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xptxas -v \
-//        -I include -I csrc -o /tmp/kl_loss_check tests/cuda/kl_loss_check.cu csrc/sm90/kl_loss/*.cu
+// Build: the CMake target kl_loss_check (links the library; `cmake --build build --target kl_loss_check`).
 // Usage: kl_loss_check [--small] [--no-bench] [--seed N]
 //   --small: a few small cases only (for compute-sanitizer memcheck / racecheck), implies --no-bench.
 // Exit: 0 all passed, 1 a check failed, 77 no CUDA device.
@@ -27,22 +25,12 @@
 #include <vector>
 
 #include "flashdsa/ops.h"
-#include "sm90/sm90_backend.h"
+#include "sm90/backend.h"
 #include "check_common.cuh"
 
 namespace {
 
 using flashdsa::Status;
-
-#define CUDA_OK(expr)                                                                               \
-  do {                                                                                              \
-    cudaError_t e_ = (expr);                                                                        \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
-                   cudaGetErrorString(e_));                                                         \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
 
 void status_ok(const Status& s, const char* what) {
   if (!s.ok()) {
@@ -84,20 +72,20 @@ template <class T>
 struct DevBuf {
   T* p = nullptr;
   size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
+  explicit DevBuf(size_t count) : n(count) { FLASHDSA_CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
   explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) {
-    if (n) CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    if (n) FLASHDSA_CHECK_CUDA(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
   ~DevBuf() { cudaFree(p); }
   std::vector<T> download() const {
     std::vector<T> h(n);
-    if (n) CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    if (n) FLASHDSA_CHECK_CUDA(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
   // Outputs must be fully written by the op: start them from huge values, never from zeros.
-  void fill_garbage() { CUDA_OK(cudaMemset(p, 0x7f, std::max<size_t>(n, 1) * sizeof(T))); }
+  void fill_garbage() { FLASHDSA_CHECK_CUDA(cudaMemset(p, 0x7f, std::max<size_t>(n, 1) * sizeof(T))); }
 };
 
 std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
@@ -107,25 +95,10 @@ std::vector<double> to_double(const std::vector<__nv_bfloat16>& v) {
   return d;
 }
 
-// Packed THD causal layout: token t of sequence b sees keys [cu[b], t + 1).
-struct Layout {
-  int64_t T = 0;
-  std::vector<int32_t> k_start, k_end;
-};
+// Packed THD causal layout: token t of sequence b sees keys [cu[b], t + 1) (the library's ranges).
+using Layout = flashdsa_check::KeyRanges;
 
-Layout thd_causal(const std::vector<int>& seqlens) {
-  Layout L;
-  int32_t begin = 0;
-  for (int len : seqlens) {
-    for (int i = 0; i < len; ++i) {
-      L.k_start.push_back(begin);
-      L.k_end.push_back(begin + i + 1);
-    }
-    begin += len;
-  }
-  L.T = begin;
-  return L;
-}
+Layout thd_causal(const std::vector<int>& seqlens) { return flashdsa_check::thd_causal_ranges(seqlens); }
 
 // Top-k-like indices [T, K]: up to K distinct visible keys per row in random slots, the other slots
 // -1 or out of range (both empty); one duplicated key in some rows; row `empty_row` all empty.
@@ -380,7 +353,7 @@ void case_mass(const std::vector<int>& seqlens, int H, int K, std::mt19937_64& r
   p.kv_stride_t = kDqk;
   p.indices_stride_t = K;
   status_ok(flashdsa::sm90::attention_mass(p), "attention_mass");
-  CUDA_OK(cudaDeviceSynchronize());
+  FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
   const std::vector<double> got = to_double(dmass.download());
   check("mass", ref, got, kTolMass);
   check_zero_rows("mass", got, {empty_row}, K);
@@ -520,7 +493,7 @@ void case_sparse_kl(const std::vector<int>& seqlens, int K, const KlCase& kc, st
   p.K = K;
   p.row_stats = dstats.p;
   status_ok(flashdsa::sm90::sparse_kl_fwd(p), "sparse_kl_fwd");
-  CUDA_OK(cudaDeviceSynchronize());
+  FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
   dev.compare(ref, in, {empty_row, zero_mass_row}, false);
   check_row_stats(ref, idx, mass, T, T_kv, K, dstats.download());
   // The backward from the saved statistics (one pass), then without them (statistics pass first).
@@ -529,7 +502,7 @@ void case_sparse_kl(const std::vector<int>& seqlens, int K, const KlCase& kc, st
     p.row_stats = saved ? dstats.p : nullptr;
     dev.fill_grads_garbage();
     status_ok(flashdsa::sm90::sparse_kl_bwd(p), "sparse_kl_bwd");
-    CUDA_OK(cudaDeviceSynchronize());
+    FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
     dev.compare(ref, in, {empty_row, zero_mass_row}, true);
   }
 }
@@ -565,7 +538,7 @@ void case_dense_kl(const std::vector<int>& seqlens, int H, const KlCase& kc, std
   p.kv_stride_t = kDqk;
   status_ok(flashdsa::sm90::dense_kl_fwd(p), "dense_kl_fwd");
   status_ok(flashdsa::sm90::dense_kl_bwd(p), "dense_kl_bwd");
-  CUDA_OK(cudaDeviceSynchronize());
+  FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
   dev.compare(ref, in, {empty_row}, false);
   dev.compare(ref, in, {empty_row}, true);
 }
@@ -626,11 +599,11 @@ __global__ void fill_causal_indices_kernel(int32_t* idx, int64_t T, int K, uint6
 
 void fill_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float amp) {
   fill_bf16_kernel<<<1024, 256>>>(p, n, seed, amp);
-  CUDA_OK(cudaGetLastError());
+  FLASHDSA_CHECK_CUDA(cudaGetLastError());
 }
 void fill_f32(float* p, size_t n, uint64_t seed, float lo, float hi) {
   fill_f32_kernel<<<1024, 256>>>(p, n, seed, lo, hi);
-  CUDA_OK(cudaGetLastError());
+  FLASHDSA_CHECK_CUDA(cudaGetLastError());
 }
 
 // Median milliseconds of `reps` timed runs after `warmup` untimed ones.
@@ -645,8 +618,8 @@ void print_row(const char* name, int64_t T, double ms, double flops) {
 void bench_copy() {
   const size_t bytes = size_t{1} << 30;
   DevBuf<uint8_t> a(bytes), b(bytes);
-  CUDA_OK(cudaMemset(a.p, 1, bytes));
-  const double ms = time_ms([&] { CUDA_OK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice)); });
+  FLASHDSA_CHECK_CUDA(cudaMemset(a.p, 1, bytes));
+  const double ms = time_ms([&] { FLASHDSA_CHECK_CUDA(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice)); });
   std::printf("  %-28s %10.3f ms  %8.2f TB/s (read + write)\n", "ceiling: D2D copy 1 GiB", ms, 2.0 * bytes / ms * 1e-9);
 }
 
@@ -666,7 +639,7 @@ void bench_sparse(int64_t T) {
   fill_f32(lse.p, lse.n, 5, 7.f, 9.f);
   fill_f32(w.p, w.n, 6, -0.02f, 0.02f);
   fill_causal_indices_kernel<<<4096, 256>>>(idx.p, T, K, 7);
-  CUDA_OK(cudaGetLastError());
+  FLASHDSA_CHECK_CUDA(cudaGetLastError());
 
   flashdsa::AttnMassParams mp;
   mp.device = flashdsa::Device::kCUDA;
@@ -775,7 +748,7 @@ void bench_dense(int64_t T) {
   const double attn_pass = 2.0 * pairs * H * kDqk, idx_pass = 2.0 * pairs * HI * DI;
   print_row("dense KL fwd (2 passes)", T, fwd_ms, 2.0 * attn_pass + 2.0 * idx_pass);
   print_row("dense KL bwd (2 passes)", T, bwd_ms, 2.0 * attn_pass + 4.0 * idx_pass);
-  // What dense causal attention of the same shape costs in FLOPs (DSA_SPEC §9), for comparison
+  // What dense causal attention of the same shape costs in FLOPs (docs/spec.md §9), for comparison
   // with a measured dense-attention time.
   const double dense_fwd = 2.0 * pairs * H * (kDqk + flashdsa::kDv);
   std::printf("  %-28s T=%-7lld fwd %.2f TFLOP, fwd+bwd %.2f TFLOP; at 500 TFLOP/s: %.3f ms fwd+bwd\n",
@@ -785,7 +758,7 @@ void bench_dense(int64_t T) {
 
 void run_bench() {
   cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  FLASHDSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("benchmark on %s (%d SMs); H=64 K=2048 H_I=32 D_I=128, one causal sequence\n", prop.name,
               prop.multiProcessorCount);
   bench_copy();

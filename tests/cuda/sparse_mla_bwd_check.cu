@@ -11,7 +11,7 @@
 //     deterministic mode must be bitwise identical over 3 runs. --small: a reduced set, for
 //     compute-sanitizer.
 // (b) unless --no-bench: H=64, K=2048, T = T_kv = 4K..128K, random indices in [0, T): median time
-//     and TFLOP/s (DSA_SPEC §9) of both modes, plus the device copy bandwidth as a ceiling.
+//     and TFLOP/s (docs/spec.md §9) of both modes, plus the device copy bandwidth as a ceiling.
 //     --bench-only skips (a); --fast-only times the fast mode only; --T picks the token counts.
 // Exit code: 0 all passed, 1 a check failed, 77 no CUDA device.
 #include <cuda_bf16.h>
@@ -27,22 +27,13 @@
 #include <vector>
 
 #include "flashdsa/ops.h"
-#include "sm90/sm90_backend.h"
+#include "sm90/backend.h"
 #include "check_common.cuh"
 
 namespace {
 
 using flashdsa::bf16;
 constexpr int kDqk = 576, kDv = 512;
-
-#define CHECK_CUDA(expr)                                                                          \
-  do {                                                                                            \
-    cudaError_t err_ = (expr);                                                                    \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 struct Rng {
   uint64_t state;
@@ -61,8 +52,8 @@ float f(bf16 v) { return flashdsa::bf16_to_float(v); }
 template <class T>
 T* to_device(const std::vector<T>& host) {
   T* d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * sizeof(T)));
-  if (!host.empty()) CHECK_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * sizeof(T)));
+  if (!host.empty()) FLASHDSA_CHECK_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -162,8 +153,8 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   return in;
 }
 
-// DSA_SPEC §5 in double, from the same bf16 inputs and fp32 lse the kernel sees; also the optional
-// output mass[t, j] = sum_h P[t, h, j] (DSA_SPEC §6, 0 on invalid slots).
+// docs/spec.md §5 in double, from the same bf16 inputs and fp32 lse the kernel sees; also the optional
+// output mass[t, j] = sum_h P[t, h, j] (docs/spec.md §6, 0 on invalid slots).
 void reference_backward(const Inputs& in, std::vector<double>& dq, std::vector<double>& dkv,
                         std::vector<double>& mass) {
   const Case& c = in.c;
@@ -225,8 +216,8 @@ flashdsa::SparseMlaBwdParams make_params(const Inputs& in, const DeviceBuffers& 
 bool run_op(flashdsa::SparseMlaBwdParams p, DeviceBuffers& b) {
   const size_t need = flashdsa::sm90::sparse_mla_bwd_workspace_size(p);
   if (need > b.workspace_bytes) {
-    CHECK_CUDA(cudaFree(b.workspace));
-    CHECK_CUDA(cudaMalloc(&b.workspace, need));
+    FLASHDSA_CHECK_CUDA(cudaFree(b.workspace));
+    FLASHDSA_CHECK_CUDA(cudaMalloc(&b.workspace, need));
     b.workspace_bytes = need;
   }
   p.workspace = b.workspace;
@@ -264,9 +255,9 @@ bool check_case(const Case& c, uint64_t seed) {
   DeviceBuffers b;
   b.q = to_device(in.q), b.kv = to_device(in.kv), b.out = to_device(in.out), b.dout = to_device(in.dout);
   b.idx = to_device(in.idx), b.lse = to_device(in.lse);
-  CHECK_CUDA(cudaMalloc(&b.dq, std::max<size_t>(ref_dq.size(), 1) * sizeof(bf16)));
-  CHECK_CUDA(cudaMalloc(&b.dkv, ref_dkv.size() * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&b.mass, std::max<size_t>(ref_mass.size(), 1) * sizeof(float)));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.dq, std::max<size_t>(ref_dq.size(), 1) * sizeof(bf16)));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.dkv, ref_dkv.size() * sizeof(float)));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.mass, std::max<size_t>(ref_mass.size(), 1) * sizeof(float)));
 
   bool ok = true;
   std::printf("T=%-3lld T_kv=%-6lld H=%-3d K=%-3d%s\n", (long long)c.T, (long long)c.T_kv, c.H, c.K,
@@ -282,14 +273,14 @@ bool check_case(const Case& c, uint64_t seed) {
     b.mass = with_mass ? mass_buffer : nullptr;
     for (int r = 0; r < runs; ++r) {
       // Poison the outputs: the op must write every element.
-      CHECK_CUDA(cudaMemset(b.dq, 0x7f, dq_raw.size() * sizeof(bf16)));
-      CHECK_CUDA(cudaMemset(b.dkv, 0x7f, dkv.size() * sizeof(float)));
-      CHECK_CUDA(cudaMemset(mass_buffer, 0x7f, mass.size() * sizeof(float)));
+      FLASHDSA_CHECK_CUDA(cudaMemset(b.dq, 0x7f, dq_raw.size() * sizeof(bf16)));
+      FLASHDSA_CHECK_CUDA(cudaMemset(b.dkv, 0x7f, dkv.size() * sizeof(float)));
+      FLASHDSA_CHECK_CUDA(cudaMemset(mass_buffer, 0x7f, mass.size() * sizeof(float)));
       if (!run_op(make_params(in, b, det), b)) return false;
-      CHECK_CUDA(cudaDeviceSynchronize());
-      CHECK_CUDA(cudaMemcpy(dq_raw.data(), b.dq, dq_raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
-      CHECK_CUDA(cudaMemcpy(dkv.data(), b.dkv, dkv.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      CHECK_CUDA(cudaMemcpy(mass.data(), mass_buffer, mass.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+      FLASHDSA_CHECK_CUDA(cudaMemcpy(dq_raw.data(), b.dq, dq_raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+      FLASHDSA_CHECK_CUDA(cudaMemcpy(dkv.data(), b.dkv, dkv.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      FLASHDSA_CHECK_CUDA(cudaMemcpy(mass.data(), mass_buffer, mass.size() * sizeof(float), cudaMemcpyDeviceToHost));
       if (r == 0) {
         first_dq.assign(dq_raw.begin(), dq_raw.end());
         first_dkv = dkv;
@@ -358,7 +349,7 @@ using flashdsa_check::median_ms;
 
 int64_t count_nonfinite(const float* d_ptr, int64_t n) {
   std::vector<float> h(n);
-  CHECK_CUDA(cudaMemcpy(h.data(), d_ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(h.data(), d_ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
   int64_t bad = 0;
   for (float x : h) bad += !std::isfinite(x);
   return bad;
@@ -369,21 +360,21 @@ int64_t count_nonfinite(const float* d_ptr, int64_t n) {
 // N(0, 1/9)). Indices are left to the caller.
 DeviceBuffers random_buffers(int64_t T, int H, int K, uint64_t seed) {
   DeviceBuffers b;
-  CHECK_CUDA(cudaMalloc(&b.q, size_t(T) * H * kDqk * 2));
-  CHECK_CUDA(cudaMalloc(&b.dq, size_t(T) * H * kDqk * 2));
-  CHECK_CUDA(cudaMalloc(&b.out, size_t(T) * H * kDv * 2));
-  CHECK_CUDA(cudaMalloc(&b.dout, size_t(T) * H * kDv * 2));
-  CHECK_CUDA(cudaMalloc(&b.kv, size_t(T) * kDqk * 2));
-  CHECK_CUDA(cudaMalloc(&b.dkv, size_t(T) * kDqk * 4));
-  CHECK_CUDA(cudaMalloc(&b.idx, size_t(T) * K * 4));
-  CHECK_CUDA(cudaMalloc(&b.lse, size_t(T) * H * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.q, size_t(T) * H * kDqk * 2));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.dq, size_t(T) * H * kDqk * 2));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.out, size_t(T) * H * kDv * 2));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.dout, size_t(T) * H * kDv * 2));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.kv, size_t(T) * kDqk * 2));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.dkv, size_t(T) * kDqk * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.idx, size_t(T) * K * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&b.lse, size_t(T) * H * 4));
   const dim3 grid(4096), block(256);
   fill_bf16_kernel<<<grid, block>>>(reinterpret_cast<__nv_bfloat16*>(b.q), T * H * kDqk, seed, 1.f);
   fill_bf16_kernel<<<grid, block>>>(reinterpret_cast<__nv_bfloat16*>(b.kv), T * kDqk, seed + 1, 1.f);
   fill_bf16_kernel<<<grid, block>>>(reinterpret_cast<__nv_bfloat16*>(b.dout), T * H * kDv, seed + 2, 1.f);
   fill_bf16_kernel<<<grid, block>>>(reinterpret_cast<__nv_bfloat16*>(b.out), T * H * kDv, seed + 3, 0.05f);
   fill_f32_kernel<<<grid, block>>>(b.lse, T * H, std::log(float(K)) + 1.f / 18.f);
-  CHECK_CUDA(cudaGetLastError());
+  FLASHDSA_CHECK_CUDA(cudaGetLastError());
   return b;
 }
 
@@ -421,28 +412,28 @@ bool scale_check() {
     DeviceBuffers b = random_buffers(T, H, K, 11);
     const dim3 grid(4096), block(256);
     fill_causal_indices_kernel<<<grid, block>>>(b.idx, T, K, sc.seq_len, 15 + T);
-    CHECK_CUDA(cudaGetLastError());
+    FLASHDSA_CHECK_CUDA(cudaGetLastError());
     Inputs shape;
     shape.c = Case{T, T, H, K, false};
     shape.q_st = int64_t(H) * kDqk, shape.q_sh = kDqk, shape.kv_st = kDqk, shape.idx_st = K;
     shape.scale = 1.f / std::sqrt(float(kDqk));
     // dkv and the mass in full; dq of 256 tokens spread over the range (incl. first rows of sequences).
-    CHECK_CUDA(cudaMalloc(&b.mass, size_t(T) * K * 4));
+    FLASHDSA_CHECK_CUDA(cudaMalloc(&b.mass, size_t(T) * K * 4));
     std::vector<float> dkv[2], mass[2];
     std::vector<float> dq[2];
     const int64_t samples = 256, step = T / samples;
     bool ran = true;
     for (int mode = 0; mode < 2 && ran; ++mode) {
       ran = run_op(make_params(shape, b, mode == 1), b);
-      CHECK_CUDA(cudaDeviceSynchronize());
+      FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
       dkv[mode].resize(size_t(T) * kDqk);
-      CHECK_CUDA(cudaMemcpy(dkv[mode].data(), b.dkv, dkv[mode].size() * 4, cudaMemcpyDeviceToHost));
+      FLASHDSA_CHECK_CUDA(cudaMemcpy(dkv[mode].data(), b.dkv, dkv[mode].size() * 4, cudaMemcpyDeviceToHost));
       mass[mode].resize(size_t(T) * K);
-      CHECK_CUDA(cudaMemcpy(mass[mode].data(), b.mass, mass[mode].size() * 4, cudaMemcpyDeviceToHost));
+      FLASHDSA_CHECK_CUDA(cudaMemcpy(mass[mode].data(), b.mass, mass[mode].size() * 4, cudaMemcpyDeviceToHost));
       std::vector<bf16> rows(size_t(H) * kDqk);
       for (int64_t k = 0; k < samples; ++k) {
         const int64_t t = k * step + (k % 7);
-        CHECK_CUDA(cudaMemcpy(rows.data(), b.dq + t * H * kDqk, rows.size() * 2, cudaMemcpyDeviceToHost));
+        FLASHDSA_CHECK_CUDA(cudaMemcpy(rows.data(), b.dq + t * H * kDqk, rows.size() * 2, cudaMemcpyDeviceToHost));
         for (const bf16& v : rows) dq[mode].push_back(f(v));
       }
     }
@@ -472,7 +463,7 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
   const int H = 64, K = 2048;
   const int64_t t_max = *std::max_element(Ts.begin(), Ts.end());
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  FLASHDSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   int clock_khz = 0;
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
   std::printf("\nbenchmark on %s (%d SMs, %.0f MHz max clock), H=%d K=%d, T_kv=T, random indices in [0,T)\n",
@@ -485,22 +476,22 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
   // Ceiling: device-to-device copy of 2 GiB (read + write).
   const size_t copy_bytes = size_t(1) << 31;
   void *src = nullptr, *dst = nullptr;
-  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
-  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
-  const float copy_ms = median_ms([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 2, 10);
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&src, copy_bytes));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
+  const float copy_ms = median_ms([&] { FLASHDSA_CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 2, 10);
   std::printf("ceiling: device copy %.2f TB/s (read + write)\n", 2.0 * copy_bytes / copy_ms / 1e9);
   cudaFree(src), cudaFree(dst);
 
   // The optional mass output (fast mode), timed separately: its cost is what the indexer-loss
   // path pays instead of the attention-mass recompute.
   float* mass_buffer = nullptr;
-  CHECK_CUDA(cudaMalloc(&mass_buffer, size_t(t_max) * K * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&mass_buffer, size_t(t_max) * K * 4));
   bool ok = true;
   std::printf("%8s | %9s %9s | %9s %9s | %13s | %s\n", "T", "fast ms", "TFLOP/s", "det ms", "TFLOP/s",
               "fast+mass ms", "checks");
   for (int64_t T : Ts) {
     fill_indices_kernel<<<grid, block>>>(b.idx, T * K, T, 5 + T);
-    CHECK_CUDA(cudaGetLastError());
+    FLASHDSA_CHECK_CUDA(cudaGetLastError());
     Inputs shape;  // shapes and strides only
     shape.c = Case{T, T, H, K, false};
     shape.q_st = int64_t(H) * kDqk, shape.q_sh = kDqk, shape.kv_st = kDqk, shape.idx_st = K;
@@ -514,7 +505,7 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
       const flashdsa::SparseMlaBwdParams p = make_params(shape, b, false);
       b.mass = nullptr;
       if (!run_op(p, b)) return false;
-      CHECK_CUDA(cudaDeviceSynchronize());
+      FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
       ms_mass = median_ms([&] { run_op(p, b); }, 1, 15);
       const int64_t bad = count_nonfinite(mass_buffer, T * K);
       if (bad != 0) {
@@ -525,7 +516,7 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
     for (int mode = 0; mode < (fast_only ? 1 : 2); ++mode) {
       const flashdsa::SparseMlaBwdParams p = make_params(shape, b, mode == 1);
       if (!run_op(p, b)) return false;
-      CHECK_CUDA(cudaDeviceSynchronize());
+      FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
       const int reps = T >= 65536 && mode == 1 ? 10 : 15;
       ms[mode] = median_ms([&] { run_op(p, b); }, 1, reps);
       const int64_t bad = count_nonfinite(b.dkv, T * kDqk);
@@ -539,10 +530,10 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
       for (auto& r : runs) {
         run_op(make_params(shape, b, true), b);
         r.resize(T * kDqk);
-        CHECK_CUDA(cudaMemcpy(r.data(), b.dkv, r.size() * 4, cudaMemcpyDeviceToHost));
+        FLASHDSA_CHECK_CUDA(cudaMemcpy(r.data(), b.dkv, r.size() * 4, cudaMemcpyDeviceToHost));
       }
       run_op(make_params(shape, b, false), b);
-      CHECK_CUDA(cudaMemcpy(fast.data(), b.dkv, fast.size() * 4, cudaMemcpyDeviceToHost));
+      FLASHDSA_CHECK_CUDA(cudaMemcpy(fast.data(), b.dkv, fast.size() * 4, cudaMemcpyDeviceToHost));
       const bool same = runs[0] == runs[1] && runs[0] == runs[2];
       std::vector<double> ref(runs[0].begin(), runs[0].end());
       const Errors e = compare(fast, ref);

@@ -2,9 +2,9 @@
 
 - Every test starts from its own fixed seed (derived from its name, shifted by the environment
   variable FLASHDSA_TEST_SEED), so data is random but each failure reproduces.
-- `device` runs a test on "cpu" and "cuda". The CUDA case is skipped when no GPU is present, and
-  when the test is marked `@pytest.mark.kernels("op", ...)` with an op this build cannot run on
-  CUDA yet (flashdsa.has_cuda_kernel).
+- `device` runs a test on "cpu" and "cuda". The CUDA case is skipped when no GPU is present or
+  when the extension was built without CUDA (flashdsa.built_with_cuda).
+- `@pytest.mark.kernels("op", ...)` names the raw ops a test runs (documentation and selection).
 """
 
 import os
@@ -18,7 +18,7 @@ import flashdsa
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "kernels(*ops): raw flashdsa ops the test runs; CUDA cases skip ops without a CUDA kernel")
+        "markers", "kernels(*ops): raw flashdsa ops the test runs")
 
 
 @pytest.fixture(autouse=True)
@@ -34,8 +34,6 @@ def device(request):
     if request.param == "cuda":
         if not torch.cuda.is_available():
             pytest.skip("CUDA is not available")
-        marker = request.node.get_closest_marker("kernels")
-        missing = [op for op in (marker.args if marker else ()) if not flashdsa.has_cuda_kernel(op)]
-        if missing:
-            pytest.skip(f"no CUDA kernel in this build for: {', '.join(missing)}")
+        if not flashdsa.built_with_cuda():
+            pytest.skip("flashdsa was built without CUDA")
     return request.param

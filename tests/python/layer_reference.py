@@ -1,4 +1,4 @@
-"""Plain-PyTorch float64 reference of the whole DSA layer (DSA_SPEC §3–§6), and the layer tests'
+"""Plain-PyTorch float64 reference of the whole DSA layer (docs/spec.md §3–§6), and the layer tests'
 random inputs.
 
 Composes the op references of ``reference.py`` (dense ``[T, T_kv]`` / ``[T, H, K]`` math, gradients

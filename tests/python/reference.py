@@ -1,4 +1,4 @@
-"""Plain-PyTorch float64 references of the FlashDSA ops (DSA_SPEC §3-§6), and the random inputs of
+"""Plain-PyTorch float64 references of the FlashDSA ops (docs/spec.md §3-§6), and the random inputs of
 the op tests.
 
 The references are written for clarity, not speed: they gather and materialize [T, H, K] and

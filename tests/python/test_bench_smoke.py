@@ -274,7 +274,7 @@ def test_unfused_kl_loss_matches_a_row_by_row_reference():
 def test_unfused_layer_matches_the_flashdsa_layer():
     t = 160
     # 16 indexer heads: with 4, a key's ReLU score is exactly 0 for 1 in 16 keys, and such ties at
-    # the top-k boundary may be broken either way (DSA_SPEC §3), changing the selection.
+    # the top-k boundary may be broken either way (docs/spec.md §3), changing the selection.
     cfg, x = _fp64_inputs(t, topk=64, index_heads=16)
     got = unfused_layer_fwd_bwd(x, cfg.dsa, chunk_bytes=CHUNK)
     want = flashdsa_layers_fwd_bwd(flashdsa, x, cfg.dsa)

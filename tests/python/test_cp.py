@@ -19,8 +19,6 @@ import layer_reference as ref
 LENGTHS = [37, 101, 1, 150, 67]
 TOPK = 64
 SPAWN_TIMEOUT_S = 300
-CP_OPS = ("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
-          "sparse_kl_fwd", "sparse_kl_bwd", "dense_kl_fwd", "dense_kl_bwd")
 # Where layer A computes its sparse indexer loss: result-key suffix -> indexer_loss_in_backward.
 # "" = the default in training (the backward), "@forward_loss" = the forward path.
 LOSS_PATHS = {"": None, "@forward_loss": False}
@@ -186,7 +184,7 @@ def spawn(world, *args):
 
 
 def cp_cases():
-    cuda_ready = torch.cuda.is_available() and all(flashdsa.has_cuda_kernel(op) for op in CP_OPS)
+    cuda_ready = torch.cuda.is_available() and flashdsa.built_with_cuda()
     cases = []
     for world in (2, 4):
         cases.append(pytest.param(world, "cpu", id=f"cp{world}-gloo-cpu"))

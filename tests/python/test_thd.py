@@ -13,11 +13,7 @@ from flashdsa.thd import (
     unpack_sequences,
 )
 from layer_reference import causal_mask
-
-
-def _ranges_to_mask(k_start, k_end, num_keys):
-    s = torch.arange(num_keys)
-    return (s[None] >= k_start.long()[:, None]) & (s[None] < k_end.long()[:, None])
+from reference import range_mask
 
 
 def test_pack_unpack_roundtrip_and_cu_seqlens():
@@ -51,7 +47,7 @@ def test_causal_key_ranges_match_reference_mask():
     cu = cu_seqlens_from_lengths([7, 1, 0, 12, 3])
     k_start, k_end = causal_key_ranges(cu)
     assert k_start.dtype == torch.int32 and k_end.dtype == torch.int32
-    assert torch.equal(_ranges_to_mask(k_start, k_end, 23), causal_mask(cu))
+    assert torch.equal(range_mask(k_start, k_end, 23), causal_mask(cu))
 
 
 def test_key_ranges_for_rows_pads_to_empty():

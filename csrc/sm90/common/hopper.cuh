@@ -98,7 +98,7 @@ __device__ __forceinline__ void acc_to_a_frag(const float (&d)[NACC], int kk, ui
 }
 
 // ---- proxies, barriers, registers ----------------------------------------------------------------
-// Generic-proxy smem writes (st.shared, stmatrix) that wgmma or TMA read next need this fence.
+// Generic-proxy smem writes (st.shared, stmatrix) that wgmma reads next need this fence.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
@@ -117,15 +117,10 @@ __device__ __forceinline__ void reg_dealloc() { asm volatile("setmaxnreg.dec.syn
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
-// Makes mbarrier.init visible to the async proxy (TMA / cp.async arrivals).
+// Makes mbarrier.init visible to the async proxy (cp.async arrivals).
 __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
 }
 // Blocks until the phase with the given parity (0/1) has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
@@ -165,16 +160,6 @@ __device__ __forceinline__ void cp_async_wait() {
 // (the barrier's expected count must include one arrival per calling thread).
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-
-// ---- bulk copies (TMA, 1-D) ----------------------------------------------------------------------
-// Contiguous global -> shared copy of `bytes` (multiple of 16, both addresses 16-aligned), completing
-// on `bar` as transaction bytes (pair with mbar_arrive_expect_tx).
-__device__ __forceinline__ void bulk_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(smem_dst)),
-               "l"(gmem_src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
 }
 
 }  // namespace flashdsa::sm90::hw

@@ -1,4 +1,4 @@
-// Internal: host entry points of the fused Hopper indexer + top-k (DSA_SPEC §3), with the candidate
+// Internal: host entry points of the fused Hopper indexer + top-k (docs/spec.md §3), with the candidate
 // capacity exposed so tests can force frequent compactions. Design: docs/kernels/indexer_topk.md.
 #pragma once
 

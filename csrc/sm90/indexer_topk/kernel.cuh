@@ -1,4 +1,4 @@
-// Internal: the device side of the fused Hopper indexer + top-k (DSA_SPEC §3): configuration,
+// Internal: the device side of the fused Hopper indexer + top-k (docs/spec.md §3): configuration,
 // shared-memory plan and the kernel. Host side: indexer_topk.cu. Design: docs/kernels/indexer_topk.md.
 //
 // One warpgroup per CTA, two CTAs per SM, persistent grid with a dynamic block scheduler. A block is

@@ -3,7 +3,7 @@
 //
 // Scores are compared through an order-preserving 32-bit key (score_key). A selection returns a
 // KeepRule: keep every element with key > thr, and among the elements with key == thr the first
-// `quota` met (ties are broken arbitrarily, as DSA_SPEC §3 allows). keep_top_k finds the rule and
+// `quota` met (ties are broken arbitrarily, as docs/spec.md §3 allows). keep_top_k finds the rule and
 // applies it, possibly in place. Lists of up to kResidentElems entries (every list when K <= 2048)
 // are read from memory once and selected from registers: an exact MSB-first radix select over the
 // offsets key - min key, in 11-bit digits of the list's own key span, then a filter whose slots are

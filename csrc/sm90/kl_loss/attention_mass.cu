@@ -1,4 +1,4 @@
-// Attention-mass recompute (DSA_SPEC §6, sparse KL target):
+// Attention-mass recompute (docs/spec.md §6, sparse KL target):
 //   mass[t, j] = sum_h exp(scale * q[t,h] . kv[idx_j] - lse[t,h])     (0 for empty slots)
 // One block per query token, 3 warpgroups: WG2 gathers Q and the selected kv rows (cp.async into a
 // ring of 8 KB chunk slots); WG0 / WG1 take the token's non-empty 64-key blocks alternately (ping-pong,
@@ -10,7 +10,7 @@
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/kl_loss/attn_stream.cuh"
 #include "sm90/kl_loss/indexer_dispatch.cuh"
-#include "sm90/sm90_backend.h"
+#include "sm90/backend.h"
 
 namespace flashdsa::sm90 {
 namespace kl {
@@ -142,10 +142,6 @@ Status launch_attention_mass(const MassArgs& a, int64_t T, cudaStream_t stream) 
 
 Status attention_mass(const AttnMassParams& p) {
   if (p.T == 0) return Status::OK();
-  if (p.dtype != DType::kBF16 || p.D_qk != kDqk)
-    return Status::NotSupported("sm90 attention_mass: needs bf16 q/kv and D_qk = 576");
-  if (!kl::rows_16b_aligned(p.q, {p.q_stride_t, p.q_stride_h}) || !kl::rows_16b_aligned(p.kv, {p.kv_stride_t}))
-    return Status::NotSupported("sm90 attention_mass: q/kv rows must be 16-byte aligned");
   const kl::MassArgs a{static_cast<const __nv_bfloat16*>(p.q),
                        static_cast<const __nv_bfloat16*>(p.kv),
                        p.indices,

@@ -1,4 +1,4 @@
-// Dense indexer KL loss (DSA_SPEC §6, the warm-up formulation), forward and backward.
+// Dense indexer KL loss (docs/spec.md §6, the warm-up formulation), forward and backward.
 // Support of row t = all visible keys [k_start, k_end);
 //   target[t,s] = (1/H) sum_h softmax_s(scale q[t,h] . kv[s]),  p_I = softmax_s score(t, s),
 // same loss and gradient as the sparse formulation. Nothing T x T is stored.
@@ -18,7 +18,7 @@
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/kl_loss/attn_stream.cuh"
 #include "sm90/kl_loss/indexer_dispatch.cuh"
-#include "sm90/sm90_backend.h"
+#include "sm90/backend.h"
 
 namespace flashdsa::sm90 {
 namespace kl {
@@ -358,12 +358,6 @@ template <bool kBwd>
 Status launch_dense_kl(const DenseKlParams& p) {
   const char* op = kBwd ? "dense_kl_bwd" : "dense_kl_fwd";
   if (p.T == 0) return Status::OK();
-  if (p.dtype != DType::kBF16 || p.D_qk != kDqk)
-    return Status::NotSupported(std::string("sm90 ") + op + ": needs bf16 inputs and D_qk = 576");
-  if (!rows_16b_aligned(p.q, {p.q_stride_t, p.q_stride_h}) || !rows_16b_aligned(p.kv, {p.kv_stride_t}) ||
-      !rows_16b_aligned(p.q_idx, {p.q_idx_stride_t, p.q_idx_stride_h}) ||
-      !rows_16b_aligned(p.k_idx, {p.k_idx_stride_t}))
-    return Status::NotSupported(std::string("sm90 ") + op + ": q/kv/q_idx/k_idx rows must be 16-byte aligned");
   auto stream = static_cast<cudaStream_t>(p.stream);
   if (kBwd && p.T_kv > 0)
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.dk_idx, 0, static_cast<size_t>(p.T_kv) * p.D_I * sizeof(float), stream));

@@ -1,9 +1,7 @@
-// Internal: host-side helpers of the KL kernels: the (H_I, D_I) dispatch and the row alignment that
-// 16-byte cp.async copies need.
+// Internal: host-side helper of the KL kernels: the (H_I, D_I) dispatch.
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -23,14 +21,6 @@ Status dispatch_indexer_shape(int H_I, int D_I, const char* op, Fn&& fn) {
   if (H_I == 64 && D_I == 64) return fn(I64{}, I64{});
   if (H_I == 64 && D_I == 128) return fn(I64{}, I128{});
   return Status::NotSupported(std::string("sm90 ") + op + ": H_I must be 32 or 64 and D_I 64 or 128");
-}
-
-// True when a bf16 tensor's rows (base pointer and every listed stride) are 16-byte aligned.
-inline bool rows_16b_aligned(const void* base, std::initializer_list<int64_t> strides) {
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  for (int64_t s : strides)
-    if (s % 8 != 0) return false;
-  return true;
 }
 
 }  // namespace flashdsa::sm90::kl

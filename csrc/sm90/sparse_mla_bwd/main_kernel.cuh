@@ -1,4 +1,4 @@
-// Internal: the sparse MLA backward main kernel (DSA_SPEC §5): per query token and group of 64
+// Internal: the sparse MLA backward main kernel (docs/spec.md §5): per query token and group of 64
 // heads, recomputes S = Q.KV^T and dP = dO.V^T block by block over the token's top-k keys, forms
 // P and dS, accumulates dQ in registers and emits each key block's dKV contribution (key role,
 // 576 columns, and value role, 512 columns) already summed over the 64 heads.

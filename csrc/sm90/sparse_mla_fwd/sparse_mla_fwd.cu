@@ -1,4 +1,4 @@
-// Hopper (sm_90a) sparse MLA forward, DSA_SPEC §4. Design, smem plan and numbers:
+// Hopper (sm_90a) sparse MLA forward, docs/spec.md §4. Design, smem plan and numbers:
 // docs/kernels/sparse_mla_fwd.md. Constants and the shared-memory plan: config.h.
 //
 // Per CTA (one query token, 64 heads), key blocks are consumed in pairs (2i in KV stage 0, 2i+1 in
@@ -20,7 +20,7 @@
 
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/common/hopper.cuh"
-#include "sm90/sm90_backend.h"
+#include "sm90/backend.h"
 #include "sm90/sparse_mla_fwd/config.h"
 
 namespace flashdsa::sm90 {
@@ -571,24 +571,14 @@ __global__ void __launch_bounds__(kNumThreads, 1) sparse_mla_fwd_kernel(const __
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 }  // namespace sparse_mla_fwd_impl
 
 Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
   using namespace sparse_mla_fwd_impl;
-  if (p.dtype != DType::kBF16) return Status::NotSupported("sm90 sparse_mla_fwd: dtype must be bf16");
-  if (p.D_qk != kDqk || p.D_v != kDv) return Status::NotSupported("sm90 sparse_mla_fwd: needs D_qk = 576, D_v = 512");
-  if (p.H != 16 && p.H != 32 && p.H != 64 && p.H != 128)
-    return Status::NotSupported("sm90 sparse_mla_fwd: H must be 16, 32, 64 or 128");
-  if (p.K < 0 || p.K % kBlockKeys != 0) return Status::NotSupported("sm90 sparse_mla_fwd: K must be a multiple of 64");
-  // 16-byte cp.async of q / kv rows.
-  if (p.q_stride_t % 8 != 0 || p.q_stride_h % 8 != 0 || p.kv_stride_t % 8 != 0 || !aligned16(p.q) || !aligned16(p.kv))
-    return Status::NotSupported("sm90 sparse_mla_fwd: q / kv rows must be 16-byte aligned (strides multiples of 8)");
+  // Limits (bf16, production shapes, aligned rows, grid size): supports_sparse_mla_fwd, backend.cpp.
   if (p.T == 0) return Status::OK();
   const int64_t ctas = p.T * (p.H > kHeadsPerCta ? p.H / kHeadsPerCta : 1);
-  if (ctas > INT_MAX) return Status::NotSupported("sm90 sparse_mla_fwd: T too large for one launch");
 
   KernelArgs args;
   args.q = static_cast<const __nv_bfloat16*>(p.q);

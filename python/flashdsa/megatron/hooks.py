@@ -61,7 +61,7 @@ def _decline(hook: str, reason: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# What FlashDSA supports (DSA_SPEC.md §2 and csrc/common/validate.cpp)
+# What FlashDSA supports (docs/spec.md §2; the backends' limits: csrc/cpu/backend.cpp, csrc/sm90/backend.cpp)
 
 
 def _device_reason(t: torch.Tensor, op: str) -> Optional[str]:
@@ -70,8 +70,8 @@ def _device_reason(t: torch.Tensor, op: str) -> Optional[str]:
             return f"dtype {t.dtype} (the CPU backend takes bf16, fp32, fp64)"
         return None
     if t.device.type == "cuda":
-        if not _ops.has_cuda_kernel(op):
-            return f"this FlashDSA build has no CUDA kernel for {op}"
+        if not _ops.built_with_cuda():
+            return f"this FlashDSA build has no CUDA kernels ({op})"
         if t.dtype != torch.bfloat16:
             return f"dtype {t.dtype} on CUDA (the CUDA kernels take bf16 only)"
         return None
@@ -82,8 +82,9 @@ def _cuda_ops_reason(device: torch.device, ops: tuple[str, ...]) -> Optional[str
     """On CUDA: which of the raw ops ``ops`` this build cannot run (None when all run)."""
     if device.type != "cuda":
         return None
-    missing = [op for op in ops if not _ops.has_cuda_kernel(op)]
-    return f"this FlashDSA build has no CUDA kernel for {', '.join(missing)}" if missing else None
+    if _ops.built_with_cuda():
+        return None
+    return f"this FlashDSA build has no CUDA kernels ({', '.join(ops)})"
 
 
 _SPARSE_LOSS_OPS = ("sparse_mla_fwd", "attention_mass", "sparse_kl_fwd", "sparse_kl_bwd")

@@ -1,11 +1,11 @@
 // SIMD implementation of dot_rows / combine_rows with GCC vector extensions. Every hot function is
 // compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and baseline; the loader picks one per CPU.
 //
-// Bitwise invariance (see kernels.h): every output element is computed by the same sequence of
+// Bitwise invariance (see simd_rows.h): every output element is computed by the same sequence of
 // operations in every code path: one vector accumulator per element over full vectors of d, a fixed
 // halving-tree lane reduction (reduce_lanes, or reduce_16 which pairs lanes identically), then the
 // scalar tail, in order. Blocking only changes which elements are computed side by side.
-#include "cpu/kernels.h"
+#include "cpu/simd_rows.h"
 
 #include <cstring>
 #include <type_traits>
