@@ -300,11 +300,7 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
     of :class:`train_recall.Run` plus ``stage``, ``seconds``, ``tokens_per_second``; ``stages``
     (name, first step, steps, seconds, trainable/frozen parameter counts, a frozen-parameter
     check) and, with ``memory_check`` on CUDA, ``memory`` per stage."""
-    act_dtype = tr.activation_dtype(device)
-    if device == "cuda" and recipe == "two-stage":
-        missing = [op for op in ("dense_kl_fwd", "dense_kl_bwd") if not flashdsa.has_cuda_kernel(op)]
-        if missing:
-            raise SystemExit(f"the dense warm-up needs flashdsa's CUDA kernels {missing}")
+    act_dtype = tr.activation_dtype(device)  # on CUDA: checks for a GPU and a build with the CUDA kernels
     run = tr.Run(cfg, recipe, device, act_dtype, backend="fused")
     vocab = tr.Vocab.of(cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 1)

@@ -36,11 +36,11 @@ summary=()
 t0=$(date +%s)
 
 kernels_ok() {
-  $PY -c "import flashdsa, sys; sys.exit(0 if all(flashdsa.has_cuda_kernel(op) for op in flashdsa.ops.OP_NAMES) else 1)" 2>/dev/null
+  $PY -c "import flashdsa, sys; sys.exit(0 if flashdsa.built_with_cuda() else 1)" 2>/dev/null
 }
 if has build; then
   if kernels_ok; then
-    summary+=("build: the installed extension has every CUDA kernel (not rebuilt)")
+    summary+=("build: the installed extension is built with CUDA (not rebuilt)")
   elif $PY -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 && kernels_ok; then
     summary+=("build: OK ($(( $(date +%s) - t0 )) s)")
   else
