@@ -340,6 +340,58 @@ ATTENTION_CORES: Dict[str, Callable[..., nn.Module]] = {
 
 
 # ---------------------------------------------------------------------------------------------
+# Dense attention (the dense stages of examples/train_long.py)
+
+
+def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """Causal softmax attention inside each packed sequence, by torch SDPA's flash or
+    memory-efficient kernels only (never the math path, which would materialize ``[L, L]`` scores).
+
+    ``q, k [T, H, D]``, ``v [T, H, D_v]`` (``D_v <= D``; zero-padded to ``D`` for the flash
+    kernels), ``cu_seqlens`` int ``[B+1]`` on the host. Returns ``[T, H, D_v]``. Sequences of one
+    length run as one batch, others one by one.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if q.dim() != 3 or k.shape != q.shape or v.shape[:2] != q.shape[:2] or v.shape[-1] > q.shape[-1]:
+        raise ValueError(f"q, k must be [T, H, D] and v [T, H, D_v <= D], got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    d_v = v.shape[-1]
+    if d_v < q.shape[-1]:
+        v = F.pad(v, (0, q.shape[-1] - d_v))
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+
+    def attend(qs, ks, vs):  # [B, L, H, D] each -> [B, L, H, D]
+        o = F.scaled_dot_product_attention(qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2),
+                                           is_causal=True, scale=scale)
+        return o.transpose(1, 2)
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        if len(set(lengths)) == 1:
+            B, L = len(lengths), lengths[0]
+            out = attend(*(t.reshape(B, L, *t.shape[1:]) for t in (q, k, v))).reshape(q.shape)
+        else:
+            out = torch.cat([attend(q[a:b][None], k[a:b][None], v[a:b][None])[0] for a, b in zip(cu[:-1], cu[1:])])
+    return out[..., :d_v]
+
+
+def sample_rows(num_rows: int, fraction: float, device) -> Optional[torch.Tensor]:
+    """A uniform random subset of ``ceil(fraction · num_rows)`` query rows, increasing (None = all).
+
+    The dense KL loss of a subset is an unbiased estimate of the mean over all rows at that
+    fraction of the cost (the kernel works per query row over all its visible keys).
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"kl_rows must be in (0, 1], got {fraction}")
+    if fraction >= 1:
+        return None
+    n = max(1, math.ceil(fraction * num_rows))
+    return torch.randperm(num_rows, device=device)[:n].sort().values
+
+
+# ---------------------------------------------------------------------------------------------
 # Model: a small GLM-5-style decoder
 
 
@@ -424,21 +476,73 @@ class MLAttention(nn.Module):
         full = mode == "full"
         self.indexer = Indexer(cfg) if full else None
         # MLA's softmax scale: the un-absorbed q·k has d_nope + 64 dims.
-        self.core = core(cfg.topk, (cfg.d_nope + ROPE_DIM) ** -0.5, index_share=mode,
+        self.scale = (d_nope_scale := (cfg.d_nope + ROPE_DIM) ** -0.5)
+        self.topk, self.loss_coeff = cfg.topk, cfg.loss_coeff
+        self.core = core(cfg.topk, d_nope_scale, index_share=mode,
                          loss_coeff=cfg.loss_coeff if full else None, layer_id=layer_id)
+        # How the main attention runs (see set_attention): "sparse" = the DSA core over the top-k;
+        # "dense" = causal attention over every visible key (torch SDPA), the indexer trained by the
+        # fused dense KL loss when dense_kl is set (examples/train_long.py, the dense warm-up).
+        self.attention, self.dense_kl, self.kl_rows = "sparse", False, 1.0
+        self.last_indexer_loss: Optional[torch.Tensor] = None  # plain KL times coeff, detached
+        self.pending_indexer_loss: Optional[torch.Tensor] = None  # dense KL with grad, for the step's backward
 
     def forward(self, x, cu_seqlens, rope_main: Rope, rope_idx: Rope, ctx, act_dtype):
-        """``x [T, d]`` → ``[T, d]`` and the top-k indices ``[T, K]`` this layer used."""
+        """``x [T, d]`` → ``[T, d]`` and the top-k indices ``[T, K]`` this layer used (dense
+        attention: the indexer's top-k of a full layer, for the metrics; None for a shared layer)."""
         q_nope = self.q_nope(x).unflatten(-1, (self.heads, self.d_nope))
-        q_latent = torch.einsum("thn,hnc->thc", q_nope, self.w_uk)
         q_pe = rope_main.apply(self.q_rope(x).unflatten(-1, (self.heads, ROPE_DIM)))
-        q = torch.cat([q_latent.to(q_pe.dtype), q_pe], dim=-1).to(act_dtype)  # [T, H, D_qk]
         c_kv = self.kv_norm(self.kv_down(x))
-        kv = torch.cat([c_kv.to(act_dtype), rope_main.apply(self.k_rope(x)).to(act_dtype)], dim=-1)  # [T, D_qk]
+        k_pe = rope_main.apply(self.k_rope(x))
         idx = self.indexer(x, rope_idx, act_dtype) if self.indexer is not None else ()
+        if self.attention == "dense":
+            return self._forward_dense(q_nope, q_pe, c_kv, k_pe, idx, cu_seqlens, act_dtype)
+        q, kv = self._absorbed(q_nope, q_pe, c_kv, k_pe, act_dtype)
         res = self.core(q, kv, cu_seqlens, *idx, index_share_ctx=ctx)
+        self.last_indexer_loss, self.pending_indexer_loss = res.indexer_loss, None
         heads = torch.einsum("thc,hcv->thv", res.out, self.w_uv)  # [T, H, d_head_v]
         return self.o_proj(heads.flatten(1)), res.indices
+
+    def _absorbed(self, q_nope, q_pe, c_kv, k_pe, act_dtype):
+        """The DSA kernels' operands: ``q = [q_nope·W_uk, q_pe]`` ``[T, H, D_qk]``, ``kv = [c_kv, k_pe]`` ``[T, D_qk]``."""
+        q_latent = torch.einsum("thn,hnc->thc", q_nope, self.w_uk)
+        q = torch.cat([q_latent.to(q_pe.dtype), q_pe], dim=-1).to(act_dtype)
+        return q, torch.cat([c_kv.to(act_dtype), k_pe.to(act_dtype)], dim=-1)
+
+    def _forward_dense(self, q_nope, q_pe, c_kv, k_pe, idx, cu_seqlens, act_dtype):
+        """Dense causal MLA, un-absorbed (head dim ``d_nope + 64``: the flash kernels' sizes) with
+        the same parameters and the same function as the absorbed sparse path with every visible
+        key selected: ``k_nope = W_uk·c_kv``, ``v = c_kv·W_uv`` per head.
+
+        A full layer also runs its indexer's top-k (no gradient; the recall metric) and, with
+        ``dense_kl``, the fused dense KL loss (:func:`flashdsa.indexer_kl_loss`,
+        ``formulation="dense"``: its target is this attention's head-averaged softmax over all
+        visible keys, recomputed inside the kernel from the absorbed ``q``, ``kv``; no ``[T, T]``
+        tensor) on a random ``kl_rows`` fraction of the query rows. That loss is kept in
+        ``pending_indexer_loss`` for the step's backward (it is not attached to the output: in the
+        dense warm-up the rest of the model is frozen, and its backward would be wasted work).
+        """
+        k_nope = torch.einsum("hnc,tc->thn", self.w_uk, c_kv)  # [T, H, d_nope]
+        q_d = torch.cat([q_nope.to(act_dtype), q_pe.to(act_dtype)], dim=-1)  # [T, H, d_nope + 64]
+        k_d = torch.cat([k_nope.to(act_dtype), k_pe.to(act_dtype)[:, None, :].expand(-1, self.heads, -1)], dim=-1)
+        v = torch.einsum("tc,hcv->thv", c_kv, self.w_uv).to(act_dtype)  # [T, H, d_head_v]
+        heads = dense_causal_attention(q_d, k_d, v, cu_seqlens, self.scale)
+        indices, self.last_indexer_loss, self.pending_indexer_loss = None, None, None
+        if self.indexer is not None:
+            q_idx, k_idx, weights = idx
+            k_start, k_end = flashdsa.build_key_ranges(cu_seqlens, device=q_d.device)
+            with torch.no_grad():
+                indices, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, self.topk)
+            if self.dense_kl:
+                with torch.no_grad():
+                    q, kv = self._absorbed(q_nope, q_pe, c_kv, k_pe, act_dtype)
+                rows = sample_rows(q.shape[0], self.kl_rows, q.device)
+                pick = (lambda t: t) if rows is None else (lambda t: t[rows])  # noqa: E731
+                loss = flashdsa.indexer_kl_loss(
+                    pick(q_idx), k_idx, pick(weights), formulation="dense", coeff=self.loss_coeff,
+                    q=pick(q), kv=kv, scale=self.scale, k_start=pick(k_start), k_end=pick(k_end))
+                self.pending_indexer_loss, self.last_indexer_loss = loss, loss.detach()
+        return self.o_proj(heads.flatten(1)), indices
 
 
 class Block(nn.Module):
@@ -497,10 +601,28 @@ class Decoder(nn.Module):
         """Latest KL loss of each full layer divided by its coefficient (the plain KL), ``[#full]``.
 
         Call it after the step's backward: the fused layer computes its loss in the backward (from
-        the sparse MLA backward's attention mass) and reports NaN until then.
+        the sparse MLA backward's attention mass) and reports NaN until then. NaN also for a layer
+        that computed no loss (dense attention without ``dense_kl``). Sparse attention: the sparse
+        KL; dense attention with ``dense_kl``: the dense KL.
         """
-        losses = [self.blocks[i].attn.core.last_indexer_loss for i in self.full_layers()]
-        return torch.stack([loss.double() for loss in losses]) / self.cfg.loss_coeff
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        losses = [self.blocks[i].attn.last_indexer_loss for i in self.full_layers()]
+        return torch.stack([nan if loss is None else loss.detach().double().cpu() for loss in losses]) / self.cfg.loss_coeff
+
+    def pending_indexer_losses(self) -> List[torch.Tensor]:
+        """The dense KL losses of this forward (with grad) that the step's backward must include."""
+        return [b.attn.pending_indexer_loss for b in self.blocks if b.attn.pending_indexer_loss is not None]
+
+    def set_attention(self, attention: str, dense_kl: bool = False, kl_rows: float = 1.0) -> None:
+        """Switches every layer's main attention: ``"sparse"`` (the DSA core: indexer top-k, sparse
+        MLA, sparse KL loss) or ``"dense"`` (causal attention over all visible keys); with
+        ``dense_kl`` the full layers' indexers get the dense KL loss on a ``kl_rows`` fraction of rows."""
+        if attention not in ("sparse", "dense"):
+            raise ValueError(f"attention must be 'sparse' or 'dense', got {attention!r}")
+        if dense_kl and attention != "dense":
+            raise ValueError("dense_kl needs dense attention")
+        for block in self.blocks:
+            block.attn.attention, block.attn.dense_kl, block.attn.kl_rows = attention, dense_kl, kl_rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,10 +700,11 @@ RUN_KINDS = {
 class Run:
     """One model (initialized from ``cfg.seed``), its optimizer and its per-step metrics."""
 
-    def __init__(self, cfg: Config, name: str, device: str, dtype: torch.dtype):
+    def __init__(self, cfg: Config, name: str, device: str, dtype: torch.dtype, backend: Optional[str] = None):
         torch.manual_seed(cfg.seed)
         self.cfg, self.name = cfg, name
-        backend, self.follows_leader = RUN_KINDS[name]
+        # A name of RUN_KINDS, or any name with an explicit attention core (examples/train_long.py).
+        backend, self.follows_leader = RUN_KINDS[name] if backend is None else (backend, False)
         # Parameters in fp32 (bf16 autocast on CUDA), or fp64 for an fp64 run.
         self.model = Decoder(cfg, ATTENTION_CORES[backend]).to(device, torch.float64 if dtype == torch.float64 else None)
         # The indexer learns only from its KL loss (detached input): its gradient is clipped on its
@@ -611,19 +734,24 @@ class Run:
             logits, full_indices = self.model(batch, act_dtype)
         loss = F.cross_entropy(_acc(logits), batch.answers)
         # Also back-propagates the full layers' KL losses (attached to their outputs; the fused
-        # layer computes them here, so their values exist only after this call).
-        loss.backward()
+        # layer computes them here, so their values exist only after this call), and the dense KL
+        # losses of a dense warm-up, which are not attached (the frozen model has no gradient).
+        objective = ([loss] if loss.requires_grad else []) + self.model.pending_indexer_losses()
+        if objective:
+            sum(objective).backward()
         return loss, logits, full_indices
 
     def step(self, step: int, batch: Batch, act_dtype: torch.dtype,
-             given_indices: Optional[List[torch.Tensor]] = None) -> List[torch.Tensor]:
+             given_indices: Optional[List[torch.Tensor]] = None, lr: Optional[float] = None) -> List[torch.Tensor]:
         """One optimizer step on ``batch``; records the metrics; returns the full layers' indices.
 
         ``given_indices`` (reference core only): the full layers attend to these instead of their
-        own top-k.
+        own top-k. ``lr``: this step's learning rate (default: :func:`lr_at` of the run's config).
+        Parameters with ``requires_grad=False`` (a frozen stage) get no gradient and no update.
         """
+        lr = lr_at(step, self.cfg) if lr is None else lr
         for group in self.opt.param_groups:
-            group["lr"] = lr_at(step, self.cfg)
+            group["lr"] = lr
         loss, logits, full_indices = self.forward_backward(batch, act_dtype, given_indices)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.lm_params, self.cfg.clip)
         indexer_grad_norm = torch.nn.utils.clip_grad_norm_(self.indexer_params, self.cfg.clip)
@@ -634,7 +762,9 @@ class Run:
         with torch.no_grad():  # one host transfer for the step's numbers
             correct = logits.argmax(-1) == batch.answers
             chance = (self.cfg.topk / batch.visible.float()).clamp(max=1).mean()
-            numbers = [loss.detach(), grad_norm, indexer_grad_norm, correct.float().mean(), chance]  # fp64 stays exact
+            # (clip_grad_norm_ returns a CPU zero when no parameter has a gradient: a frozen stage)
+            norms = [n.to(loss.device) for n in (grad_norm, indexer_grad_norm)]
+            numbers = [loss.detach(), *norms, correct.float().mean(), chance]  # fp64 stays exact
             scalars = torch.stack([t.double() for t in numbers]).tolist()
             selected = torch.stack([pair_selected(ix, batch) for ix in indices])  # [#full, N]
             recall = selected.float().mean(dim=1).tolist()
@@ -650,7 +780,7 @@ class Run:
         if given_indices is not None:
             rows = batch.tokens.shape[0]
             h["topk_mismatch"].append([int(core.last_topk_mismatch) / rows for core in self.full_cores()])
-        h["lr"].append(lr_at(step, self.cfg))
+        h["lr"].append(lr)
         return indices
 
     def status(self) -> str:
@@ -809,7 +939,8 @@ PARITY_RUNS = ["fused", "reference", "reference-shared-topk"]
 
 def parity_report(runs: Dict[str, Dict[str, list]], first: Optional[int] = None) -> Dict[str, Dict]:
     """For each reference run against the fused run, over the first ``first`` steps (default:
-    all): max relative difference of the LM loss and of the KL loss (sum over full layers), steps
+    all): max relative difference of the LM loss (and its median), of the KL loss (sum over full
+    layers) and of the model's gradient norm before clipping (max, median), steps
     on which every full layer selected the same top-k, and, for a shared-top-k run, the fraction of
     (row, full layer) pairs where the reference's own top-k would have differed."""
     fused = runs["fused"]
@@ -822,10 +953,14 @@ def parity_report(runs: Dict[str, Dict[str, list]], first: Optional[int] = None)
         lm = [rel(a, b) for a, b in zip(fused["lm_loss"][:n], ref["lm_loss"][:n])]
         kl = [rel(sum(a), sum(b)) for a, b in zip(fused["kl_loss"][:n], ref["kl_loss"][:n])]
         same = [a == b for a, b in zip(fused["index_digest"][:n], ref["index_digest"][:n])]
+        gn = [rel(a, b) for a, b in zip(fused["grad_norm"][:n], ref["grad_norm"][:n])]
         entry = {
             "steps": n,
             "max_rel_lm_loss_diff": max(lm),
+            "median_rel_lm_loss_diff": sorted(lm)[n // 2],
             "max_rel_kl_loss_diff": max(kl),
+            "max_rel_grad_norm_diff": max(gn),
+            "median_rel_grad_norm_diff": sorted(gn)[n // 2],
             "steps_with_identical_topk": sum(same),
             "first_step_with_different_topk": next((i + 1 for i, s in enumerate(same) if not s), None),
             "lm_rel_diff": lm,
@@ -839,18 +974,26 @@ def parity_report(runs: Dict[str, Dict[str, list]], first: Optional[int] = None)
 
 
 def plot_parity(runs: Dict[str, Dict[str, list]], report: Dict[str, Dict], path: Path, title: str) -> None:
-    """The runs' LM and KL loss curves overlaid, and each reference's relative difference per step."""
+    """The runs' LM loss, KL loss and gradient-norm curves overlaid, and each reference's relative
+    difference per step."""
     plt = _pyplot()
     n = min(entry["steps"] for entry in report.values())
     steps = list(range(1, n + 1))
     styles = {"fused": dict(color="C0", lw=3.5, alpha=0.45), "reference": dict(color="C3", lw=1.2, ls="--"),
               "reference-shared-topk": dict(color="k", lw=0.8, ls=":")}
-    fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
+    fig, axes = plt.subplots(2, 2, figsize=(15, 9))
+    ax = [axes[0, 0], axes[0, 1], axes[1, 1], axes[1, 0]]  # ax[3]: gradient norms
     for key, axis, name in (("lm_loss", ax[0], "LM loss"), ("kl_loss", ax[1], "indexer KL loss (sum over full layers)")):
         for run, hist in runs.items():
             axis.plot(steps, [v if key == "lm_loss" else sum(v) for v in hist[key][:n]], label=run, **styles[run])
         axis.set(title=name, xlabel="step")
         axis.legend()
+    for run, hist in runs.items():
+        ax[3].plot(steps, hist["grad_norm"][:n], label=f"{run}: model (LM loss)", **styles[run])
+        ax[3].plot(steps, hist["indexer_grad_norm"][:n], label=f"{run}: indexers (KL loss)",
+                   **{**styles[run], "lw": styles[run]["lw"] * 0.5})
+    ax[3].set(title="gradient norm before clipping", xlabel="step", yscale="log")
+    ax[3].legend(fontsize=8)
     diffs = [r for entry in report.values() for key in ("lm_rel_diff", "kl_rel_diff") for r in entry[key][:n]]
     floor = min([r for r in diffs if r > 0], default=1e-18) / 2  # where equal losses are drawn
     for run, entry in report.items():
@@ -885,10 +1028,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--log-every", type=int, default=50, help="steps between printed lines (without tqdm)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--fp64", action="store_true", help="CPU only: fp64 parameters and activations (fp32 by default)")
-    for field in dataclasses.fields(Config):  # every Config field; default: the --device preset
-        ap.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None,
-                        help=f"preset: cpu {getattr(PRESETS['cpu'], field.name)}, cuda {getattr(PRESETS['cuda'], field.name)}")
+    add_config_options(ap, Config, PRESETS)
     return ap.parse_args(argv)
+
+
+def add_config_options(ap: argparse.ArgumentParser, config_cls, presets: Dict[str, Config]) -> None:
+    """One ``--field-name`` option per field of the dataclass ``config_cls`` (default None: the
+    preset's value); the help lists each preset's value."""
+    for field in dataclasses.fields(config_cls):
+        values = ", ".join(f"{name} {getattr(cfg, field.name)}" for name, cfg in presets.items())
+        ap.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None,
+                        help=f"preset: {values}")
 
 
 PARITY_STEPS = 200  # default --steps of --parity
@@ -937,7 +1087,9 @@ def main(argv=None) -> Dict:
         (args.out / "parity.json").write_text(json.dumps(result))
         for name, entry in summary.items():
             print(f"{name}: over {entry['steps']} steps, max relative difference to fused of the LM loss "
-                  f"{entry['max_rel_lm_loss_diff']:.2e}, of the KL loss {entry['max_rel_kl_loss_diff']:.2e}; "
+                  f"{entry['max_rel_lm_loss_diff']:.2e} (median {entry['median_rel_lm_loss_diff']:.2e}), of the KL loss "
+                  f"{entry['max_rel_kl_loss_diff']:.2e}, of the gradient norm {entry['max_rel_grad_norm_diff']:.2e} "
+                  f"(median {entry['median_rel_grad_norm_diff']:.2e}); "
                   f"identical top-k on {entry['steps_with_identical_topk']} steps")
         print(f"wrote {args.out / 'parity.png'}")
         return result
