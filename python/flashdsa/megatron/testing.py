@@ -195,6 +195,11 @@ def build_gpt(config, shape: ModelShape, *, seed: int = 1234, max_seq_len: int =
         vocab_size=shape.vocab_size, max_sequence_length=max_seq_len, position_embedding_type="none",
         share_embeddings_and_output_weights=False)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if config.bf16:
+        # As Megatron's Float16Module does for bf16 training: every parameter in bf16. Megatron's own
+        # DSAIndexer builds its k_norm LayerNorm in fp32, which fails on bf16 activations otherwise
+        # (seen on the H200: "expected scalar type BFloat16 but found Float" in forward_before_topk).
+        model = model.bfloat16()
     return model.to(device)
 
 
