@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 import flashdsa
+from flashdsa import reference
 from flashdsa.context_parallel import pad_cu_seqlens, zigzag_rows
 from flashdsa.thd import key_ranges_for_rows
 
@@ -82,10 +83,9 @@ def _ranges(g, small):
     if kind == "cp":
         cp = _choice(g, (2, 4))
         lengths = [_randint(g, 0, max_len) for _ in range(_randint(g, 1, 3))]
-        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int64)
-        if int(cu[-1]) == 0:
-            cu[-1] = 1
+        if sum(lengths) == 0:
             lengths[-1] = 1
+        cu = flashdsa.cu_seqlens_from_lengths(lengths)
         cu_pad = pad_cu_seqlens(cu, 2 * cp)
         rank = _randint(g, 0, cp - 1)
         rows = zigzag_rows(cu_pad, cp, rank)
@@ -94,8 +94,7 @@ def _ranges(g, small):
     lengths = [_randint(g, 0, max_len) for _ in range(_randint(g, 1, 3))]
     if sum(lengths) == 0:
         lengths[0] = 1
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
-    k_start, k_end = key_ranges_for_rows(cu, torch.arange(int(cu[-1])))
+    k_start, k_end = flashdsa.causal_key_ranges(flashdsa.cu_seqlens_from_lengths(lengths))
     T = k_start.shape[0]
     extra = _choice(g, (0, 0, 5, 64))  # trailing keys that no range reaches
     if kind == "window":
@@ -322,13 +321,8 @@ def compare(name, actual, expected, tol, extra=0.0):
 
 
 def index_scores64(t, keys):
-    """float64 index scores of (row, key) pairs [T, K]; keys must be valid (callers mask)."""
-    q = t["q_idx"].double()
-    k = t["k_idx"].double()[keys.long()]                   # [T, K, D_I]
-    dots = torch.einsum("thd,tkd->thk", q, k)
-    if t["relu"]:
-        dots = torch.relu(dots)
-    return torch.einsum("th,thk->tk", t["weights"].double(), dots)
+    """float64 index scores of (row, key) pairs [T, K] (flashdsa.reference); keys must be valid (callers mask)."""
+    return reference.indexer_logits(t["q_idx"], reference.gather_rows(t["k_idx"], keys), t["weights"], t["relu"])
 
 
 def compare_topk(t, actual, expected):
@@ -383,16 +377,12 @@ def kl_rounding_allowance(t):
     per-slot terms instead: 2^-6 sqrt(sum_{t,j} g^2 sum_h w^2 |k|^2) (dq_idx), with |q_h|^2 (dk_idx).
     """
     idx = t["indices"]
-    valid = (idx >= 0) & (idx < t["k_idx"].shape[0])
+    valid = reference.valid_slots(idx, t["k_idx"].shape[0])
     safe = torch.where(valid, idx, 0)
-    s = index_scores64(t, safe).masked_fill(~valid, -math.inf)
-    has = valid.any(dim=1, keepdim=True)
-    lse = torch.logsumexp(torch.where(has, s, 0.0), dim=1, keepdim=True)
-    p = torch.exp(s - lse).masked_fill(~valid, 0)
-    mass = t["mass"].double().masked_fill(~valid, 0)
-    total = mass.sum(dim=1, keepdim=True)
-    tg = torch.where(total != 0, mass / torch.where(total != 0, total, 1.0), 0.0)
-    g = (t["grad_rows"].double()[:, None] * (p - tg)).masked_fill(total == 0, 0)   # [T, K]
+    p = reference.masked_log_softmax(index_scores64(t, safe), valid).exp().masked_fill(~valid, 0)
+    tg = reference.kl_target(t["mass"].double(), valid)
+    no_target = tg.sum(dim=1, keepdim=True) == 0
+    g = (t["grad_rows"].double()[:, None] * (p - tg)).masked_fill(no_target, 0)   # [T, K]
     w2 = (t["weights"].double() ** 2)                                               # [T, H_I]
     k2 = (t["k_idx"].double() ** 2).sum(dim=1)[safe].masked_fill(~valid, 0)        # [T, K]
     q2 = ((t["q_idx"].double() ** 2).sum(dim=2) * w2).sum(dim=1)                    # [T] sum_h w^2 |q_h|^2

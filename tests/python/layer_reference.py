@@ -1,62 +1,16 @@
-"""Plain-PyTorch float64 reference of the whole DSA layer (docs/spec.md §3–§6), and the layer tests'
-random inputs.
-
-Composes the op references of ``reference.py`` (dense ``[T, T_kv]`` / ``[T, H, K]`` math, gradients
-from autograd). The key ranges come from a plain per-token loop (``reference.causal_ranges``), not
-from flashdsa.thd, so the layer's packing logic is checked too.
+"""The layer tests' helpers: random packed inputs, a top-k checker, and the float64 reference of
+the whole layer (:func:`flashdsa.reference.dsa_layer`, re-exported with the rest of
+:mod:`flashdsa.reference` through ``reference.py``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
-import reference as op_ref
-from reference import ROPE_WIDTH, assert_close  # noqa: F401  (re-exported for the layer tests)
-
-
-def lengths_of(cu_seqlens) -> list:
-    cu = [int(c) for c in cu_seqlens]
-    return [b - a for a, b in zip(cu[:-1], cu[1:])]
-
-
-def causal_mask(cu_seqlens) -> torch.Tensor:
-    """bool ``[T, T]``: token ``t`` of sequence ``b`` sees keys ``cu[b] <= s <= t``."""
-    k_start, k_end = op_ref.causal_ranges(lengths_of(cu_seqlens))
-    return op_ref.range_mask(k_start, k_end, k_start.shape[0])
-
-
-class LayerResult(NamedTuple):
-    out: torch.Tensor  # [T, H, D_v] float64
-    loss: Optional[torch.Tensor]  # scalar float64, differentiable in q_idx, k_idx, weights
-    scores: Optional[torch.Tensor]  # [T, T_kv] float64 indexer scores, -inf outside the ranges
-
-
-def dsa_layer(q, kv, q_idx, k_idx, weights, cu_seqlens, scale, indices, *, relu=True, loss_coeff=None,
-              loss_formulation="sparse") -> LayerResult:
-    """The layer's math for the given top-k ``indices`` (the caller validates the layer's top-k
-    against ``scores`` separately: ties may be broken either way).
-
-    ``loss = coeff · Σ_t loss_t / N`` over rows with a non-empty support; its target uses detached
-    ``q``/``kv``, so back-propagating ``Σ out·probe + loss`` gives the layer's expected gradients.
-    """
-    device = q.device
-    k_start, k_end = (r.to(device) for r in op_ref.causal_ranges(lengths_of(cu_seqlens)))
-    indices = indices.to(device)
-    scores = None if q_idx is None else op_ref.indexer_scores(q_idx, k_idx, weights, k_start, k_end, relu)
-    out, lse = op_ref.sparse_mla(q, kv, indices, scale)
-    loss = None
-    if loss_coeff is not None:
-        if loss_formulation == "sparse":
-            mass = op_ref.attention_mass(q.detach(), kv.detach(), indices, lse.detach(), scale)
-            rows = op_ref.sparse_kl_rows(q_idx, k_idx, weights, indices, mass, relu)
-            nonempty = op_ref.valid_slots(indices, kv.shape[0]).any(1)
-        else:
-            rows = op_ref.dense_kl_rows(q.detach(), kv.detach(), scale, q_idx, k_idx, weights, k_start, k_end, relu)
-            nonempty = k_end > k_start
-        loss = loss_coeff * rows.sum() / nonempty.sum().clamp_min(1)
-    return LayerResult(out, loss, scores)
+from flashdsa.thd import cu_seqlens_from_lengths
+from reference import *  # noqa: F401,F403  (the reference math and assert_close, re-exported for the layer tests)
 
 
 def assert_valid_topk(indices: torch.Tensor, scores: torch.Tensor, k: int, rtol: float = 1e-4) -> None:
@@ -129,7 +83,7 @@ def make_inputs(lengths, *, heads=None, d_qk=None, idx_heads=None, idx_dim=None,
         k_idx=rand(total, idx_dim, shift=indexer_shift),
         # the caller folds H_I^-1/2 D_I^-1/2 into the weights
         weights=rand(total, idx_heads, scale=(idx_heads * idx_dim) ** -0.5, to=stat),
-        cu_seqlens=op_ref.random_cu_seqlens(lengths).to(device),
+        cu_seqlens=cu_seqlens_from_lengths(lengths).to(device),
     )
 
 

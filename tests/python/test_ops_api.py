@@ -169,9 +169,11 @@ def test_torch_compile_fullgraph(device):
 
 def test_build_key_ranges(device):
     lengths = [5, 0, 1, 7, 0, 3]
-    cu = ref.random_cu_seqlens(lengths).to(device)
+    cu = flashdsa.cu_seqlens_from_lengths(lengths).to(device)
     k_start, k_end = flashdsa.build_key_ranges(cu)
-    expected_start, expected_end = ref.causal_ranges(lengths)
+    # written out: sequences start at rows 0, 5, 5, 6, 13, 13; token t sees [start, t + 1)
+    expected_start = torch.tensor([0] * 5 + [5] + [6] * 7 + [13] * 3, dtype=torch.int32)
+    expected_end = torch.arange(1, 17, dtype=torch.int32)
     assert k_start.dtype == torch.int32 and k_start.device.type == device
     assert torch.equal(k_start.cpu(), expected_start) and torch.equal(k_end.cpu(), expected_end)
     from_list = flashdsa.build_key_ranges([0, 5, 5, 6, 13, 13, 16], device=device)
