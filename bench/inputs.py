@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 import torch
+from flashdsa.thd import causal_key_ranges
 
 from .config import BenchConfig, DsaShape
 
@@ -24,9 +25,8 @@ class DsaInputs:
 
 
 def causal_ranges(t: int, device: torch.device):
-    """Key ranges of one causal sequence: k_start = 0, k_end = t + 1 (int32 [T])."""
-    k_end = torch.arange(1, t + 1, dtype=torch.int32, device=device)
-    return torch.zeros_like(k_end), k_end
+    """Key ranges of one causal sequence (flashdsa.thd): k_start = 0, k_end = t + 1 (int32 [T])."""
+    return causal_key_ranges([0, t], device=device)
 
 
 def _randn(cfg: BenchConfig, *shape, requires_grad: bool = False) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Unfused plain-PyTorch DSA: the baseline that computes the same math as the FlashDSA kernels.
 
 Gather the top-k key rows per chunk of queries, einsum, softmax, and let autograd do the
-backward. Chunking over queries bounds the temporaries of one chunk, but autograd keeps every
+backward. Not a reference: its GEMMs run in the activation dtype (bf16 tensor cores on the GPU),
+as an unfused model would; the masks and the KL pieces come from :mod:`flashdsa.reference`. Chunking over queries bounds the temporaries of one chunk, but autograd keeps every
 chunk's gathered keys and probabilities ([T, K, D_qk] and [T, H, K]) for the backward: that is
 what runs out of memory at long T, and it is recorded as such by the benchmark.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
+from flashdsa import reference
 
 # Masked scores: exp(MASKED - max) is exactly 0 in fp32, and a row with no valid slot stays finite.
 MASKED = -1e30
@@ -41,7 +43,6 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
     stat = stat_dtype(q_idx.dtype)
     indices = torch.full((t, topk), -1, dtype=torch.int32, device=q_idx.device)
     scores = torch.full((t, topk), float("-inf"), dtype=stat, device=q_idx.device)
-    key_pos = torch.arange(k_idx.shape[0], device=q_idx.device)
     step = rows_per_chunk(index_heads * k_idx.shape[0] * 4 * 2, chunk_bytes)
     with torch.no_grad():
         for first in range(0, t, step):
@@ -53,8 +54,7 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
             if relu:
                 logits.relu_()
             score = torch.einsum("ch,chs->cs", weights[rows].to(stat), logits)  # [c, S]
-            pos = key_pos[lo:hi]
-            visible = (pos >= k_start[rows, None]) & (pos < k_end[rows, None])
+            visible = reference.range_mask(k_start[rows] - lo, k_end[rows] - lo, hi - lo)
             score.masked_fill_(~visible, float("-inf"))
             count = min(topk, hi - lo)
             top_scores, top = score.topk(count, dim=1)
@@ -62,10 +62,6 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
             indices[rows, :count] = torch.where(found, top + lo, -1).to(torch.int32)
             scores[rows, :count] = top_scores
     return indices, scores
-
-
-def _valid_slots(indices: torch.Tensor, num_keys: int) -> torch.Tensor:
-    return (indices >= 0) & (indices < num_keys)
 
 
 def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, d_v: int, *,
@@ -84,7 +80,7 @@ def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: 
     outs, masses = [], []
     for first in range(0, t, step):
         rows = slice(first, min(t, first + step))
-        valid = _valid_slots(indices[rows], kv.shape[0]).unsqueeze(1)  # [c, 1, K]
+        valid = reference.valid_slots(indices[rows], kv.shape[0]).unsqueeze(1)  # [c, 1, K]
         gathered = kv[indices[rows].clamp(0, kv.shape[0] - 1).long()]  # [c, K, D_qk]
         logits = torch.einsum("chd,ckd->chk", q[rows], gathered).to(stat_dtype(q.dtype)) * scale
         probs = torch.softmax(logits.masked_fill(~valid, MASKED), dim=-1) * valid  # [c, H, K]
@@ -105,17 +101,15 @@ def sparse_kl_loss(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tens
     rows_loss = []
     for first in range(0, t, step):
         rows = slice(first, min(t, first + step))
-        valid = _valid_slots(indices[rows], k_idx.shape[0])  # [c, K]
+        valid = reference.valid_slots(indices[rows], k_idx.shape[0])  # [c, K]
         gathered = k_idx[indices[rows].clamp(0, k_idx.shape[0] - 1).long()]  # [c, K, D_I]
         stat = stat_dtype(q_idx.dtype)
         logits = torch.einsum("chd,ckd->chk", q_idx[rows], gathered).to(stat)
         if relu:
             logits = torch.relu(logits)
         score = torch.einsum("ch,chk->ck", weights[rows].to(stat), logits)
-        log_p = torch.log_softmax(score.masked_fill(~valid, MASKED), dim=-1)
-        target = mass[rows].detach().to(stat) * valid
-        target = target / target.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(target.dtype).tiny)
-        row_loss = torch.xlogy(target, target) - target * log_p
-        rows_loss.append(row_loss.masked_fill(~valid, 0.0).sum(dim=-1))
-    nonempty = _valid_slots(indices, k_idx.shape[0]).any(dim=1).sum().clamp_min(1)
+        log_p = reference.masked_log_softmax(score, valid)
+        target = reference.kl_target(mass[rows].detach().to(stat), valid)
+        rows_loss.append(reference.kl_rows(target, log_p, valid))
+    nonempty = reference.valid_slots(indices, k_idx.shape[0]).any(dim=1).sum().clamp_min(1)
     return torch.cat(rows_loss).sum() / nonempty

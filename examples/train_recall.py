@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import flashdsa
+from flashdsa import reference
 
-ROPE_DIM = 64  # RoPE width of the main attention: the kernels take D_qk = D_v + 64
+ROPE_DIM = reference.ROPE_WIDTH  # RoPE width of the main attention: the kernels take D_qk = D_v + 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,8 +202,9 @@ def describe_task(cfg: Config) -> str:
 # ---------------------------------------------------------------------------------------------
 # Plain-PyTorch reference of the DSA attention core (the parity baseline)
 #
-# The math of flashdsa.dsa_attention written with dense masked scores, a threshold top-k and
-# gathers, accumulated in fp32 like the kernels (fp64 for fp64 activations).
+# The math of flashdsa.dsa_attention: a threshold top-k (the CPU kernel's tie rule) over dense
+# masked scores, then flashdsa.reference's sparse MLA and sparse KL loss, accumulated in fp32 like
+# the kernels (fp64 for fp64 activations).
 
 
 def _acc(t: torch.Tensor) -> torch.Tensor:
@@ -226,11 +228,13 @@ def reference_topk(q_idx, k_idx, weights, k_start, k_end, topk: int, relu: bool 
     for lo in range(0, T, rows):
         hi = min(T, lo + rows)
         q, w = _acc(q_idx[lo:hi]), _acc(weights[lo:hi])
+        # flashdsa.reference.indexer_logits, but one head at a time, summed in the CPU kernel's
+        # order (the top-k must equal the kernel's bit for bit) and without a [rows, H_I, T_kv] temporary.
         scores = torch.zeros(hi - lo, T_kv, dtype=k.dtype, device=k.device)  # [rows, T_kv]
         for h in range(H_I):
             dots = q[:, h] @ k.T
             scores += w[:, h, None] * (dots.relu() if relu else dots)
-        visible = (keys >= k_start[lo:hi, None]) & (keys < k_end[lo:hi, None])
+        visible = reference.range_mask(k_start[lo:hi], k_end[lo:hi], T_kv)
         scores = scores.masked_fill(~visible, float("-inf"))
         # Keys above the K-th score are in; keys equal to it fill the rest, smaller keys first.
         kth = scores.topk(min(topk, T_kv), dim=1).values[:, -1:]
@@ -242,43 +246,6 @@ def reference_topk(q_idx, k_idx, weights, k_start, k_end, topk: int, relu: bool 
         idx.scatter_(1, slot, keys.expand(hi - lo, -1))
         out.append(idx[:, :topk].to(torch.int32))
     return torch.cat(out)
-
-
-def _gather(x: torch.Tensor, indices: torch.Tensor):
-    """``x[indices]`` in the accumulation dtype for ``[T, K]`` indices (empty slots read row 0),
-    and the validity mask ``[T, K]``."""
-    valid = (indices >= 0) & (indices < x.shape[0])
-    return _acc(x)[torch.where(valid, indices, 0).long()], valid
-
-
-def reference_sparse_mla(q, kv, indices, scale: float):
-    """Sparse MLA forward (docs/spec.md §4) by gathers; backward by autograd.
-
-    Returns ``out [T, H, D_v]`` in q's dtype and the attention probabilities ``[T, H, K]``.
-    """
-    d_v = q.shape[-1] - ROPE_DIM
-    rows, valid = _gather(kv, indices)  # [T, K, D_qk]
-    logits = scale * torch.einsum("thd,tkd->thk", _acc(q), rows)
-    probs = torch.softmax(logits.masked_fill(~valid[:, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
-    out = torch.einsum("thk,tkd->thd", probs, rows[..., :d_v])
-    return out.to(q.dtype), probs
-
-
-def reference_sparse_kl(q_idx, k_idx, weights, indices, probs, coeff: float, relu: bool = True):
-    """Sparse indexer KL loss (docs/spec.md §6), differentiable in q_idx, k_idx, weights.
-
-    Target: the head-summed attention mass of the top-k, normalized (detached; the kernels
-    recompute the same mass from q, kv and lse). ``coeff · mean`` over rows with a non-empty support.
-    """
-    keys, valid = _gather(k_idx, indices)  # [T, K, D_I]
-    dots = torch.einsum("thd,tkd->thk", _acc(q_idx), keys)
-    logits = torch.einsum("th,thk->tk", _acc(weights), dots.relu() if relu else dots)
-    mass = probs.detach().sum(dim=1)  # [T, K]
-    tiny = torch.finfo(mass.dtype).tiny
-    target = mass / mass.sum(dim=1, keepdim=True).clamp_min(tiny)
-    log_p = torch.log_softmax(logits.masked_fill(~valid, float("-inf")), dim=1)
-    terms = torch.where(valid & (target > 0), target * (target.clamp_min(tiny).log() - log_p), 0.0)
-    return coeff * terms.sum() / valid.any(dim=1).sum().clamp_min(1)
 
 
 class ReferenceDSAAttention(nn.Module):
@@ -322,10 +289,18 @@ class ReferenceDSAAttention(nn.Module):
                     indices, self._given = self._given, None
                 if index_share_ctx is not None:
                     index_share_ctx.publish(indices, layer=self.layer_id)
-            out, probs = reference_sparse_mla(q, kv, indices, self.scale)
+            # The math of flashdsa.reference (docs/spec.md §4, §6), accumulated like the kernels.
+            acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+            out, _, probs = reference.sparse_mla_probs(q, kv, indices, self.scale, acc)
+            out = out.to(q.dtype)
             loss = None
             if self.loss_coeff is not None:
-                loss = reference_sparse_kl(q_idx, k_idx, weights, indices, probs, self.loss_coeff)
+                # Target: the head-summed attention mass of the top-k (detached; the kernels
+                # recompute it from q, kv and lse); coeff · mean over rows with a non-empty support.
+                rows = reference.sparse_kl_rows(q_idx, k_idx, weights, indices, probs.detach().sum(dim=1),
+                                                True, acc)
+                nonempty = reference.valid_slots(indices, k_idx.shape[0]).any(dim=1)
+                loss = self.loss_coeff * rows.sum() / nonempty.sum().clamp_min(1)
                 if torch.is_grad_enabled():
                     out = flashdsa.DSAIndexerLossAutoScaler.apply(out, loss)
                 loss = loss.detach()
