@@ -14,6 +14,7 @@ import time
 import torch
 
 import flashdsa
+from flashdsa import reference
 
 # The raw ops of the layer's training step (the KL loss runs in the backward, from the mass that
 # sparse_mla_bwd_mass emits: no attention_mass).
@@ -39,7 +40,7 @@ def make_inputs(T: int, H: int, HI: int, DI: int, device: str, gen: torch.Genera
     """Random bf16 layer inputs on a packed batch of 3 sequences of uneven lengths."""
     lengths = [T // 2 + 17, T // 3 - 5]
     lengths.append(T - sum(lengths))
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu = flashdsa.cu_seqlens_from_lengths(lengths)
 
     def rnd(*shape, std=1.0, dtype=torch.bfloat16):
         return (torch.randn(*shape, generator=gen) * std).to(dtype).to(device).requires_grad_()
@@ -51,16 +52,9 @@ def make_inputs(T: int, H: int, HI: int, DI: int, device: str, gen: torch.Genera
 
 
 def reference_rows(x, rows, indices, scale, dout):
-    """float64 sparse MLA output and dq for the sampled query rows (plain PyTorch)."""
+    """float64 sparse MLA output and dq for the sampled query rows (flashdsa.reference)."""
     q = x["q"].detach()[rows].double().requires_grad_()
-    kv = x["kv"].detach().double()
-    idx = indices[rows].long()
-    valid = (idx >= 0) & (idx < kv.shape[0])
-    keys = kv[idx.clamp(0, kv.shape[0] - 1)]                       # [R, K, 576]
-    s = torch.einsum("rhd,rkd->rhk", q, keys) * scale
-    s = s.masked_fill(~valid[:, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    out = torch.einsum("rhk,rkd->rhd", p, keys[..., :512])
+    out, _ = reference.sparse_mla(q, x["kv"].detach(), indices[rows], scale)
     (dq,) = torch.autograd.grad(out, q, dout[rows].double())
     return out, dq
 
@@ -70,11 +64,8 @@ def topk_threshold_ok(x, rows, indices, k_start, k_end, relu=True):
     bad = 0
     for r in rows.tolist():
         s0, s1 = int(k_start[r]), int(k_end[r])
-        qi = x["q_idx"].detach()[r].double()                     # [H_I, D_I]
-        ki = x["k_idx"].detach()[s0:s1].double()                  # [n, D_I]
-        logits = qi @ ki.T
-        logits = logits.relu() if relu else logits
-        scores = (x["weights"].detach()[r].double()[:, None] * logits).sum(0)
+        scores = reference.indexer_logits(x["q_idx"].detach()[r:r + 1], x["k_idx"].detach()[None, s0:s1],
+                                          x["weights"].detach()[r:r + 1], relu)[0]   # [n] float64
         sel = indices[r][indices[r] >= 0].long() - s0
         if sel.numel() != min(indices.shape[1], s1 - s0):
             bad += 1

@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import flashdsa  # noqa: E402,F401 - registers torch.ops.flashdsa
+from flashdsa import reference  # noqa: E402
 from bench import unfused  # noqa: E402
 from bench.config import GLM5_DSA, make_config  # noqa: E402
 from bench.peers import (ABPrepared, ABResult, ABTimer, PeerPath, PeerPlan, Side, build_peer_cases,  # noqa: E402
@@ -151,12 +152,8 @@ def test_ab_timer_alternates_calls_on_the_same_input_sets():
 
 def torch_sparse_fwd(q, kv, idx, scale, d_v):
     """Sparse MLA forward in plain PyTorch: (out [T, H, d_v], natural-log lse [T, H])."""
-    valid = (idx >= 0).unsqueeze(1)  # [T, 1, K]
-    gathered = kv[idx.clamp_min(0).long()]  # [T, K, D_qk]
-    logits = torch.einsum("thd,tkd->thk", q, gathered).float() * scale
-    logits = logits.masked_fill(~valid, -math.inf)
-    lse = torch.logsumexp(logits, dim=-1)
-    out = torch.einsum("thk,tkd->thd", torch.exp(logits - lse.unsqueeze(-1)), gathered[..., :d_v].float())
+    assert d_v == q.shape[-1] - reference.ROPE_WIDTH
+    out, lse, _ = reference.sparse_mla_probs(q, kv, idx, scale, torch.float32)
     return out.to(q.dtype), lse
 
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import flashdsa  # noqa: E402
+from flashdsa import reference  # noqa: E402
 from bench import unfused  # noqa: E402
 from bench.cases import build_cases  # noqa: E402
 from bench.config import make_config  # noqa: E402
@@ -220,19 +220,15 @@ def test_unfused_sparse_mla_with_every_key_is_dense_causal_attention():
     s = cfg.dsa
     indices = causal_topk_indices(t, s.topk, CPU)  # every visible key, then -1
     out, mass = unfused.sparse_mla(x.q, x.kv, indices, s.scale, s.d_v, chunk_bytes=4_000_000)  # 4 chunks
-    logits = torch.einsum("thd,sd->ths", x.q, x.kv) * s.scale
-    causal = torch.ones(t, t, dtype=torch.bool).tril()
-    probs = torch.softmax(logits.masked_fill(~causal[:, None], float("-inf")), dim=-1)
-    ref = torch.einsum("ths,sd->thd", probs, x.kv[:, :s.d_v])
+    assert s.d_v == s.d_qk - reference.ROPE_WIDTH
+    ref, lse = reference.sparse_mla(x.q, x.kv, indices, s.scale)
     torch.testing.assert_close(out, ref)
     grads = torch.autograd.grad(out, (x.q, x.kv), x.dout)
     ref_grads = torch.autograd.grad(ref, (x.q, x.kv), x.dout)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want)
-    dense_mass = probs.detach().sum(dim=1)  # [T, T]
-    valid = indices >= 0
-    torch.testing.assert_close(mass[valid], dense_mass.gather(1, indices.clamp_min(0).long())[valid])
-    assert bool((mass[~valid] == 0).all())
+    torch.testing.assert_close(mass, reference.attention_mass(x.q, x.kv, indices, lse, s.scale))
+    assert bool((mass[indices < 0] == 0).all())
 
 
 def test_unfused_indexer_topk_keeps_the_largest_visible_scores():
@@ -240,8 +236,7 @@ def test_unfused_indexer_topk_keeps_the_largest_visible_scores():
     _, x = _fp64_inputs(t, topk, requires_grad=False)
     indices, scores = unfused.indexer_topk(x.q_idx, x.k_idx, x.weights, x.k_start, x.k_end, topk,
                                            chunk_bytes=100_000)
-    full = torch.einsum("th,ths->ts", x.weights.double(),
-                        torch.relu(torch.einsum("thd,sd->ths", x.q_idx, x.k_idx)))
+    full = reference.indexer_scores(x.q_idx, x.k_idx, x.weights, x.k_start, x.k_end, relu=True)
     for r in range(t):
         valid = indices[r] >= 0
         assert int(valid.sum()) == min(r + 1, topk) and int(indices[r][valid].max()) <= r
@@ -257,13 +252,7 @@ def test_unfused_kl_loss_matches_a_row_by_row_reference():
     indices = causal_topk_indices(t, topk, CPU)
     mass = torch.rand(t, topk, dtype=torch.float64) * (indices >= 0)
     loss = unfused.sparse_kl_loss(x.q_idx, x.k_idx, x.weights, indices, mass, chunk_bytes=50_000)
-    rows = []
-    for r in range(t):
-        sel = indices[r][indices[r] >= 0].long()
-        score = (x.weights[r].double()[:, None] * torch.relu(x.q_idx[r] @ x.k_idx[sel].T)).sum(0)
-        target = mass[r][indices[r] >= 0] / mass[r][indices[r] >= 0].sum()
-        rows.append(F.kl_div(torch.log_softmax(score, 0), target, reduction="sum"))
-    ref = torch.stack(rows).mean()
+    ref = reference.sparse_kl_rows(x.q_idx, x.k_idx, x.weights, indices, mass, relu=True).mean()  # no empty row
     torch.testing.assert_close(loss, ref)
     grads = torch.autograd.grad(loss, (x.q_idx, x.k_idx, x.weights))
     ref_grads = torch.autograd.grad(ref, (x.q_idx, x.k_idx, x.weights))

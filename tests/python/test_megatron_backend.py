@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install flashdsa[megatron])")
 
 import megatron_parity as mp_helper  # noqa: E402
+import flashdsa  # noqa: E402
 from megatron_parity import Case  # noqa: E402
 
 TOL = 1e-5
@@ -154,8 +155,7 @@ def _indexer_inputs(sq=40, b=2, h_i=4, d_i=16, dtype=torch.float32):
     q = torch.randn(sq, b, h_i, d_i, dtype=dtype)
     k = torch.randn(sq, b, d_i, dtype=dtype)
     w = torch.randn(sq, b, h_i, dtype=dtype)
-    starts = torch.zeros(sq, dtype=torch.int32)
-    ends = torch.arange(1, sq + 1, dtype=torch.int32)
+    starts, ends = flashdsa.causal_key_ranges([0, sq])  # one causal sequence
     return q, k, w, starts, ends
 
 
