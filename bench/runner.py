@@ -34,7 +34,81 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
-class Runner:
+class CaseLoop:
+    """What every case runner shares: the run-in-order loop, the skip rules that follow from earlier
+    cases (lost CUDA context, a series stopped by an OOM or the budget), error capture with memory
+    release, and the CUDA context check. Subclasses give `_new_record`, `skip`, `_time` (measures a
+    prepared case into its record), `_series` (the key a failure stops) and `_progress`."""
+
+    def __init__(self, device: torch.device, max_seconds: Optional[float]):
+        self.device = device
+        self.on_cuda = device.type == "cuda"
+        self.budget = Budget(max_seconds)
+        self.records: List[dict] = []
+        self.last_ok: Dict[str, dict] = {}  # series -> record of its last measured T
+        self.stopped: Dict[str, str] = {}  # series -> why larger T of it are skipped
+        self.context_lost = False
+
+    def _history_skip(self, series: str, predicted_seconds: Optional[float]) -> Optional[tuple]:
+        """(SKIPPED, reason) after a lost context, in a stopped series, or when the budget is short."""
+        if self.context_lost:
+            return SKIPPED, "CUDA context lost after an earlier error"
+        if series in self.stopped:
+            return SKIPPED, self.stopped[series]
+        reason = self.budget.skip_reason(predicted_seconds)
+        if reason:
+            self.stopped[series] = f"{reason} (at a smaller T)"
+            return SKIPPED, reason
+        return None
+
+    def run_all(self, cases: Sequence) -> List[dict]:
+        """Runs (or skips) every case in order; returns one record per case."""
+        for case in cases:
+            self.records.append(self.run_case(case))
+        return self.records
+
+    def run_case(self, case) -> dict:
+        """One case's record: its numbers, or why it did not run; prints its progress line."""
+        record = self._new_record(case)
+        verdict = self.skip(case)
+        if verdict is not None:
+            record["status"], record["reason"] = verdict
+        else:
+            self._measure(case, record)
+        self._progress(record)
+        return record
+
+    def _measure(self, case, record: dict) -> None:
+        prepared = None
+        try:
+            prepared = case.prepare()
+            self._time(case, prepared, record)
+            self.last_ok[self._series(case)] = record
+        except Exception as error:  # noqa: BLE001 - every failure is recorded with its case
+            record["reason"] = _first_line(error)
+            if _is_oom(error):
+                record["status"] = OOM
+                self.stopped[self._series(case)] = f"out of memory at T = {case.t}"
+            else:
+                record["status"] = ERROR
+                self._check_context()
+        finally:
+            del prepared
+            gc.collect()
+            if self.on_cuda:
+                torch.cuda.empty_cache()
+
+    def _check_context(self) -> None:
+        """After an error on the GPU, checks that the CUDA context still works."""
+        if not self.on_cuda:
+            return
+        try:
+            torch.cuda.synchronize(self.device)
+        except Exception:  # noqa: BLE001 - a sticky CUDA error: every later case would fail
+            self.context_lost = True
+
+
+class Runner(CaseLoop):
     """Runs cases in order and keeps what it learns (times, OOMs) to predict and skip later ones."""
 
     def __init__(self, cfg: BenchConfig, fd: Optional[ModuleType], fd_error: Optional[str], policy: RepPolicy,
@@ -42,17 +116,13 @@ class Runner:
                  device_memory: Optional[int] = None):
         """has_kernel(op): whether the raw op can run on cfg.device (default: flashdsa.built_with_cuda() on
         CUDA, always on the CPU); device_memory: bytes cases may use (default: the GPU's, none on the CPU)."""
+        super().__init__(torch.device(cfg.device), cfg.max_seconds)
         self.cfg = cfg
         self.fd = fd
         self.fd_error = fd_error
         self.clock = Clock(cfg.device, policy)
         self.policy = policy
-        self.budget = Budget(cfg.max_seconds)
         self.out = out
-        self.records: List[dict] = []
-        self.last_ok: Dict[str, dict] = {}  # name -> record of its last measured T
-        self.stopped: Dict[str, str] = {}  # name -> why larger T of it are skipped
-        self.context_lost = False
         if has_kernel is None:
             cuda_kernels = fd is not None and fd.built_with_cuda()
             has_kernel = (lambda op: cuda_kernels) if cfg.on_cuda else (lambda op: True)
@@ -82,68 +152,26 @@ class Runner:
         missing = [op for op in case.requires if not self.has_kernel(op)]
         if missing:
             return NA, f"no kernel: {', '.join(missing)}"
-        if self.context_lost:
-            return SKIPPED, "CUDA context lost after an earlier error"
-        if case.name in self.stopped:
-            return SKIPPED, self.stopped[case.name]
         if self.device_memory and case.memory_bytes and case.memory_bytes > MEMORY_HEADROOM * self.device_memory:
-            return SKIPPED, (f"memory: needs about {case.memory_bytes / 2**30:.0f} GiB of "
-                             f"{self.device_memory / 2**30:.0f} GiB")
-        reason = self.budget.skip_reason(self._predicted_seconds(case))
-        if reason:
-            self.stopped[case.name] = f"{reason} (at a smaller T)"
-            return SKIPPED, reason
-        return None
+            if not self.context_lost and case.name not in self.stopped:
+                return SKIPPED, (f"memory: needs about {case.memory_bytes / 2**30:.0f} GiB of "
+                                 f"{self.device_memory / 2**30:.0f} GiB")
+        return self._history_skip(case.name, self._predicted_seconds(case))
 
     # ------------------------------------------------------------------ running
 
-    def run_all(self, cases: Sequence[Case]) -> List[dict]:
-        for case in cases:
-            self.records.append(self.run_case(case))
-        return self.records
-
-    def run_case(self, case: Case) -> dict:
-        record = {
+    def _new_record(self, case: Case) -> dict:
+        return {
             "section": case.section, "name": case.name, "t": case.t, "status": OK, "reason": "",
             "flops": case.flops, "bytes_moved": case.bytes_moved, "layers": case.layers, "note": case.note,
         }
-        verdict = self.skip(case)
-        if verdict is not None:
-            record["status"], record["reason"] = verdict
-        else:
-            self._measure(case, record)
-        self._progress(record)
-        return record
 
-    def _measure(self, case: Case, record: dict) -> None:
-        prepared = None
-        try:
-            prepared = case.prepare()
-            measurement = self.clock.measure(prepared.fn, prepared.input_sets)
-            record.update(self._numbers(case, measurement))
-            self.last_ok[case.name] = record
-        except Exception as error:  # noqa: BLE001 - every failure is recorded with its case
-            record["reason"] = _first_line(error)
-            if _is_oom(error):
-                record["status"] = OOM
-                self.stopped[case.name] = f"out of memory at T = {case.t}"
-            else:
-                record["status"] = ERROR
-                self._check_context()
-        finally:
-            del prepared
-            gc.collect()
-            if self.cfg.on_cuda:
-                torch.cuda.empty_cache()
+    @staticmethod
+    def _series(case: Case) -> str:
+        return case.name
 
-    def _check_context(self) -> None:
-        """After an error on the GPU, checks that the CUDA context still works."""
-        if not self.cfg.on_cuda:
-            return
-        try:
-            torch.cuda.synchronize(self.cfg.device)
-        except Exception:  # noqa: BLE001 - a sticky CUDA error: every later case would fail
-            self.context_lost = True
+    def _time(self, case: Case, prepared, record: dict) -> None:
+        record.update(self._numbers(case, self.clock.measure(prepared.fn, prepared.input_sets)))
 
     @staticmethod
     def _numbers(case: Case, m: Measurement) -> dict:

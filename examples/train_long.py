@@ -439,10 +439,7 @@ def plot_runs(results: Dict[str, Dict], cfg: LongConfig, task: Dict, path: Path,
     ax[1, 1].set(title="indexer KL (stage 1: dense, stage 2 / scratch: sparse)", xlabel="step", yscale="log")
     for a in ax.flat:
         a.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    tr.save_figure(fig, title, path)
 
 
 # ---------------------------------------------------------------------------------------------

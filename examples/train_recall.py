@@ -873,6 +873,14 @@ def _pyplot():
     return plt
 
 
+def save_figure(fig, title: str, path) -> None:
+    """Titles, lays out, writes (PNG, 100 dpi) and closes a matplotlib figure."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+
+
 def plot_training(hist: Dict[str, list], cfg: Config, path: Path, title: str) -> None:
     """Four panels: LM loss, indexer KL loss, gradient norm, accuracy with top-k recall."""
     plt = _pyplot()
@@ -903,10 +911,7 @@ def plot_training(hist: Dict[str, list], cfg: Config, path: Path, title: str) ->
     ax[1, 1].plot(steps, smooth(hist["chance_recall"], w), ls="--", color="gray", label="recall of a random top-k")
     ax[1, 1].set(title="accuracy; indexer recall of the queried pair", xlabel="step", ylim=(0, 1.02))
     ax[1, 1].legend(fontsize=8, loc="upper left")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, title, path)
 
 
 PARITY_RUNS = ["fused", "reference", "reference-shared-topk"]
@@ -979,10 +984,7 @@ def plot_parity(runs: Dict[str, Dict[str, list]], report: Dict[str, Dict], path:
                        label=f"{run}: KL loss (max {entry['max_rel_kl_loss_diff']:.1e})")
     ax[2].set(title=f"|fused − reference| / reference (equal: drawn at {floor:.0e})", xlabel="step")
     ax[2].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, title, path)
 
 
 # ---------------------------------------------------------------------------------------------
