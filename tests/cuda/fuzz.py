@@ -311,7 +311,8 @@ def compare(name, actual, expected, tol, extra=0.0):
         rows_e = e0.reshape(a.shape[0], -1).norm(dim=1)
         floor = total / math.sqrt(a.shape[0])
         row_len = a.numel() // a.shape[0]
-        row_allowed = ROW_FACTOR * tol * torch.clamp(rows_e, min=floor) + ATOL * math.sqrt(max(row_len, 1))
+        # `extra` bounds the norm of the whole error tensor, hence of any one row's error too.
+        row_allowed = ROW_FACTOR * tol * torch.clamp(rows_e, min=floor) + ATOL * math.sqrt(max(row_len, 1)) + extra
         ratio = rows_d / row_allowed
         r = int(ratio.argmax())
         if ratio[r] > 1:
@@ -369,26 +370,43 @@ def compare_topk(t, actual, expected):
 
 
 def kl_rounding_allowance(t):
-    """Error norms the CUDA sparse KL backward may add to dq_idx and dk_idx by rounding its per-slot
-    products d(q.k) = g w f'(x) to bf16 for the gradient GEMMs (relative 2^-9 each, random signs).
+    """Error norms the CUDA sparse KL backward adds by design, emulated in float64.
 
-    A row whose slots all hold one key has an exact gradient of 0 (sum_j g_j = 0), so the relative
-    tolerance alone would demand exact cancellation; this bounds the rounding by the size of the
-    per-slot terms instead: 2^-6 sqrt(sum_{t,j} g^2 sum_h w^2 |k|^2) (dq_idx), with |q_h|^2 (dk_idx).
+    The kernel rounds its per-slot products d(q.k)[t, j, h] = g[t, j] w[t, h] f'(x[t, j, h]) to bf16
+    for the tensor-core gradient GEMMs (dq_idx = d(q.k) K, dk_idx = d(q.k)^T Q) and accumulates in
+    fp32. Rows whose slots all hold one key have an exact gradient of 0 (sum_j g = 0), so only that
+    rounding remains, and with repeated values it does not average out like random noise. The
+    allowance is twice the norm of the exactly emulated rounding error (it matched the H200's errors
+    to three digits on every such case, docs/reliability.md), plus, for the fp32 dweights =
+    sum_j g f(x), 2^-20 times the norm of sum_j |g| |f(x)| (fp32 rounding of the cancelling terms).
     """
     idx = t["indices"]
-    valid = reference.valid_slots(idx, t["k_idx"].shape[0])
-    safe = torch.where(valid, idx, 0)
-    p = reference.masked_log_softmax(index_scores64(t, safe), valid).exp().masked_fill(~valid, 0)
-    tg = reference.kl_target(t["mass"].double(), valid)
-    no_target = tg.sum(dim=1, keepdim=True) == 0
-    g = (t["grad_rows"].double()[:, None] * (p - tg)).masked_fill(no_target, 0)   # [T, K]
-    w2 = (t["weights"].double() ** 2)                                               # [T, H_I]
-    k2 = (t["k_idx"].double() ** 2).sum(dim=1)[safe].masked_fill(~valid, 0)        # [T, K]
-    q2 = ((t["q_idx"].double() ** 2).sum(dim=2) * w2).sum(dim=1)                    # [T] sum_h w^2 |q_h|^2
-    dq = 2.0 ** -6 * math.sqrt(float((g ** 2 * k2 * w2.sum(dim=1, keepdim=True)).sum()))
-    dk = 2.0 ** -6 * math.sqrt(float((g ** 2 * q2[:, None]).sum()))
-    return {"dq_idx": dq, "dk_idx": dk}
+    T_kv = t["k_idx"].shape[0]
+    valid = (idx >= 0) & (idx < T_kv)
+    safe = torch.where(valid, idx, 0).long()
+    s = index_scores64(t, safe).masked_fill(~valid, -math.inf)
+    has = valid.any(dim=1, keepdim=True)
+    lse = torch.logsumexp(torch.where(has, s, 0.0), dim=1, keepdim=True)
+    p = torch.exp(s - lse).masked_fill(~valid, 0)
+    mass = t["mass"].double().masked_fill(~valid, 0)
+    total = mass.sum(dim=1, keepdim=True)
+    tg = torch.where(total != 0, mass / torch.where(total != 0, total, 1.0), 0.0)
+    g = (t["grad_rows"].double()[:, None] * (p - tg)).masked_fill(total == 0, 0)       # [T, K]
+    q = t["q_idx"].double()                                                               # [T, H, D]
+    k = t["k_idx"].double()[safe]                                                         # [T, K, D]
+    w = t["weights"].double()                                                             # [T, H]
+    x = torch.einsum("thd,tjd->tjh", q, k)                                                # [T, K, H]
+    f = x.clamp(min=0) if t["relu"] else x
+    fprime = (x > 0).double() if t["relu"] else torch.ones_like(x)
+    prod = g[:, :, None] * w[:, None, :] * fprime                                         # [T, K, H]
+    err = prod.to(torch.bfloat16).double() - prod
+    dq_err = torch.einsum("tjh,tjd->thd", err, k)
+    dk_err = torch.zeros(T_kv, q.shape[2], dtype=torch.float64)
+    dk_err.index_add_(0, safe.reshape(-1), torch.einsum("tjh,thd->tjd", err, q).reshape(-1, q.shape[2])
+                      * valid.reshape(-1, 1))
+    dw_scale = torch.einsum("tj,tjh->th", g.abs(), f.abs())
+    return {"dq_idx": 2.0 * float(dq_err.norm()), "dk_idx": 2.0 * float(dk_err.norm()),
+            "dweights": 2.0 ** -20 * float(dw_scale.norm())}
 
 
 def check_case(op, seed, device, small, verbose):
