@@ -87,35 +87,23 @@ Status check_finite(const Check& c, const char* field, double value) {
   return Status::OK();
 }
 
-// Main-attention inputs q [T, H, D_qk] and kv [T_kv, D_qk], and the softmax scale.
-struct MainAttention {
-  const void* q;
-  const void* kv;
-  int H, D_qk;
-  int64_t q_stride_t, q_stride_h, kv_stride_t;
-  float scale;
-};
-
-Status check_main_attention(const Check& c, const MainAttention& m, int64_t T, int64_t T_kv) {
-  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "H", m.H));
-  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D_qk", m.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q", m.q, T * m.H * m.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "kv", m.kv, T_kv * m.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_strides_3d(c, "q", m.q_stride_t, m.q_stride_h, T, m.H, m.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_stride(c, "kv_stride_t", m.kv_stride_t, T_kv, m.D_qk));
-  return check_finite(c, "scale", m.scale);
+// The AttentionTensors part: q [T, H, D_qk], kv [T_kv, D_qk], the softmax scale and the dtype.
+// D_v is checked by the ops that read it (check_value_dim).
+Status check_attention(const Check& c, const AttentionTensors& a, int64_t T, int64_t T_kv) {
+  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, a.dtype));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "H", a.H));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D_qk", a.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q", a.q, T * a.H * a.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "kv", a.kv, T_kv * a.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_strides_3d(c, "q", a.q_stride_t, a.q_stride_h, T, a.H, a.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_stride(c, "kv_stride_t", a.kv_stride_t, T_kv, a.D_qk));
+  return check_finite(c, "scale", a.scale);
 }
 
-// Indexer inputs q_idx [T, H_I, D_I], k_idx [T_kv, D_I], weights [T, H_I].
-struct IndexerInputs {
-  const void* q_idx;
-  const void* k_idx;
-  const void* weights;
-  int H_I, D_I;
-  int64_t q_idx_stride_t, q_idx_stride_h, k_idx_stride_t, weights_stride_t;
-};
-
-Status check_indexer(const Check& c, const IndexerInputs& in, int64_t T, int64_t T_kv) {
+// The IndexerTensors part: q_idx [T, H_I, D_I], k_idx [T_kv, D_I], weights [T, H_I], the dtype.
+// The optional scales are the backends' concern (neither implements them yet).
+Status check_indexer(const Check& c, const IndexerTensors& in, int64_t T, int64_t T_kv) {
+  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, in.dtype));
   FLASHDSA_RETURN_IF_ERROR(check_positive(c, "H_I", in.H_I));
   FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D_I", in.D_I));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q_idx", in.q_idx, T * in.H_I * in.D_I));
@@ -127,11 +115,11 @@ Status check_indexer(const Check& c, const IndexerInputs& in, int64_t T, int64_t
   return check_stride(c, "weights_stride_t", in.weights_stride_t, T, in.H_I);
 }
 
-// Top-k indices [T, K] read by an op.
-Status check_indices_input(const Check& c, const int32_t* indices, int64_t stride_t, int64_t T, int K) {
-  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "K", K));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", indices, T * K));
-  return check_stride(c, "indices_stride_t", stride_t, T, K);
+// The TopkIndices part: indices [T, K] read by an op.
+Status check_topk(const Check& c, const TopkIndices& k, int64_t T) {
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "K", k.K));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", k.indices, T * k.K));
+  return check_stride(c, "indices_stride_t", k.stride_t, T, k.K);
 }
 
 // 0 <= k_start[t] <= k_end[t] <= T_kv for every row (read from the device for CUDA calls).
@@ -163,54 +151,39 @@ Status check_key_ranges(const Check& c, const CallContext& ctx, const int32_t* k
   return Status::OK();
 }
 
-Status check_sizes(const Check& c, DType dtype, int64_t T, int64_t T_kv) {
-  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, dtype));
+Status check_sizes(const Check& c, int64_t T, int64_t T_kv) {
   FLASHDSA_RETURN_IF_ERROR(check_rows(c, "T", T));
   return check_rows(c, "T_kv", T_kv);
 }
 
-MainAttention main_attention_of(const SparseMlaFwdParams& p) {
-  return {p.q, p.kv, p.H, p.D_qk, p.q_stride_t, p.q_stride_h, p.kv_stride_t, p.scale};
-}
-MainAttention main_attention_of(const SparseMlaBwdParams& p) {
-  return {p.q, p.kv, p.H, p.D_qk, p.q_stride_t, p.q_stride_h, p.kv_stride_t, p.scale};
-}
-MainAttention main_attention_of(const AttnMassParams& p) {
-  return {p.q, p.kv, p.H, p.D_qk, p.q_stride_t, p.q_stride_h, p.kv_stride_t, p.scale};
-}
-MainAttention main_attention_of(const DenseKlParams& p) {
-  return {p.q, p.kv, p.H, p.D_qk, p.q_stride_t, p.q_stride_h, p.kv_stride_t, p.scale};
-}
-
-template <class P>
-IndexerInputs indexer_inputs_of(const P& p) {
-  return {p.q_idx, p.k_idx, p.weights, p.H_I, p.D_I, p.q_idx_stride_t, p.q_idx_stride_h, p.k_idx_stride_t,
-          p.weights_stride_t};
-}
-
 // Shared by the forward and backward validation of the sparse KL loss.
 Status check_sparse_kl_inputs(const Check& c, const SparseKlParams& p) {
-  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, indexer_inputs_of(p), p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
-  return check_ptr(c, "mass", p.mass, p.T * p.K);
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.topk, p.T));
+  return check_ptr(c, "mass", p.mass, p.T * p.topk.K);
 }
 
 // Shared by the forward and backward validation of the dense KL loss (ranges come last: they may
 // need a device copy).
 Status check_dense_kl_inputs(const Check& c, const DenseKlParams& p) {
-  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
-  return check_indexer(c, indexer_inputs_of(p), p.T, p.T_kv);
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer, p.T, p.T_kv));
+  if (p.indexer.dtype != p.attn.dtype) {
+    return c.fail("indexer.dtype", dtype_name(p.indexer.dtype),
+                  std::string("must equal attn.dtype = ") + dtype_name(p.attn.dtype));
+  }
+  return Status::OK();
 }
 
 // Backward outputs shared by both KL formulations, plus the upstream gradient scale.
 template <class P>
 Status check_kl_grads(const Check& c, const P& p) {
   FLASHDSA_RETURN_IF_ERROR(check_finite(c, "grad_scale", p.grad_scale));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq_idx", p.dq_idx, p.T * p.H_I * p.D_I));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dk_idx", p.dk_idx, p.T_kv * p.D_I));
-  return check_ptr(c, "dweights", p.dweights, p.T * p.H_I);
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq_idx", p.dq_idx, p.T * p.indexer.H_I * p.indexer.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dk_idx", p.dk_idx, p.T_kv * p.indexer.D_I));
+  return check_ptr(c, "dweights", p.dweights, p.T * p.indexer.H_I);
 }
 
 }  // namespace
@@ -219,8 +192,8 @@ namespace detail {
 
 Status check_generic(const IndexerTopkParams& p) {
   const Check c{"indexer_topk"};
-  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, indexer_inputs_of(p), p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer, p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_positive(c, "K", p.K));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", p.indices, p.T * p.K));
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
@@ -228,35 +201,35 @@ Status check_generic(const IndexerTopkParams& p) {
 
 Status check_generic(const SparseMlaFwdParams& p) {
   const Check c{"sparse_mla_fwd"};
-  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v, p.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "out", p.out, p.T * p.H * p.D_v));
-  return check_ptr(c, "lse", p.lse, p.T * p.H);
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.attn.D_v, p.attn.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.topk, p.T));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "out", p.out, p.T * p.attn.H * p.attn.D_v));
+  return check_ptr(c, "lse", p.lse, p.T * p.attn.H);
 }
 
 Status check_generic(const SparseMlaBwdParams& p) {
   const Check c{"sparse_mla_bwd"};
-  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v, p.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "out", p.out, p.T * p.H * p.D_v));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.H));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dout", p.dout, p.T * p.H * p.D_v));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq", p.dq, p.T * p.H * p.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.attn.D_v, p.attn.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.topk, p.T));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "out", p.out, p.T * p.attn.H * p.attn.D_v));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.attn.H));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dout", p.dout, p.T * p.attn.H * p.attn.D_v));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq", p.dq, p.T * p.attn.H * p.attn.D_qk));
   // mass [T, K] is optional (null = not requested).
-  return check_ptr(c, "dkv", p.dkv, p.T_kv * p.D_qk);
+  return check_ptr(c, "dkv", p.dkv, p.T_kv * p.attn.D_qk);
 }
 
 Status check_generic(const AttnMassParams& p) {
   const Check c{"attention_mass"};
-  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.dtype, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_main_attention(c, main_attention_of(p), p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_indices_input(c, p.indices, p.indices_stride_t, p.T, p.K));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.H));
-  return check_ptr(c, "mass", p.mass, p.T * p.K);
+  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.topk, p.T));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.attn.H));
+  return check_ptr(c, "mass", p.mass, p.T * p.topk.K);
 }
 
 Status check_generic_fwd(const SparseKlParams& p) {

@@ -42,42 +42,51 @@ Status check_attention(const Check& c, int H, int D_qk) {
   return check_dim(c, "D_qk", D_qk, kMaxDqk);
 }
 
-Status check_indexer(const Check& c, int H_I, int D_I) {
-  FLASHDSA_RETURN_IF_ERROR(check_heads(c, "H_I", H_I));
-  return check_dim(c, "D_I", D_I, kMaxIndexerDim);
+// The indexer part. Dequantization scales (a future fp8 indexer) are not implemented on the CPU.
+Status check_indexer(const Check& c, const IndexerTensors& in) {
+  if (in.q_idx_scale != nullptr || in.k_idx_scale != nullptr) {
+    return c.unsupported("indexer q_idx_scale / k_idx_scale are not supported on the CPU (leave them null)");
+  }
+  FLASHDSA_RETURN_IF_ERROR(check_heads(c, "H_I", in.H_I));
+  return check_dim(c, "D_I", in.D_I, kMaxIndexerDim);
 }
 
 // Every dtype of types.h runs on the CPU; the generic checks reject values outside the enum.
-// indexer_topk, sparse_kl_fwd, sparse_kl_bwd.
-template <class P>
-Status supports_indexer_topk(const P& p, const char* op) {
+// indexer_topk; sparse_kl_fwd, sparse_kl_bwd.
+Status supports_indexer_topk(const IndexerTopkParams& p, const char* op) {
   const Check c{op};
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.H_I, p.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer));
   return check_topk(c, p.K);
+}
+
+Status supports_sparse_kl(const SparseKlParams& p, const char* op) {
+  const Check c{op};
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer));
+  return check_topk(c, p.topk.K);
 }
 
 // sparse_mla_fwd, sparse_mla_bwd, attention_mass.
 template <class P>
 Status supports_sparse_attention(const P& p, const char* op) {
   const Check c{op};
-  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.H, p.D_qk));
-  return check_topk(c, p.K);
+  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn.H, p.attn.D_qk));
+  return check_topk(c, p.topk.K);
 }
 
 Status supports_dense_kl(const DenseKlParams& p, const char* op) {
   const Check c{op};
-  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.H, p.D_qk));
-  return check_indexer(c, p.H_I, p.D_I);
+  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn.H, p.attn.D_qk));
+  return check_indexer(c, p.indexer);
 }
 
 const detail::Backend kBackend = {
     "cpu",
-    {&supports_indexer_topk<IndexerTopkParams>, &indexer_topk, nullptr},
+    {&supports_indexer_topk, &indexer_topk, nullptr},
     {&supports_sparse_attention<SparseMlaFwdParams>, &sparse_mla_fwd, nullptr},
     {&supports_sparse_attention<SparseMlaBwdParams>, &sparse_mla_bwd, nullptr},
     {&supports_sparse_attention<AttnMassParams>, &attention_mass, nullptr},
-    {&supports_indexer_topk<SparseKlParams>, &sparse_kl_fwd, nullptr},
-    {&supports_indexer_topk<SparseKlParams>, &sparse_kl_bwd, nullptr},
+    {&supports_sparse_kl, &sparse_kl_fwd, nullptr},
+    {&supports_sparse_kl, &sparse_kl_bwd, nullptr},
     {&supports_dense_kl, &dense_kl_fwd, nullptr},
     {&supports_dense_kl, &dense_kl_bwd, nullptr},
 };

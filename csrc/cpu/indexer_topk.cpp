@@ -35,8 +35,8 @@ bool ranks_before(const Candidate<Acc>& a, const Candidate<Acc>& b) {
 template <class Act>
 Status indexer_topk_impl(const IndexerTopkParams& p) {
   using Acc = AccOf<Act>;
-  const IndexerInputs<Act> in(p);
-  const int H = p.H_I, D = p.D_I, K = p.K;
+  const IndexerInputs<Act> in(p.indexer, p.T_kv);
+  const int H = p.indexer.H_I, D = p.indexer.D_I, K = p.K;
   Acc* scores_out = static_cast<Acc*>(p.scores);
 
   const int workers = detail::num_threads();
@@ -82,7 +82,7 @@ Status indexer_topk_impl(const IndexerTopkParams& p) {
 }  // namespace
 
 Status indexer_topk(const IndexerTopkParams& p) {
-  return dispatch_act(p.dtype, [&](auto tag) { return indexer_topk_impl<decltype(tag)>(p); });
+  return dispatch_act(p.indexer.dtype, [&](auto tag) { return indexer_topk_impl<decltype(tag)>(p); });
 }
 
 }  // namespace flashdsa::cpu

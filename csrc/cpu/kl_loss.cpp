@@ -55,9 +55,9 @@ double kl_terms(const Acc* score, double lse_scores, const double* target, int n
 template <class Act>
 Status sparse_kl_impl(const SparseKlParams& p, bool backward) {
   using Acc = AccOf<Act>;
-  const IndexerInputs<Act> in(p);
-  const TopkIndices idx(p);
-  const int H = p.H_I, D = p.D_I, K = p.K;
+  const IndexerInputs<Act> in(p.indexer, p.T_kv);
+  const TopkIndices idx(p.topk, p.T, p.T_kv);
+  const int H = p.indexer.H_I, D = p.indexer.D_I, K = p.topk.K;
   const Acc* mass = static_cast<const Acc*>(p.mass);
   const int workers = detail::num_threads();
   IndexerScratch<Acc> scratch(workers, H, D, K);
@@ -192,12 +192,12 @@ struct DenseRow {
 template <class Act>
 Status dense_kl_impl(const DenseKlParams& p, bool backward) {
   using Acc = AccOf<Act>;
-  const AttentionInputs<Act> main(p);
-  const IndexerInputs<Act> in(p);
-  const int H = p.H, H_I = p.H_I, D = p.D_I;
+  const AttentionInputs<Act> main(p.attn, p.T_kv);
+  const IndexerInputs<Act> in(p.indexer, p.T_kv);
+  const int H = p.attn.H, H_I = p.indexer.H_I, D = p.indexer.D_I;
   const int workers = detail::num_threads();
   IndexerScratch<Acc> scratch(workers, H_I, D, kKeyTile);
-  WorkerScratch<Acc> q_scratch(workers, static_cast<size_t>(H) * p.D_qk);
+  WorkerScratch<Acc> q_scratch(workers, static_cast<size_t>(H) * p.attn.D_qk);
   WorkerScratch<Acc> s_scratch(workers, static_cast<size_t>(H) * kKeyTile);
   WorkerScratch<const Acc*> kv_rows_scratch(workers, kKeyTile);
   WorkerScratch<double> target_scratch(workers, kKeyTile);
@@ -316,19 +316,19 @@ Status dense_kl_impl(const DenseKlParams& p, bool backward) {
 }  // namespace
 
 Status sparse_kl_fwd(const SparseKlParams& p) {
-  return dispatch_act(p.dtype, [&](auto tag) { return sparse_kl_impl<decltype(tag)>(p, false); });
+  return dispatch_act(p.indexer.dtype, [&](auto tag) { return sparse_kl_impl<decltype(tag)>(p, false); });
 }
 
 Status sparse_kl_bwd(const SparseKlParams& p) {
-  return dispatch_act(p.dtype, [&](auto tag) { return sparse_kl_impl<decltype(tag)>(p, true); });
+  return dispatch_act(p.indexer.dtype, [&](auto tag) { return sparse_kl_impl<decltype(tag)>(p, true); });
 }
 
 Status dense_kl_fwd(const DenseKlParams& p) {
-  return dispatch_act(p.dtype, [&](auto tag) { return dense_kl_impl<decltype(tag)>(p, false); });
+  return dispatch_act(p.attn.dtype, [&](auto tag) { return dense_kl_impl<decltype(tag)>(p, false); });
 }
 
 Status dense_kl_bwd(const DenseKlParams& p) {
-  return dispatch_act(p.dtype, [&](auto tag) { return dense_kl_impl<decltype(tag)>(p, true); });
+  return dispatch_act(p.attn.dtype, [&](auto tag) { return dense_kl_impl<decltype(tag)>(p, true); });
 }
 
 }  // namespace flashdsa::cpu

@@ -1,4 +1,5 @@
-// Internal: the inputs shared by several CPU ops, read from the params structs once per call.
+// Internal: the CPU views of the params parts (include/flashdsa/ops.h: AttentionTensors,
+// IndexerTensors, TopkIndices), read once per call; T and T_kv come from the op's params.
 // Key tensors (kv, k_idx) are converted to contiguous Acc copies (O(T_kv * D)); query rows are
 // converted one row at a time into per-worker scratch.
 #pragma once
@@ -8,6 +9,7 @@
 #include "cpu/simd_rows.h"
 #include "cpu/row_math.h"
 #include "cpu/tensor_access.h"
+#include "flashdsa/ops.h"
 
 namespace flashdsa::cpu {
 
@@ -22,15 +24,14 @@ struct AttentionInputs {
   int H, D_qk;
   Acc scale;
 
-  template <class P>
-  explicit AttentionInputs(const P& p)
-      : q(static_cast<const Act*>(p.q)),
-        q_stride_t(p.q_stride_t),
-        q_stride_h(p.q_stride_h),
-        kv(load_matrix<Act>(p.kv, p.T_kv, p.D_qk, p.kv_stride_t)),
-        H(p.H),
-        D_qk(p.D_qk),
-        scale(static_cast<Acc>(p.scale)) {}
+  AttentionInputs(const AttentionTensors& a, int64_t T_kv)
+      : q(static_cast<const Act*>(a.q)),
+        q_stride_t(a.q_stride_t),
+        q_stride_h(a.q_stride_h),
+        kv(load_matrix<Act>(a.kv, T_kv, a.D_qk, a.kv_stride_t)),
+        H(a.H),
+        D_qk(a.D_qk),
+        scale(static_cast<Acc>(a.scale)) {}
 
   // q[t] as contiguous [H, D_qk].
   void load_q(int64_t t, Acc* dst) const { load_rows(q + t * q_stride_t, q_stride_h, H, D_qk, dst); }
@@ -54,17 +55,16 @@ struct IndexerInputs {
   int H_I, D_I;
   bool relu;
 
-  template <class P>
-  explicit IndexerInputs(const P& p)
-      : q_idx(static_cast<const Act*>(p.q_idx)),
-        q_idx_stride_t(p.q_idx_stride_t),
-        q_idx_stride_h(p.q_idx_stride_h),
-        k_idx(load_matrix<Act>(p.k_idx, p.T_kv, p.D_I, p.k_idx_stride_t)),
-        weights(static_cast<const Acc*>(p.weights)),
-        weights_stride_t(p.weights_stride_t),
-        H_I(p.H_I),
-        D_I(p.D_I),
-        relu(p.relu) {}
+  IndexerInputs(const IndexerTensors& in, int64_t T_kv)
+      : q_idx(static_cast<const Act*>(in.q_idx)),
+        q_idx_stride_t(in.q_idx_stride_t),
+        q_idx_stride_h(in.q_idx_stride_h),
+        k_idx(load_matrix<Act>(in.k_idx, T_kv, in.D_I, in.k_idx_stride_t)),
+        weights(static_cast<const Acc*>(in.weights)),
+        weights_stride_t(in.weights_stride_t),
+        H_I(in.H_I),
+        D_I(in.D_I),
+        relu(in.relu) {}
 
   // q_idx[t] as contiguous [H_I, D_I].
   void load_q(int64_t t, Acc* dst) const { load_rows(q_idx + t * q_idx_stride_t, q_idx_stride_h, H_I, D_I, dst); }
@@ -97,8 +97,8 @@ struct TopkIndices {
   int64_t stride_t, T, T_kv;
   int K;
 
-  template <class P>
-  explicit TopkIndices(const P& p) : data(p.indices), stride_t(p.indices_stride_t), T(p.T), T_kv(p.T_kv), K(p.K) {}
+  TopkIndices(const ::flashdsa::TopkIndices& k, int64_t T_, int64_t T_kv_)
+      : data(k.indices), stride_t(k.stride_t), T(T_), T_kv(T_kv_), K(k.K) {}
 
   const int32_t* row(int64_t t) const { return data + t * stride_t; }
   bool valid(int32_t key) const { return key >= 0 && key < T_kv; }

@@ -30,14 +30,14 @@ struct RowScratch {
 template <class Act>
 Status sparse_mla_fwd_impl(const SparseMlaFwdParams& p) {
   using Acc = AccOf<Act>;
-  const AttentionInputs<Act> in(p);
-  const TopkIndices idx(p);
-  const int H = p.H, K = p.K, D_v = p.D_v;
+  const AttentionInputs<Act> in(p.attn, p.T_kv);
+  const TopkIndices idx(p.topk, p.T, p.T_kv);
+  const int H = p.attn.H, K = p.topk.K, D_v = p.attn.D_v;
   Act* out = static_cast<Act*>(p.out);
   Acc* lse_out = static_cast<Acc*>(p.lse);
 
   const int workers = detail::num_threads();
-  RowScratch<Acc> scratch(workers, H, K, p.D_qk);
+  RowScratch<Acc> scratch(workers, H, K, p.attn.D_qk);
   WorkerScratch<Acc> o_scratch(workers, static_cast<size_t>(H) * D_v);  // [H, D_v]
   WorkerScratch<Acc*> o_rows_scratch(workers, H);
 
@@ -51,7 +51,7 @@ Status sparse_mla_fwd_impl(const SparseMlaFwdParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       Act* out_t = out + t * H * D_v;
       Acc* lse_t = lse_out + t * H;
-      const int n = idx.valid_slots(t, in.kv.data(), p.D_qk, scratch.slots(worker), rows);
+      const int n = idx.valid_slots(t, in.kv.data(), p.attn.D_qk, scratch.slots(worker), rows);
       if (n == 0) {
         std::fill(out_t, out_t + H * D_v, from_acc<Act>(Acc(0)));
         std::fill(lse_t, lse_t + H, neg_inf<Acc>());
@@ -93,9 +93,9 @@ void probabilities_and_score_grads(int H, int64_t ld, int n, Acc scale, const Ac
 template <class Act>
 Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
   using Acc = AccOf<Act>;
-  const AttentionInputs<Act> in(p);
-  const TopkIndices idx(p);
-  const int H = p.H, K = p.K, D_qk = p.D_qk, D_v = p.D_v;
+  const AttentionInputs<Act> in(p.attn, p.T_kv);
+  const TopkIndices idx(p.topk, p.T, p.T_kv);
+  const int H = p.attn.H, K = p.topk.K, D_qk = p.attn.D_qk, D_v = p.attn.D_v;
   const Act* out = static_cast<const Act*>(p.out);
   const Act* dout_all = static_cast<const Act*>(p.dout);
   const Acc* lse = static_cast<const Acc*>(p.lse);
@@ -193,13 +193,13 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
 template <class Act>
 Status attention_mass_impl(const AttnMassParams& p) {
   using Acc = AccOf<Act>;
-  const AttentionInputs<Act> in(p);
-  const TopkIndices idx(p);
-  const int H = p.H, K = p.K;
+  const AttentionInputs<Act> in(p.attn, p.T_kv);
+  const TopkIndices idx(p.topk, p.T, p.T_kv);
+  const int H = p.attn.H, K = p.topk.K;
   const Acc* lse = static_cast<const Acc*>(p.lse);
   Acc* mass = static_cast<Acc*>(p.mass);
 
-  RowScratch<Acc> scratch(detail::num_threads(), H, K, p.D_qk);
+  RowScratch<Acc> scratch(detail::num_threads(), H, K, p.attn.D_qk);
   detail::parallel_for(p.T, row_grain(p.T), [&](int64_t begin, int64_t end, int worker) {
     Acc* q = scratch.q(worker);
     Acc* s = scratch.s(worker);
@@ -208,7 +208,7 @@ Status attention_mass_impl(const AttnMassParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       Acc* mass_t = mass + t * K;
       std::fill(mass_t, mass_t + K, Acc(0));
-      const int n = idx.valid_slots(t, in.kv.data(), p.D_qk, slots, rows);
+      const int n = idx.valid_slots(t, in.kv.data(), p.attn.D_qk, slots, rows);
       if (n == 0) continue;
       in.load_q(t, q);
       in.scores(q, rows, n, s, K);
@@ -224,15 +224,15 @@ Status attention_mass_impl(const AttnMassParams& p) {
 }  // namespace
 
 Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
-  return dispatch_act(p.dtype, [&](auto tag) { return sparse_mla_fwd_impl<decltype(tag)>(p); });
+  return dispatch_act(p.attn.dtype, [&](auto tag) { return sparse_mla_fwd_impl<decltype(tag)>(p); });
 }
 
 Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
-  return dispatch_act(p.dtype, [&](auto tag) { return sparse_mla_bwd_impl<decltype(tag)>(p); });
+  return dispatch_act(p.attn.dtype, [&](auto tag) { return sparse_mla_bwd_impl<decltype(tag)>(p); });
 }
 
 Status attention_mass(const AttnMassParams& p) {
-  return dispatch_act(p.dtype, [&](auto tag) { return attention_mass_impl<decltype(tag)>(p); });
+  return dispatch_act(p.attn.dtype, [&](auto tag) { return attention_mass_impl<decltype(tag)>(p); });
 }
 
 }  // namespace flashdsa::cpu

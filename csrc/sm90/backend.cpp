@@ -34,9 +34,16 @@ Status check_value_dim(const Check& c, int D_v) {
   return Status::OK();
 }
 
-Status check_indexer(const Check& c, int H_I, int D_I) {
-  if (!is_supported_indexer_heads(H_I)) return c.fail("H_I", H_I, "must be 32 or 64 on CUDA");
-  if (!is_supported_indexer_dim(D_I)) return c.fail("D_I", D_I, "must be 64 or 128 on CUDA");
+// The indexer part: bf16 q_idx/k_idx without dequantization scales (an fp8 indexer is not
+// implemented on sm90), H_I and D_I of the production shapes.
+Status check_indexer(const Check& c, const IndexerTensors& in) {
+  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, in.dtype));
+  if (in.q_idx_scale != nullptr || in.k_idx_scale != nullptr) {
+    return c.unsupported("indexer q_idx_scale / k_idx_scale are not supported on CUDA sm90 (bf16 indexer only; "
+                         "leave them null)");
+  }
+  if (!is_supported_indexer_heads(in.H_I)) return c.fail("H_I", in.H_I, "must be 32 or 64 on CUDA");
+  if (!is_supported_indexer_dim(in.D_I)) return c.fail("D_I", in.D_I, "must be 64 or 128 on CUDA");
   return Status::OK();
 }
 
@@ -71,11 +78,10 @@ Status check_aligned_output(const Check& c, const char* field, const void* ptr) 
 
 Status supports_indexer_topk(const IndexerTopkParams& p, const char* op) {
   const Check c{op};
-  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.H_I, p.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer));
   FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
-  if (p.T > 0 && (!rows_aligned(p.q_idx, {p.q_idx_stride_t, p.q_idx_stride_h}) ||
-                  (p.T_kv > 0 && !rows_aligned(p.k_idx, {p.k_idx_stride_t})))) {
+  if (p.T > 0 && (!rows_aligned(p.indexer.q_idx, {p.indexer.q_idx_stride_t, p.indexer.q_idx_stride_h}) ||
+                  (p.T_kv > 0 && !rows_aligned(p.indexer.k_idx, {p.indexer.k_idx_stride_t})))) {
     return c.unsupported("q_idx / k_idx rows must be 16-byte aligned (base aligned, strides multiples of 8)");
   }
   return Status::OK();
@@ -84,21 +90,21 @@ Status supports_indexer_topk(const IndexerTopkParams& p, const char* op) {
 // dtype, heads, widths and K of sparse_mla_fwd, sparse_mla_bwd and attention_mass.
 template <class P>
 Status check_sparse_attention(const Check& c, const P& p) {
-  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
-  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.H, p.D_qk));
-  return check_topk(c, p.K);
+  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.attn.dtype));
+  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn.H, p.attn.D_qk));
+  return check_topk(c, p.topk.K);
 }
 
 Status supports_sparse_mla_fwd(const SparseMlaFwdParams& p, const char* op) {
   const Check c{op};
   FLASHDSA_RETURN_IF_ERROR(check_sparse_attention(c, p));
-  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v));
+  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.attn.D_v));
   if (p.T == 0) return Status::OK();
-  if (!rows_aligned(p.q, {p.q_stride_t, p.q_stride_h}) || !rows_aligned(p.kv, {p.kv_stride_t})) {
+  if (!rows_aligned(p.attn.q, {p.attn.q_stride_t, p.attn.q_stride_h}) || !rows_aligned(p.attn.kv, {p.attn.kv_stride_t})) {
     return c.unsupported("q / kv rows must be 16-byte aligned (strides multiples of 8)");
   }
   // One CTA per token and group of 64 heads: the grid must fit in one launch.
-  const int64_t ctas = p.T * (p.H > 64 ? p.H / 64 : 1);
+  const int64_t ctas = p.T * (p.attn.H > 64 ? p.attn.H / 64 : 1);
   if (ctas > INT_MAX) return c.unsupported("T too large for one launch");
   return Status::OK();
 }
@@ -106,12 +112,12 @@ Status supports_sparse_mla_fwd(const SparseMlaFwdParams& p, const char* op) {
 Status supports_sparse_mla_bwd(const SparseMlaBwdParams& p, const char* op) {
   const Check c{op};
   FLASHDSA_RETURN_IF_ERROR(check_sparse_attention(c, p));
-  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.D_v));
+  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.attn.D_v));
   // mass [T, K] is optional; when given, the kernel stores it 16 bytes at a time.
   if (p.mass != nullptr) FLASHDSA_RETURN_IF_ERROR(check_aligned_output(c, "mass", p.mass));
   if (p.T_kv >= (int64_t(1) << 31) - 1) return c.unsupported("T_kv must be < 2^31 - 1");
   if (p.T == 0) return Status::OK();
-  if (!rows_aligned(p.q, {p.q_stride_t, p.q_stride_h}) || !rows_aligned(p.kv, {p.kv_stride_t}) ||
+  if (!rows_aligned(p.attn.q, {p.attn.q_stride_t, p.attn.q_stride_h}) || !rows_aligned(p.attn.kv, {p.attn.kv_stride_t}) ||
       !aligned16(p.out) || !aligned16(p.dout) || !aligned16(p.dq) || !aligned16(p.dkv)) {
     return c.unsupported("q, kv, out, dout, dq, dkv must be 16-byte aligned and q/kv strides multiples of 8");
   }
@@ -121,7 +127,7 @@ Status supports_sparse_mla_bwd(const SparseMlaBwdParams& p, const char* op) {
 Status supports_attention_mass(const AttnMassParams& p, const char* op) {
   const Check c{op};
   FLASHDSA_RETURN_IF_ERROR(check_sparse_attention(c, p));
-  if (p.T > 0 && (!rows_aligned(p.q, {p.q_stride_t, p.q_stride_h}) || !rows_aligned(p.kv, {p.kv_stride_t}))) {
+  if (p.T > 0 && (!rows_aligned(p.attn.q, {p.attn.q_stride_t, p.attn.q_stride_h}) || !rows_aligned(p.attn.kv, {p.attn.kv_stride_t}))) {
     return c.unsupported("q/kv rows must be 16-byte aligned");
   }
   return Status::OK();
@@ -131,11 +137,10 @@ Status supports_attention_mass(const AttnMassParams& p, const char* op) {
 template <bool kBackward>
 Status supports_sparse_kl(const SparseKlParams& p, const char* op) {
   const Check c{op};
-  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.H_I, p.D_I));
-  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer));
+  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.topk.K));
   if (p.T == 0) return Status::OK();
-  if (!rows_aligned(p.q_idx, {p.q_idx_stride_t, p.q_idx_stride_h}) || !rows_aligned(p.k_idx, {p.k_idx_stride_t})) {
+  if (!rows_aligned(p.indexer.q_idx, {p.indexer.q_idx_stride_t, p.indexer.q_idx_stride_h}) || !rows_aligned(p.indexer.k_idx, {p.indexer.k_idx_stride_t})) {
     return c.unsupported("q_idx/k_idx rows must be 16-byte aligned");
   }
   if (kBackward && !aligned16(p.dk_idx)) return c.unsupported("dk_idx must be 16-byte aligned");
@@ -144,12 +149,12 @@ Status supports_sparse_kl(const SparseKlParams& p, const char* op) {
 
 Status supports_dense_kl(const DenseKlParams& p, const char* op) {
   const Check c{op};
-  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
-  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.H, p.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.H_I, p.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.attn.dtype));
+  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn.H, p.attn.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer));
   if (p.T == 0) return Status::OK();
-  if (!rows_aligned(p.q, {p.q_stride_t, p.q_stride_h}) || !rows_aligned(p.kv, {p.kv_stride_t}) ||
-      !rows_aligned(p.q_idx, {p.q_idx_stride_t, p.q_idx_stride_h}) || !rows_aligned(p.k_idx, {p.k_idx_stride_t})) {
+  if (!rows_aligned(p.attn.q, {p.attn.q_stride_t, p.attn.q_stride_h}) || !rows_aligned(p.attn.kv, {p.attn.kv_stride_t}) ||
+      !rows_aligned(p.indexer.q_idx, {p.indexer.q_idx_stride_t, p.indexer.q_idx_stride_h}) || !rows_aligned(p.indexer.k_idx, {p.indexer.k_idx_stride_t})) {
     return c.unsupported("q/kv/q_idx/k_idx rows must be 16-byte aligned");
   }
   return Status::OK();

@@ -37,14 +37,14 @@ std::tuple<Tensor, Tensor> indexer_topk(const Tensor& q_idx, const Tensor& k_idx
   Tensor scores = at::empty({in.T, K}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
   IndexerTopkParams p;
   scope.fill(p);
-  fill_indexer(p, in);
-  p.dtype = in.dtype;
+  p.indexer = indexer_tensors(in, relu);
+  p.T = in.T;
+  p.T_kv = in.T_kv;
   p.k_start = starts.data_ptr<int32_t>();
   p.k_end = ends.data_ptr<int32_t>();
   p.indices = indices.data_ptr<int32_t>();
   p.scores = scores.data_ptr();
   p.K = K;
-  p.relu = relu;
   // The workspace size is only defined for valid params. The ranges were just checked: do not copy
   // them to the host (a CUDA sync) a second time in run_indexer_topk.
   throw_if_error(validate(p), "indexer_topk");
@@ -63,11 +63,12 @@ std::tuple<Tensor, Tensor> sparse_mla_fwd(const Tensor& q, const Tensor& kv, con
 
   SparseMlaFwdParams p;
   scope.fill(p);
-  fill_attention(p, a);
-  p.D_v = value_width(a.D_qk);
-  fill_indices(p, idx);
-  p.scale = static_cast<float>(scale);
-  Tensor out = at::empty({a.T, a.H, p.D_v}, q.options());
+  p.attn = attention_tensors(a, scale);
+  p.attn.D_v = value_width(a.D_qk);
+  p.topk = topk_part(idx);
+  p.T = a.T;
+  p.T_kv = a.T_kv;
+  Tensor out = at::empty({a.T, a.H, p.attn.D_v}, q.options());
   Tensor lse = at::empty({a.T, a.H}, q.options().dtype(stat_scalar_type(a.dtype)));
   p.out = out.data_ptr();
   p.lse = lse.data_ptr();
@@ -91,10 +92,11 @@ std::tuple<Tensor, Tensor, Tensor> sparse_mla_bwd_impl(const Tensor& q, const Te
 
   SparseMlaBwdParams p;
   scope.fill(p);
-  fill_attention(p, a);
-  p.D_v = D_v;
-  fill_indices(p, idx);
-  p.scale = static_cast<float>(scale);
+  p.attn = attention_tensors(a, scale);
+  p.attn.D_v = D_v;
+  p.topk = topk_part(idx);
+  p.T = a.T;
+  p.T_kv = a.T_kv;
   p.out = out_c.data_ptr();
   p.lse = lse_c.data_ptr();
   p.dout = dout_c.data_ptr();
@@ -105,7 +107,7 @@ std::tuple<Tensor, Tensor, Tensor> sparse_mla_bwd_impl(const Tensor& q, const Te
   p.dkv = dkv.data_ptr();
   Tensor mass;
   if (with_mass) {
-    mass = at::empty({a.T, p.K}, q.options().dtype(stat_scalar_type(a.dtype)));  // contiguous, allocator-aligned
+    mass = at::empty({a.T, p.topk.K}, q.options().dtype(stat_scalar_type(a.dtype)));  // contiguous, allocator-aligned
     p.mass = mass.data_ptr();
   }
   // The workspace size is only defined for valid params.
@@ -140,11 +142,12 @@ Tensor attention_mass(const Tensor& q, const Tensor& kv, const Tensor& indices, 
 
   AttnMassParams p;
   scope.fill(p);
-  fill_attention(p, a);
-  fill_indices(p, idx);
+  p.attn = attention_tensors(a, scale);
+  p.topk = topk_part(idx);
+  p.T = a.T;
+  p.T_kv = a.T_kv;
   p.lse = lse_c.data_ptr();
-  p.scale = static_cast<float>(scale);
-  Tensor mass = at::empty({a.T, p.K}, q.options().dtype(stat_scalar_type(a.dtype)));
+  Tensor mass = at::empty({a.T, p.topk.K}, q.options().dtype(stat_scalar_type(a.dtype)));
   p.mass = mass.data_ptr();
   throw_if_error(run_attention_mass(p), "attention_mass");
   return mass;
@@ -153,11 +156,11 @@ Tensor attention_mass(const Tensor& q, const Tensor& kv, const Tensor& indices, 
 // Sparse KL params shared by forward and backward (the tensors must outlive the call).
 SparseKlParams sparse_kl_params(const IndexerInputs& in, const Tensor& idx, const Tensor& mass_c, bool relu) {
   SparseKlParams p;
-  fill_indexer(p, in);
-  p.dtype = in.dtype;
-  fill_indices(p, idx);
+  p.indexer = indexer_tensors(in, relu);
+  p.topk = topk_part(idx);
+  p.T = in.T;
+  p.T_kv = in.T_kv;
   p.mass = mass_c.data_ptr();
-  p.relu = relu;
   return p;
 }
 
@@ -219,12 +222,12 @@ DenseKlParams dense_kl_params(const AttentionInputs& a, double scale, const Inde
   TORCH_CHECK_VALUE(in.T == a.T, "q_idx has T = ", in.T, " rows but q has ", a.T);
   TORCH_CHECK_VALUE(in.T_kv == a.T_kv, "k_idx has T_kv = ", in.T_kv, " rows but kv has ", a.T_kv);
   DenseKlParams p;
-  fill_attention(p, a);
-  fill_indexer(p, in);
-  p.scale = static_cast<float>(scale);
+  p.attn = attention_tensors(a, scale);
+  p.indexer = indexer_tensors(in, relu);
+  p.T = a.T;
+  p.T_kv = a.T_kv;
   p.k_start = starts.data_ptr<int32_t>();
   p.k_end = ends.data_ptr<int32_t>();
-  p.relu = relu;
   return p;
 }
 

@@ -210,4 +210,42 @@ IndexerInputs indexer_inputs(const at::Tensor& q_idx, const at::Tensor& k_idx, c
   return in;
 }
 
+AttentionTensors attention_tensors(const AttentionInputs& a, double scale) {
+  AttentionTensors t;
+  t.dtype = a.dtype;
+  t.q = a.q.data_ptr();
+  t.kv = a.kv.data_ptr();
+  t.H = a.H;
+  t.D_qk = a.D_qk;
+  t.q_stride_t = a.q.stride(0);
+  t.q_stride_h = a.q.stride(1);
+  t.kv_stride_t = a.kv.stride(0);
+  t.scale = static_cast<float>(scale);
+  return t;
+}
+
+IndexerTensors indexer_tensors(const IndexerInputs& in, bool relu) {
+  IndexerTensors t;
+  t.dtype = in.dtype;
+  t.q_idx = in.q_idx.data_ptr();
+  t.k_idx = in.k_idx.data_ptr();
+  t.weights = in.weights.data_ptr();
+  t.H_I = in.H_I;
+  t.D_I = in.D_I;
+  t.relu = relu;
+  t.q_idx_stride_t = in.q_idx.stride(0);
+  t.q_idx_stride_h = in.q_idx.stride(1);
+  t.k_idx_stride_t = in.k_idx.stride(0);
+  t.weights_stride_t = in.weights.stride(0);
+  return t;
+}
+
+TopkIndices topk_part(const at::Tensor& indices) {
+  TopkIndices t;
+  t.indices = indices.data_ptr<int32_t>();
+  t.stride_t = indices.stride(0);
+  t.K = to_int(indices.size(1), "K (indices.size(1))");
+  return t;
+}
+
 }  // namespace flashdsa::torch_binding

@@ -86,44 +86,12 @@ struct IndexerInputs {
 };
 IndexerInputs indexer_inputs(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& weights);
 
-// Copies the attention inputs (pointers, sizes, strides) into any params struct with these fields.
-template <class Params>
-void fill_attention(Params& p, const AttentionInputs& a) {
-  p.dtype = a.dtype;
-  p.q = a.q.data_ptr();
-  p.kv = a.kv.data_ptr();
-  p.T = a.T;
-  p.T_kv = a.T_kv;
-  p.H = a.H;
-  p.D_qk = a.D_qk;
-  p.q_stride_t = a.q.stride(0);
-  p.q_stride_h = a.q.stride(1);
-  p.kv_stride_t = a.kv.stride(0);
-}
-
-// Copies the indexer inputs into any params struct with these fields (dtype is set by the caller
-// where the struct's dtype also covers the attention inputs).
-template <class Params>
-void fill_indexer(Params& p, const IndexerInputs& in) {
-  p.q_idx = in.q_idx.data_ptr();
-  p.k_idx = in.k_idx.data_ptr();
-  p.weights = in.weights.data_ptr();
-  p.T = in.T;
-  p.T_kv = in.T_kv;
-  p.H_I = in.H_I;
-  p.D_I = in.D_I;
-  p.q_idx_stride_t = in.q_idx.stride(0);
-  p.q_idx_stride_h = in.q_idx.stride(1);
-  p.k_idx_stride_t = in.k_idx.stride(0);
-  p.weights_stride_t = in.weights.stride(0);
-}
-
-// Copies top-k indices (a topk_indices() view) into any params struct with these fields.
-template <class Params>
-void fill_indices(Params& p, const at::Tensor& indices) {
-  p.indices = indices.data_ptr<int32_t>();
-  p.indices_stride_t = indices.stride(0);
-  p.K = to_int(indices.size(1), "K (indices.size(1))");
-}
+// The params parts (include/flashdsa/ops.h) of checked inputs; T and T_kv are the op's own fields.
+// The attention part of q/kv with the softmax scale (D_v keeps its default; the sparse MLA ops set it).
+AttentionTensors attention_tensors(const AttentionInputs& a, double scale);
+// The indexer part of q_idx/k_idx/weights (no dequantization scales).
+IndexerTensors indexer_tensors(const IndexerInputs& in, bool relu);
+// The top-k part of a topk_indices() view.
+TopkIndices topk_part(const at::Tensor& indices);
 
 }  // namespace flashdsa::torch_binding

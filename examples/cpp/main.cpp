@@ -26,20 +26,20 @@ bool ok(const flashdsa::Status& st, const char* what) {
 template <class P>
 void set_attention(P& p, const float* q, const float* kv, const int32_t* indices, float scale, int64_t T, int H,
                    int K, int D_qk, int D_v) {
-  p.dtype = flashdsa::DType::kFP32;
-  p.q = q;
-  p.kv = kv;
-  p.indices = indices;
-  p.scale = scale;
+  p.attn.dtype = flashdsa::DType::kFP32;
+  p.attn.q = q;
+  p.attn.kv = kv;
+  p.topk.indices = indices;
+  p.attn.scale = scale;
   p.T = p.T_kv = T;
-  p.H = H;
-  p.K = K;
-  p.D_qk = D_qk;
-  p.D_v = D_v;
-  p.q_stride_t = static_cast<int64_t>(H) * D_qk;
-  p.q_stride_h = D_qk;
-  p.kv_stride_t = D_qk;
-  p.indices_stride_t = K;
+  p.attn.H = H;
+  p.topk.K = K;
+  p.attn.D_qk = D_qk;
+  p.attn.D_v = D_v;
+  p.attn.q_stride_t = static_cast<int64_t>(H) * D_qk;
+  p.attn.q_stride_h = D_qk;
+  p.attn.kv_stride_t = D_qk;
+  p.topk.stride_t = K;
 }
 
 }  // namespace
@@ -69,21 +69,21 @@ int main() {
   // Lightning indexer + top-k.
   std::vector<int32_t> indices(T * K);
   flashdsa::IndexerTopkParams ip;
-  ip.dtype = flashdsa::DType::kFP32;
-  ip.q_idx = q_idx.data();
-  ip.k_idx = k_idx.data();
-  ip.weights = weights.data();
+  ip.indexer.dtype = flashdsa::DType::kFP32;
+  ip.indexer.q_idx = q_idx.data();
+  ip.indexer.k_idx = k_idx.data();
+  ip.indexer.weights = weights.data();
   ip.k_start = k_start.data();
   ip.k_end = k_end.data();
   ip.indices = indices.data();
   ip.T = ip.T_kv = T;
-  ip.H_I = H_I;
-  ip.D_I = D_I;
+  ip.indexer.H_I = H_I;
+  ip.indexer.D_I = D_I;
   ip.K = K;
-  ip.q_idx_stride_t = H_I * D_I;
-  ip.q_idx_stride_h = D_I;
-  ip.k_idx_stride_t = D_I;
-  ip.weights_stride_t = H_I;
+  ip.indexer.q_idx_stride_t = H_I * D_I;
+  ip.indexer.q_idx_stride_h = D_I;
+  ip.indexer.k_idx_stride_t = D_I;
+  ip.indexer.weights_stride_t = H_I;
   if (!ok(flashdsa::run_indexer_topk(ip), "run_indexer_topk")) return 1;
 
   // Sparse MLA forward over the selected keys.

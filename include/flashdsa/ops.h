@@ -1,11 +1,12 @@
 // FlashDSA: the DSA operators (see docs/architecture.md and docs/spec.md §3-§6).
 //
 // Conventions shared by every op:
-//  - One flat params struct per op. Pointers carry a shape comment; strides are in elements and
+//  - One params struct per op, composed of the named parts below (AttentionTensors,
+//    IndexerTensors, TopkIndices) and the op's own fields. Pointers carry a shape comment; strides are in elements and
 //    only the listed ones may differ from the contiguous value (the last dimension is always
 //    contiguous). Outputs are contiguous.
-//  - "act" = the activation dtype `dtype` (bf16 in production; fp32/fp64 on the CPU backend only).
-//    "stat" = stat_dtype(dtype): fp64 when dtype is fp64, else fp32.
+//  - "act" = the activation dtype (attn.dtype / indexer.dtype) (bf16 in production; fp32/fp64 on the CPU backend only).
+//    "stat" = stat_dtype(act): fp64 when act is fp64, else fp32.
 //  - Key ranges: query row t may see key rows s with k_start[t] <= s < k_end[t] (int32 [T]).
 //  - Top-k indices: int32 [T, K]; any entry outside [0, T_kv) (e.g. -1) is an empty slot and is
 //    never read.
@@ -49,24 +50,61 @@ struct CallContext {
 };
 
 // ---------------------------------------------------------------------------------------------
+// The parts the params structs are composed of (C++ API 0.2, docs/architecture.md). Each part has
+// one generic validator (csrc/common/validate.cpp), one torch filler (csrc/torch/tensor_utils.h),
+// one CPU view (csrc/cpu/op_inputs.h) and one test builder (tests/cpp/problem.h).
+
+// Main-attention inputs: q [T, H, D_qk] and kv [T_kv, D_qk] (the value is kv[:, :D_v]), and the
+// softmax scale. D_v is read by the sparse MLA forward/backward only.
+struct AttentionTensors {
+  DType dtype = DType::kBF16;    // of q, kv (and of the op's activation outputs: out, dq)
+  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
+  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
+  int H = 0;
+  int D_qk = kDqk, D_v = kDv;
+  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0;
+  float scale = 0.f;
+};
+
+// Lightning-indexer inputs: q_idx [T, H_I, D_I], k_idx [T_kv, D_I], weights [T, H_I] (stat dtype
+// of `dtype`), and the score activation f (relu or identity).
+// The indexer has its own dtype and optional dequantization scales so that a low-precision (fp8)
+// indexer fits this struct: q_idx_scale [T, H_I] and k_idx_scale [T_kv] (fp32, contiguous) would
+// multiply q_idx[t,h] . k_idx[s]. null = none. No backend implements scales yet: both return
+// kNotSupported for non-null scales (and the sm90 backend for any dtype but kBF16).
+struct IndexerTensors {
+  DType dtype = DType::kBF16;    // of q_idx, k_idx (and dq_idx)
+  const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
+  const void* k_idx = nullptr;   // [T_kv, D_I] act; stride k_idx_stride_t
+  const void* weights = nullptr; // [T, H_I] stat; stride weights_stride_t
+  const float* q_idx_scale = nullptr;  // [T, H_I], optional (future fp8 indexer; not supported yet)
+  const float* k_idx_scale = nullptr;  // [T_kv], optional (future fp8 indexer; not supported yet)
+  int H_I = 0, D_I = 0;
+  bool relu = true;
+  int64_t q_idx_stride_t = 0, q_idx_stride_h = 0, k_idx_stride_t = 0, weights_stride_t = 0;
+};
+
+// Top-k indices [T, K] read by an op (row stride stride_t); entries outside [0, T_kv) are empty slots.
+struct TopkIndices {
+  const int32_t* indices = nullptr;  // [T, K]; stride stride_t
+  int64_t stride_t = 0;
+  int K = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
 // §3 Lightning indexer + top-k.
-//   score(t, s) = sum_h weights[t,h] * f(q_idx[t,h] . k_idx[s]),  f = relu if relu else identity
+//   score(t, s) = sum_h weights[t,h] * f(q_idx[t,h] . k_idx[s]),  f = relu if indexer.relu else identity
 // for s in [k_start[t], k_end[t]); keeps the K largest. Order inside a row is unspecified;
 // rows with fewer than K visible keys hold all of them followed by -1 (score -inf).
 // (The CPU backend writes the selected keys in increasing key order; ties prefer the smaller key.)
 struct IndexerTopkParams : CallContext {
-  DType dtype = DType::kBF16;    // of q_idx, k_idx
-  const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
-  const void* k_idx = nullptr;   // [T_kv, D_I] act; stride k_idx_stride_t
-  const void* weights = nullptr; // [T, H_I] stat; stride weights_stride_t
+  IndexerTensors indexer;
   const int32_t* k_start = nullptr;  // [T]
   const int32_t* k_end = nullptr;    // [T]
-  int32_t* indices = nullptr;    // [T, K] out
+  int32_t* indices = nullptr;    // [T, K] out, contiguous
   void* scores = nullptr;        // [T, K] stat out, optional (nullptr = not written)
   int64_t T = 0, T_kv = 0;
-  int H_I = 0, D_I = 0, K = 0;
-  bool relu = true;
-  int64_t q_idx_stride_t = 0, q_idx_stride_h = 0, k_idx_stride_t = 0, weights_stride_t = 0;
+  int K = 0;
   void* workspace = nullptr;     // CUDA only: indexer_topk_workspace_size() bytes
   size_t workspace_bytes = 0;
 };
@@ -76,17 +114,11 @@ struct IndexerTopkParams : CallContext {
 //   s_j = scale * q[t,h] . kv[idx_j];  lse = log sum_j exp(s_j);  out = sum_j exp(s_j - lse) V[idx_j]
 // Rows with no valid index: out = 0, lse = -inf.
 struct SparseMlaFwdParams : CallContext {
-  DType dtype = DType::kBF16;    // of q, kv, out
-  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
-  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
-  const int32_t* indices = nullptr;  // [T, K]; stride indices_stride_t
-  float scale = 0.f;
+  AttentionTensors attn;
+  TopkIndices topk;
   void* out = nullptr;           // [T, H, D_v] act out
   void* lse = nullptr;           // [T, H] stat out (natural log)
   int64_t T = 0, T_kv = 0;
-  int H = 0, K = 0;
-  int D_qk = kDqk, D_v = kDv;
-  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0, indices_stride_t = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -94,20 +126,14 @@ struct SparseMlaFwdParams : CallContext {
 // dS_j = P_j (dout . V[idx_j] - Delta):
 //   dq[t,h] = scale sum_j dS_j kv[idx_j];  dkv[idx_j] += scale dS_j q[t,h];  dkv[idx_j,:D_v] += P_j dout
 struct SparseMlaBwdParams : CallContext {
-  DType dtype = DType::kBF16;    // of q, kv, out, dout, dq
-  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
-  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
-  const int32_t* indices = nullptr;  // [T, K]; stride indices_stride_t
-  float scale = 0.f;
+  AttentionTensors attn;
+  TopkIndices topk;
   const void* out = nullptr;     // [T, H, D_v] act, contiguous (the forward's output)
   const void* lse = nullptr;     // [T, H] stat, contiguous (the forward's lse)
   const void* dout = nullptr;    // [T, H, D_v] act, contiguous
   void* dq = nullptr;            // [T, H, D_qk] act out
   void* dkv = nullptr;           // [T_kv, D_qk] stat out (rows never selected are 0)
   int64_t T = 0, T_kv = 0;
-  int H = 0, K = 0;
-  int D_qk = kDqk, D_v = kDv;
-  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0, indices_stride_t = 0;
   bool deterministic = false;    // bitwise-reproducible dkv (the CPU backend always is)
   // Optional [T, K] stat out, contiguous (16-byte aligned on CUDA): when non-null, the op also
   // writes the head-summed attention mass of every slot, exactly what run_attention_mass() computes
@@ -122,17 +148,11 @@ struct SparseMlaBwdParams : CallContext {
 // §6 Attention mass (sparse KL target, unnormalized):
 //   mass[t,j] = sum_h exp(scale q[t,h] . kv[idx_j] - lse[t,h]);  0 for empty slots
 struct AttnMassParams : CallContext {
-  DType dtype = DType::kBF16;    // of q, kv
-  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
-  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
-  const int32_t* indices = nullptr;  // [T, K]; stride indices_stride_t
+  AttentionTensors attn;         // attn.D_v is not read
+  TopkIndices topk;
   const void* lse = nullptr;     // [T, H] stat, contiguous
-  float scale = 0.f;
   void* mass = nullptr;          // [T, K] stat out
   int64_t T = 0, T_kv = 0;
-  int H = 0, K = 0;
-  int D_qk = kDqk;
-  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0, indices_stride_t = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -143,18 +163,12 @@ struct AttnMassParams : CallContext {
 // The caller reduces: loss = coeff * mean over rows with a non-empty support, so it passes
 // grad_rows[t] = grad_loss * coeff / N (or a constant via grad_scale, see below).
 // A row whose mass sums to exactly 0 gets loss 0 and zero gradients.
+// "stat" here is stat_dtype(indexer.dtype).
 struct SparseKlParams : CallContext {
-  DType dtype = DType::kBF16;    // of q_idx, k_idx, dq_idx
-  const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
-  const void* k_idx = nullptr;   // [T_kv, D_I] act; stride k_idx_stride_t
-  const void* weights = nullptr; // [T, H_I] stat; stride weights_stride_t
-  const int32_t* indices = nullptr;  // [T, K]; stride indices_stride_t
+  IndexerTensors indexer;
+  TopkIndices topk;
   const void* mass = nullptr;    // [T, K] stat, contiguous: unnormalized target (attention mass)
   int64_t T = 0, T_kv = 0;
-  int H_I = 0, D_I = 0, K = 0;
-  bool relu = true;
-  int64_t q_idx_stride_t = 0, q_idx_stride_h = 0, k_idx_stride_t = 0, weights_stride_t = 0,
-          indices_stride_t = 0;
   // forward output
   void* loss_rows = nullptr;     // [T] stat out (fwd)
   // Optional per-row statistics [T, 2] stat, contiguous: {log-sum-exp over the support of the scores,
@@ -176,22 +190,13 @@ struct SparseKlParams : CallContext {
 //   target[t,s] = (1/H) sum_h softmax_s(scale q[t,h] . kv[s])  (dense main attention, head-mean)
 //   p_I[t,s] = softmax_s score(t, s);  loss_rows[t] = sum_s target (log target - log p_I)
 // Same backward as the sparse formulation, over the dense support. Nothing T x T is stored.
+// attn.dtype and indexer.dtype must be equal ("act"); attn.D_v is not read.
 struct DenseKlParams : CallContext {
-  DType dtype = DType::kBF16;    // of q, kv, q_idx, k_idx, dq_idx
-  const void* q = nullptr;       // [T, H, D_qk] act; strides q_stride_t, q_stride_h
-  const void* kv = nullptr;      // [T_kv, D_qk] act; stride kv_stride_t
-  float scale = 0.f;
-  int H = 0, D_qk = kDqk;
-  const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
-  const void* k_idx = nullptr;   // [T_kv, D_I] act; stride k_idx_stride_t
-  const void* weights = nullptr; // [T, H_I] stat; stride weights_stride_t
+  AttentionTensors attn;
+  IndexerTensors indexer;
   const int32_t* k_start = nullptr;  // [T]
   const int32_t* k_end = nullptr;    // [T]
   int64_t T = 0, T_kv = 0;
-  int H_I = 0, D_I = 0;
-  bool relu = true;
-  int64_t q_stride_t = 0, q_stride_h = 0, kv_stride_t = 0;
-  int64_t q_idx_stride_t = 0, q_idx_stride_h = 0, k_idx_stride_t = 0, weights_stride_t = 0;
   void* loss_rows = nullptr;     // [T] stat out (fwd)
   double grad_scale = 1.0;       // as in SparseKlParams
   const void* grad_rows = nullptr;  // [T] stat, optional

@@ -120,37 +120,37 @@ int main(int argc, char** argv) {
   double total = 0;
 
   flashdsa::IndexerTopkParams ip;
-  ip.q_idx = q_idx.data(); ip.k_idx = k_idx.data(); ip.weights = weights.data();
+  ip.indexer.q_idx = q_idx.data(); ip.indexer.k_idx = k_idx.data(); ip.indexer.weights = weights.data();
   ip.k_start = k_start.data(); ip.k_end = k_end.data(); ip.indices = indices.data(); ip.scores = scores.data();
-  ip.T = T; ip.T_kv = T; ip.H_I = H_I; ip.D_I = D_I; ip.K = K;
-  ip.q_idx_stride_t = H_I * D_I; ip.q_idx_stride_h = D_I; ip.k_idx_stride_t = D_I; ip.weights_stride_t = H_I;
+  ip.T = T; ip.T_kv = T; ip.indexer.H_I = H_I; ip.indexer.D_I = D_I; ip.K = K;
+  ip.indexer.q_idx_stride_t = H_I * D_I; ip.indexer.q_idx_stride_h = D_I; ip.indexer.k_idx_stride_t = D_I; ip.indexer.weights_stride_t = H_I;
   total += timed("indexer_topk", 2e-9 * visible_pairs * H_I * D_I, [&] { return flashdsa::run_indexer_topk(ip); });
 
   flashdsa::SparseMlaFwdParams fp;
-  fp.q = q.data(); fp.kv = kv.data(); fp.indices = indices.data(); fp.scale = scale;
-  fp.out = out.data(); fp.lse = lse.data(); fp.T = T; fp.T_kv = T; fp.H = H; fp.K = K;
-  fp.q_stride_t = H * D_qk; fp.q_stride_h = D_qk; fp.kv_stride_t = D_qk; fp.indices_stride_t = K;
+  fp.attn.q = q.data(); fp.attn.kv = kv.data(); fp.topk.indices = indices.data(); fp.attn.scale = scale;
+  fp.out = out.data(); fp.lse = lse.data(); fp.T = T; fp.T_kv = T; fp.attn.H = H; fp.topk.K = K;
+  fp.attn.q_stride_t = H * D_qk; fp.attn.q_stride_h = D_qk; fp.attn.kv_stride_t = D_qk; fp.topk.stride_t = K;
   total += timed("sparse_mla_fwd", 2e-9 * slots * H * (D_qk + D_v), [&] { return flashdsa::run_sparse_mla_fwd(fp); });
 
   flashdsa::SparseMlaBwdParams bp;
-  bp.q = q.data(); bp.kv = kv.data(); bp.indices = indices.data(); bp.scale = scale;
+  bp.attn.q = q.data(); bp.attn.kv = kv.data(); bp.topk.indices = indices.data(); bp.attn.scale = scale;
   bp.out = out.data(); bp.lse = lse.data(); bp.dout = dout.data(); bp.dq = dq.data(); bp.dkv = dkv.data();
-  bp.T = T; bp.T_kv = T; bp.H = H; bp.K = K;
-  bp.q_stride_t = H * D_qk; bp.q_stride_h = D_qk; bp.kv_stride_t = D_qk; bp.indices_stride_t = K;
+  bp.T = T; bp.T_kv = T; bp.attn.H = H; bp.topk.K = K;
+  bp.attn.q_stride_t = H * D_qk; bp.attn.q_stride_h = D_qk; bp.attn.kv_stride_t = D_qk; bp.topk.stride_t = K;
   total += timed("sparse_mla_bwd", 2e-9 * slots * H * (3 * D_qk + 2 * D_v),
                  [&] { return flashdsa::run_sparse_mla_bwd(bp); });
 
   flashdsa::AttnMassParams mp;
-  mp.q = q.data(); mp.kv = kv.data(); mp.indices = indices.data(); mp.lse = lse.data(); mp.scale = scale;
-  mp.mass = mass.data(); mp.T = T; mp.T_kv = T; mp.H = H; mp.K = K;
-  mp.q_stride_t = H * D_qk; mp.q_stride_h = D_qk; mp.kv_stride_t = D_qk; mp.indices_stride_t = K;
+  mp.attn.q = q.data(); mp.attn.kv = kv.data(); mp.topk.indices = indices.data(); mp.lse = lse.data(); mp.attn.scale = scale;
+  mp.mass = mass.data(); mp.T = T; mp.T_kv = T; mp.attn.H = H; mp.topk.K = K;
+  mp.attn.q_stride_t = H * D_qk; mp.attn.q_stride_h = D_qk; mp.attn.kv_stride_t = D_qk; mp.topk.stride_t = K;
   total += timed("attention_mass", 2e-9 * slots * H * D_qk, [&] { return flashdsa::run_attention_mass(mp); });
 
   flashdsa::SparseKlParams kp;
-  kp.q_idx = q_idx.data(); kp.k_idx = k_idx.data(); kp.weights = weights.data(); kp.indices = indices.data();
-  kp.mass = mass.data(); kp.T = T; kp.T_kv = T; kp.H_I = H_I; kp.D_I = D_I; kp.K = K;
-  kp.q_idx_stride_t = H_I * D_I; kp.q_idx_stride_h = D_I; kp.k_idx_stride_t = D_I; kp.weights_stride_t = H_I;
-  kp.indices_stride_t = K; kp.loss_rows = loss_rows.data(); kp.grad_rows = grad_rows.data();
+  kp.indexer.q_idx = q_idx.data(); kp.indexer.k_idx = k_idx.data(); kp.indexer.weights = weights.data(); kp.topk.indices = indices.data();
+  kp.mass = mass.data(); kp.T = T; kp.T_kv = T; kp.indexer.H_I = H_I; kp.indexer.D_I = D_I; kp.topk.K = K;
+  kp.indexer.q_idx_stride_t = H_I * D_I; kp.indexer.q_idx_stride_h = D_I; kp.indexer.k_idx_stride_t = D_I; kp.indexer.weights_stride_t = H_I;
+  kp.topk.stride_t = K; kp.loss_rows = loss_rows.data(); kp.grad_rows = grad_rows.data();
   kp.dq_idx = dq_idx.data(); kp.dk_idx = dk_idx.data(); kp.dweights = dweights.data();
   const double kl_gflop = 2e-9 * slots * H_I * D_I;
   total += timed("sparse_kl_fwd", kl_gflop, [&] { return flashdsa::run_sparse_kl_fwd(kp); });
@@ -159,11 +159,11 @@ int main(int argc, char** argv) {
 
   if (o.dense) {
     flashdsa::DenseKlParams dp;
-    dp.q = q.data(); dp.kv = kv.data(); dp.scale = scale; dp.H = H;
-    dp.q_idx = q_idx.data(); dp.k_idx = k_idx.data(); dp.weights = weights.data();
-    dp.k_start = k_start.data(); dp.k_end = k_end.data(); dp.T = T; dp.T_kv = T; dp.H_I = H_I; dp.D_I = D_I;
-    dp.q_stride_t = H * D_qk; dp.q_stride_h = D_qk; dp.kv_stride_t = D_qk;
-    dp.q_idx_stride_t = H_I * D_I; dp.q_idx_stride_h = D_I; dp.k_idx_stride_t = D_I; dp.weights_stride_t = H_I;
+    dp.attn.q = q.data(); dp.attn.kv = kv.data(); dp.attn.scale = scale; dp.attn.H = H;
+    dp.indexer.q_idx = q_idx.data(); dp.indexer.k_idx = k_idx.data(); dp.indexer.weights = weights.data();
+    dp.k_start = k_start.data(); dp.k_end = k_end.data(); dp.T = T; dp.T_kv = T; dp.indexer.H_I = H_I; dp.indexer.D_I = D_I;
+    dp.attn.q_stride_t = H * D_qk; dp.attn.q_stride_h = D_qk; dp.attn.kv_stride_t = D_qk;
+    dp.indexer.q_idx_stride_t = H_I * D_I; dp.indexer.q_idx_stride_h = D_I; dp.indexer.k_idx_stride_t = D_I; dp.indexer.weights_stride_t = H_I;
     dp.loss_rows = loss_rows.data(); dp.grad_rows = grad_rows.data();
     dp.dq_idx = dq_idx.data(); dp.dk_idx = dk_idx.data(); dp.dweights = dweights.data();
     const double pass = 2e-9 * visible_pairs * (H * D_qk + H_I * D_I);

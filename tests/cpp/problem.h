@@ -56,48 +56,56 @@ struct Problem {
   ref::Attention ref_attention() const { return {q.value, kv.value, shape.H, shape.D_qk, scale}; }
   ref::Indexer ref_indexer() const { return {q_idx.value, k_idx.value, weights.value, shape.H_I, shape.D_I, shape.relu}; }
 
-  template <class P>
-  void set_indexer_inputs(P& p) const {
-    p.dtype = dtype_of<Act>();
-    p.q_idx = q_idx.data();
-    p.k_idx = k_idx.data();
-    p.weights = weights.data();
-    p.T = T;
-    p.T_kv = T_kv;
-    p.H_I = shape.H_I;
-    p.D_I = shape.D_I;
-    p.relu = shape.relu;
-    p.q_idx_stride_t = q_idx.stride_t;
-    p.q_idx_stride_h = q_idx.stride_h;
-    p.k_idx_stride_t = k_idx.stride_t;
-    p.weights_stride_t = weights.stride_t;
+  // The params parts of this problem (one builder per part of include/flashdsa/ops.h).
+  flashdsa::IndexerTensors indexer_tensors() const {
+    flashdsa::IndexerTensors in;
+    in.dtype = dtype_of<Act>();
+    in.q_idx = q_idx.data();
+    in.k_idx = k_idx.data();
+    in.weights = weights.data();
+    in.H_I = shape.H_I;
+    in.D_I = shape.D_I;
+    in.relu = shape.relu;
+    in.q_idx_stride_t = q_idx.stride_t;
+    in.q_idx_stride_h = q_idx.stride_h;
+    in.k_idx_stride_t = k_idx.stride_t;
+    in.weights_stride_t = weights.stride_t;
+    return in;
+  }
+
+  flashdsa::AttentionTensors attention_tensors() const {
+    flashdsa::AttentionTensors a;
+    a.dtype = dtype_of<Act>();
+    a.q = q.data();
+    a.kv = kv.data();
+    a.scale = scale;
+    a.H = shape.H;
+    a.D_qk = shape.D_qk;
+    a.D_v = shape.D_v;
+    a.q_stride_t = q.stride_t;
+    a.q_stride_h = q.stride_h;
+    a.kv_stride_t = kv.stride_t;
+    return a;
+  }
+
+  flashdsa::TopkIndices topk_indices() const {
+    flashdsa::TopkIndices k;
+    k.indices = indices_storage.data();
+    k.stride_t = indices_stride_t;
+    k.K = shape.K;
+    return k;
   }
 
   template <class P>
-  void set_attention_inputs(P& p) const {
-    p.dtype = dtype_of<Act>();
-    p.q = q.data();
-    p.kv = kv.data();
-    p.scale = scale;
+  void set_sizes(P& p) const {
     p.T = T;
     p.T_kv = T_kv;
-    p.H = shape.H;
-    p.D_qk = shape.D_qk;
-    p.q_stride_t = q.stride_t;
-    p.q_stride_h = q.stride_h;
-    p.kv_stride_t = kv.stride_t;
-  }
-
-  template <class P>
-  void set_indices_input(P& p) const {
-    p.indices = indices_storage.data();
-    p.indices_stride_t = indices_stride_t;
-    p.K = shape.K;
   }
 
   flashdsa::IndexerTopkParams indexer_topk(int32_t* out_indices, Stat* out_scores) const {
     flashdsa::IndexerTopkParams p;
-    set_indexer_inputs(p);
+    set_sizes(p);
+    p.indexer = indexer_tensors();
     p.k_start = batch.k_start.data();
     p.k_end = batch.k_end.data();
     p.indices = out_indices;
@@ -108,9 +116,9 @@ struct Problem {
 
   flashdsa::SparseMlaFwdParams sparse_fwd(Act* out, Stat* lse) const {
     flashdsa::SparseMlaFwdParams p;
-    set_attention_inputs(p);
-    set_indices_input(p);
-    p.D_v = shape.D_v;
+    set_sizes(p);
+    p.attn = attention_tensors();
+    p.topk = topk_indices();
     p.out = out;
     p.lse = lse;
     return p;
@@ -118,9 +126,9 @@ struct Problem {
 
   flashdsa::SparseMlaBwdParams sparse_bwd(const Act* out, const Stat* lse, Act* dq, Stat* dkv) const {
     flashdsa::SparseMlaBwdParams p;
-    set_attention_inputs(p);
-    set_indices_input(p);
-    p.D_v = shape.D_v;
+    set_sizes(p);
+    p.attn = attention_tensors();
+    p.topk = topk_indices();
     p.out = out;
     p.lse = lse;
     p.dout = dout.data();
@@ -131,8 +139,9 @@ struct Problem {
 
   flashdsa::AttnMassParams attention_mass(const Stat* lse, Stat* mass) const {
     flashdsa::AttnMassParams p;
-    set_attention_inputs(p);
-    set_indices_input(p);
+    set_sizes(p);
+    p.attn = attention_tensors();
+    p.topk = topk_indices();
     p.lse = lse;
     p.mass = mass;
     return p;
@@ -140,16 +149,18 @@ struct Problem {
 
   flashdsa::SparseKlParams sparse_kl(const Stat* mass) const {
     flashdsa::SparseKlParams p;
-    set_indexer_inputs(p);
-    set_indices_input(p);
+    set_sizes(p);
+    p.indexer = indexer_tensors();
+    p.topk = topk_indices();
     p.mass = mass;
     return p;
   }
 
   flashdsa::DenseKlParams dense_kl() const {
     flashdsa::DenseKlParams p;
-    set_attention_inputs(p);
-    set_indexer_inputs(p);
+    set_sizes(p);
+    p.attn = attention_tensors();
+    p.indexer = indexer_tensors();
     p.k_start = batch.k_start.data();
     p.k_end = batch.k_end.data();
     return p;

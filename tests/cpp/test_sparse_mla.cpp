@@ -177,17 +177,17 @@ TEST(SparseMla, NoQueriesGivesZeroDkv) {
   std::vector<float> dkv(5 * 16, std::numeric_limits<float>::quiet_NaN());
   const float kv[5 * 16] = {};
   flashdsa::SparseMlaBwdParams p;
-  p.dtype = flashdsa::DType::kFP32;
-  p.kv = kv;
+  p.attn.dtype = flashdsa::DType::kFP32;
+  p.attn.kv = kv;
   p.dkv = dkv.data();
   p.T = 0;
   p.T_kv = 5;
-  p.H = 2;
-  p.K = 4;
-  p.D_qk = 16;
-  p.D_v = 8;
-  p.scale = 0.25f;
-  p.kv_stride_t = 16;
+  p.attn.H = 2;
+  p.topk.K = 4;
+  p.attn.D_qk = 16;
+  p.attn.D_v = 8;
+  p.attn.scale = 0.25f;
+  p.attn.kv_stride_t = 16;
   FDT_ASSERT_OK(flashdsa::run_sparse_mla_bwd(p));
   for (float x : dkv) EXPECT_EQ(x, 0.0f);
 }

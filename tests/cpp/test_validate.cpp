@@ -46,24 +46,30 @@ TEST_F(Validate, IndexerTopk) {
   const auto v = validator<flashdsa::IndexerTopkParams>();
   using P = flashdsa::IndexerTopkParams;
   ASSERT_TRUE(v(p).ok()) << v(p).to_string();
-  expect_rejected<P>(p, v, "q_idx", [](P& x) { x.q_idx = nullptr; });
-  expect_rejected<P>(p, v, "k_idx", [](P& x) { x.k_idx = nullptr; });
-  expect_rejected<P>(p, v, "weights", [](P& x) { x.weights = nullptr; });
+  expect_rejected<P>(p, v, "q_idx", [](P& x) { x.indexer.q_idx = nullptr; });
+  expect_rejected<P>(p, v, "k_idx", [](P& x) { x.indexer.k_idx = nullptr; });
+  expect_rejected<P>(p, v, "weights", [](P& x) { x.indexer.weights = nullptr; });
   expect_rejected<P>(p, v, "indices", [](P& x) { x.indices = nullptr; });
   expect_rejected<P>(p, v, "k_start", [](P& x) { x.k_start = nullptr; });
   expect_rejected<P>(p, v, "T", [](P& x) { x.T = -1; });
   expect_rejected<P>(p, v, "T_kv", [](P& x) { x.T_kv = -3; });
-  expect_rejected<P>(p, v, "H_I", [](P& x) { x.H_I = 0; });
-  expect_rejected<P>(p, v, "H_I", [](P& x) { x.H_I = 129; });
-  expect_rejected<P>(p, v, "D_I", [](P& x) { x.D_I = 20; });
-  expect_rejected<P>(p, v, "D_I", [](P& x) { x.D_I = 264; });
+  expect_rejected<P>(p, v, "H_I", [](P& x) { x.indexer.H_I = 0; });
+  expect_rejected<P>(p, v, "H_I", [](P& x) { x.indexer.H_I = 129; });
+  expect_rejected<P>(p, v, "D_I", [](P& x) { x.indexer.D_I = 20; });
+  expect_rejected<P>(p, v, "D_I", [](P& x) { x.indexer.D_I = 264; });
   expect_rejected<P>(p, v, "K", [](P& x) { x.K = 0; });
   expect_rejected<P>(p, v, "K", [](P& x) { x.K = 8193; });
-  expect_rejected<P>(p, v, "q_idx_stride_h", [](P& x) { x.q_idx_stride_h = x.D_I - 1; });
-  expect_rejected<P>(p, v, "q_idx_stride_t", [](P& x) { x.q_idx_stride_t = x.D_I; });
-  expect_rejected<P>(p, v, "k_idx_stride_t", [](P& x) { x.k_idx_stride_t = -1; });
-  expect_rejected<P>(p, v, "weights_stride_t", [](P& x) { x.weights_stride_t = 2; });
-  expect_rejected<P>(p, v, "dtype", [](P& x) { x.dtype = static_cast<DType>(7); });
+  expect_rejected<P>(p, v, "q_idx_stride_h", [](P& x) { x.indexer.q_idx_stride_h = x.indexer.D_I - 1; });
+  expect_rejected<P>(p, v, "q_idx_stride_t", [](P& x) { x.indexer.q_idx_stride_t = x.indexer.D_I; });
+  expect_rejected<P>(p, v, "k_idx_stride_t", [](P& x) { x.indexer.k_idx_stride_t = -1; });
+  expect_rejected<P>(p, v, "weights_stride_t", [](P& x) { x.indexer.weights_stride_t = 2; });
+  expect_rejected<P>(p, v, "dtype", [](P& x) { x.indexer.dtype = static_cast<DType>(7); });
+  // Dequantization scales (a future fp8 indexer) are not implemented on the CPU: kNotSupported.
+  static const float indexer_scale[1] = {1.f};
+  P scaled = p;
+  scaled.indexer.k_idx_scale = indexer_scale;
+  EXPECT_EQ(v(scaled).code(), StatusCode::kNotSupported) << v(scaled).to_string();
+  EXPECT_NE(v(scaled).to_string().find("k_idx_scale"), std::string::npos) << v(scaled).to_string();
 }
 
 TEST_F(Validate, KeyRanges) {
@@ -106,23 +112,23 @@ TEST_F(Validate, SparseMlaForwardAndBackward) {
   const auto f = pb.sparse_fwd(act_out.data(), stat_out.data());
   const auto vf = validator<F>();
   ASSERT_TRUE(vf(f).ok()) << vf(f).to_string();
-  expect_rejected<F>(f, vf, "q", [](F& x) { x.q = nullptr; });
-  expect_rejected<F>(f, vf, "kv", [](F& x) { x.kv = nullptr; });
-  expect_rejected<F>(f, vf, "indices", [](F& x) { x.indices = nullptr; });
+  expect_rejected<F>(f, vf, "q", [](F& x) { x.attn.q = nullptr; });
+  expect_rejected<F>(f, vf, "kv", [](F& x) { x.attn.kv = nullptr; });
+  expect_rejected<F>(f, vf, "indices", [](F& x) { x.topk.indices = nullptr; });
   expect_rejected<F>(f, vf, "out", [](F& x) { x.out = nullptr; });
   expect_rejected<F>(f, vf, "lse", [](F& x) { x.lse = nullptr; });
-  expect_rejected<F>(f, vf, "H", [](F& x) { x.H = 0; });
-  expect_rejected<F>(f, vf, "H", [](F& x) { x.H = 200; });
-  expect_rejected<F>(f, vf, "D_qk", [](F& x) { x.D_qk = 70; });
-  expect_rejected<F>(f, vf, "D_qk", [](F& x) { x.D_qk = 1032; });
-  expect_rejected<F>(f, vf, "D_v", [](F& x) { x.D_v = 0; });
-  expect_rejected<F>(f, vf, "D_v", [](F& x) { x.D_v = x.D_qk + 1; });
-  expect_rejected<F>(f, vf, "K", [](F& x) { x.K = -4; });
-  expect_rejected<F>(f, vf, "scale", [](F& x) { x.scale = std::numeric_limits<float>::quiet_NaN(); });
-  expect_rejected<F>(f, vf, "q_stride_h", [](F& x) { x.q_stride_h = 8; });
-  expect_rejected<F>(f, vf, "q_stride_t", [](F& x) { x.q_stride_t = x.q_stride_h; });
-  expect_rejected<F>(f, vf, "kv_stride_t", [](F& x) { x.kv_stride_t = x.D_qk - 8; });
-  expect_rejected<F>(f, vf, "indices_stride_t", [](F& x) { x.indices_stride_t = x.K - 1; });
+  expect_rejected<F>(f, vf, "H", [](F& x) { x.attn.H = 0; });
+  expect_rejected<F>(f, vf, "H", [](F& x) { x.attn.H = 200; });
+  expect_rejected<F>(f, vf, "D_qk", [](F& x) { x.attn.D_qk = 70; });
+  expect_rejected<F>(f, vf, "D_qk", [](F& x) { x.attn.D_qk = 1032; });
+  expect_rejected<F>(f, vf, "D_v", [](F& x) { x.attn.D_v = 0; });
+  expect_rejected<F>(f, vf, "D_v", [](F& x) { x.attn.D_v = x.attn.D_qk + 1; });
+  expect_rejected<F>(f, vf, "K", [](F& x) { x.topk.K = -4; });
+  expect_rejected<F>(f, vf, "scale", [](F& x) { x.attn.scale = std::numeric_limits<float>::quiet_NaN(); });
+  expect_rejected<F>(f, vf, "q_stride_h", [](F& x) { x.attn.q_stride_h = 8; });
+  expect_rejected<F>(f, vf, "q_stride_t", [](F& x) { x.attn.q_stride_t = x.attn.q_stride_h; });
+  expect_rejected<F>(f, vf, "kv_stride_t", [](F& x) { x.attn.kv_stride_t = x.attn.D_qk - 8; });
+  expect_rejected<F>(f, vf, "indices_stride_t", [](F& x) { x.topk.stride_t = x.topk.K - 1; });
 
   const auto b = pb.sparse_bwd(act_out.data(), stat_out.data(), act_out.data(), stat_out.data());
   const auto vb = validator<B>();
@@ -132,7 +138,7 @@ TEST_F(Validate, SparseMlaForwardAndBackward) {
   expect_rejected<B>(b, vb, "dout", [](B& x) { x.dout = nullptr; });
   expect_rejected<B>(b, vb, "dq", [](B& x) { x.dq = nullptr; });
   expect_rejected<B>(b, vb, "dkv", [](B& x) { x.dkv = nullptr; });
-  expect_rejected<B>(b, vb, "kv_stride_t", [](B& x) { x.kv_stride_t = -2; });
+  expect_rejected<B>(b, vb, "kv_stride_t", [](B& x) { x.attn.kv_stride_t = -2; });
   // The optional mass output: null (not requested) or any address on the CPU.
   B with_mass = b;
   with_mass.mass = stat_out.data() + 1;
@@ -145,17 +151,17 @@ template <class P>
 P cuda_attention_params(const void* dummy, const int32_t* indices) {
   P p;
   p.device = Device::kCUDA;
-  p.dtype = DType::kBF16;
-  p.q = p.kv = dummy;
-  p.indices = indices;
+  p.attn.dtype = DType::kBF16;
+  p.attn.q = p.attn.kv = dummy;
+  p.topk.indices = indices;
   p.T = p.T_kv = 4;
-  p.H = 16;
-  p.K = 64;
-  p.scale = 0.04f;
-  p.q_stride_t = 16 * 576;
-  p.q_stride_h = 576;
-  p.kv_stride_t = 576;
-  p.indices_stride_t = 64;
+  p.attn.H = 16;
+  p.topk.K = 64;
+  p.attn.scale = 0.04f;
+  p.attn.q_stride_t = 16 * 576;
+  p.attn.q_stride_h = 576;
+  p.attn.kv_stride_t = 576;
+  p.topk.stride_t = 64;
   return p;
 }
 
@@ -193,7 +199,7 @@ TEST_F(Validate, AttentionMass) {
   ASSERT_TRUE(v(p).ok()) << v(p).to_string();
   expect_rejected<P>(p, v, "lse", [](P& x) { x.lse = nullptr; });
   expect_rejected<P>(p, v, "mass", [](P& x) { x.mass = nullptr; });
-  expect_rejected<P>(p, v, "D_qk", [](P& x) { x.D_qk = 0; });
+  expect_rejected<P>(p, v, "D_qk", [](P& x) { x.attn.D_qk = 0; });
 }
 
 TEST_F(Validate, SparseKl) {
@@ -209,7 +215,7 @@ TEST_F(Validate, SparseKl) {
   ASSERT_TRUE(bwd(p).ok()) << bwd(p).to_string();
   expect_rejected<P>(p, fwd, "mass", [](P& x) { x.mass = nullptr; });
   expect_rejected<P>(p, fwd, "loss_rows", [](P& x) { x.loss_rows = nullptr; });
-  expect_rejected<P>(p, fwd, "indices_stride_t", [](P& x) { x.indices_stride_t = 3; });
+  expect_rejected<P>(p, fwd, "indices_stride_t", [](P& x) { x.topk.stride_t = 3; });
   expect_rejected<P>(p, bwd, "dq_idx", [](P& x) { x.dq_idx = nullptr; });
   expect_rejected<P>(p, bwd, "dk_idx", [](P& x) { x.dk_idx = nullptr; });
   expect_rejected<P>(p, bwd, "dweights", [](P& x) { x.dweights = nullptr; });
@@ -232,23 +238,27 @@ TEST_F(Validate, DenseKl) {
   const std::function<Status(const P&)> bwd = [](const P& x) { return flashdsa::validate_bwd(x); };
   ASSERT_TRUE(fwd(p).ok()) << fwd(p).to_string();
   ASSERT_TRUE(bwd(p).ok()) << bwd(p).to_string();
-  expect_rejected<P>(p, fwd, "q", [](P& x) { x.q = nullptr; });
+  expect_rejected<P>(p, fwd, "q", [](P& x) { x.attn.q = nullptr; });
   expect_rejected<P>(p, fwd, "k_end", [](P& x) { x.k_end = nullptr; });
   expect_rejected<P>(p, fwd, "loss_rows", [](P& x) { x.loss_rows = nullptr; });
-  expect_rejected<P>(p, fwd, "H", [](P& x) { x.H = -1; });
-  expect_rejected<P>(p, fwd, "q_idx_stride_h", [](P& x) { x.q_idx_stride_h = -5; });
+  expect_rejected<P>(p, fwd, "H", [](P& x) { x.attn.H = -1; });
+  expect_rejected<P>(p, fwd, "q_idx_stride_h", [](P& x) { x.indexer.q_idx_stride_h = -5; });
+  // The two parts share one activation dtype.
+  expect_rejected<P>(p, fwd, "indexer.dtype", [](P& x) {
+    x.indexer.dtype = x.attn.dtype == DType::kFP64 ? DType::kFP32 : DType::kFP64;
+  });
   expect_rejected<P>(p, bwd, "dweights", [](P& x) { x.dweights = nullptr; });
 }
 
 // Zero-size tensors may be null; the op then has nothing to do.
 TEST_F(Validate, EmptyTensorsMayBeNull) {
   flashdsa::SparseMlaFwdParams p;
-  p.dtype = DType::kFP32;
-  p.H = 4;
-  p.D_qk = 16;
-  p.D_v = 8;
-  p.K = 4;
-  p.scale = 0.5f;
+  p.attn.dtype = DType::kFP32;
+  p.attn.H = 4;
+  p.attn.D_qk = 16;
+  p.attn.D_v = 8;
+  p.topk.K = 4;
+  p.attn.scale = 0.5f;
   EXPECT_TRUE(flashdsa::validate(p).ok()) << flashdsa::validate(p).to_string();
   EXPECT_TRUE(flashdsa::run_sparse_mla_fwd(p).ok());
 }
@@ -262,38 +272,44 @@ TEST_F(ValidateCuda, ProductionShapesOnly) {
   p.out = p.lse = dummy;
   const auto v = validator<P>();
   ASSERT_TRUE(v(p).ok()) << v(p).to_string();
-  expect_rejected<P>(p, v, "dtype", [](P& x) { x.dtype = DType::kFP32; });
-  expect_rejected<P>(p, v, "dtype", [](P& x) { x.dtype = DType::kFP64; });
-  expect_rejected<P>(p, v, "H", [](P& x) { x.H = 8; });
-  expect_rejected<P>(p, v, "D_qk", [](P& x) { x.D_qk = 512; });
-  expect_rejected<P>(p, v, "D_v", [](P& x) { x.D_v = 256; });
-  expect_rejected<P>(p, v, "K", [](P& x) { x.K = 100; });
-  expect_rejected<P>(p, v, "K", [](P& x) { x.K = 8256; });
+  expect_rejected<P>(p, v, "dtype", [](P& x) { x.attn.dtype = DType::kFP32; });
+  expect_rejected<P>(p, v, "dtype", [](P& x) { x.attn.dtype = DType::kFP64; });
+  expect_rejected<P>(p, v, "H", [](P& x) { x.attn.H = 8; });
+  expect_rejected<P>(p, v, "D_qk", [](P& x) { x.attn.D_qk = 512; });
+  expect_rejected<P>(p, v, "D_v", [](P& x) { x.attn.D_v = 256; });
+  expect_rejected<P>(p, v, "K", [](P& x) { x.topk.K = 100; });
+  expect_rejected<P>(p, v, "K", [](P& x) { x.topk.K = 8256; });
 
   using I = flashdsa::IndexerTopkParams;
   I ip;
   ip.device = Device::kCUDA;
   ip.check_ranges = false;
-  ip.q_idx = ip.k_idx = ip.weights = dummy;
+  ip.indexer.q_idx = ip.indexer.k_idx = ip.indexer.weights = dummy;
   ip.k_start = ip.k_end = ip.indices = dummy_indices;
   ip.T = ip.T_kv = 4;
-  ip.H_I = 32;
-  ip.D_I = 128;
+  ip.indexer.H_I = 32;
+  ip.indexer.D_I = 128;
   ip.K = 64;
-  ip.q_idx_stride_t = 32 * 128;
-  ip.q_idx_stride_h = 128;
-  ip.k_idx_stride_t = 128;
-  ip.weights_stride_t = 32;
+  ip.indexer.q_idx_stride_t = 32 * 128;
+  ip.indexer.q_idx_stride_h = 128;
+  ip.indexer.k_idx_stride_t = 128;
+  ip.indexer.weights_stride_t = 32;
   const auto vi = validator<I>();
   ASSERT_TRUE(vi(ip).ok()) << vi(ip).to_string();
-  expect_rejected<I>(ip, vi, "H_I", [](I& x) { x.H_I = 16; });
-  expect_rejected<I>(ip, vi, "D_I", [](I& x) { x.D_I = 96; });
+  expect_rejected<I>(ip, vi, "H_I", [](I& x) { x.indexer.H_I = 16; });
+  expect_rejected<I>(ip, vi, "D_I", [](I& x) { x.indexer.D_I = 96; });
   expect_rejected<I>(ip, vi, "K", [](I& x) { x.K = 32; });
-  expect_rejected<I>(ip, vi, "dtype", [](I& x) { x.dtype = DType::kFP32; });
+  expect_rejected<I>(ip, vi, "dtype", [](I& x) { x.indexer.dtype = DType::kFP32; });
+  // Dequantization scales (a future fp8 indexer) are refused by the sm90 backend.
+  static float indexer_scale[4];
+  I scaled = ip;
+  scaled.indexer.q_idx_scale = indexer_scale;
+  EXPECT_EQ(vi(scaled).code(), StatusCode::kNotSupported) << vi(scaled).to_string();
+  EXPECT_NE(vi(scaled).to_string().find("q_idx_scale"), std::string::npos) << vi(scaled).to_string();
   // Misaligned rows are valid input the kernels cannot read.
   P misaligned = p;
-  misaligned.q_stride_h = 577;
-  misaligned.q_stride_t = 16 * 577;
+  misaligned.attn.q_stride_h = 577;
+  misaligned.attn.q_stride_t = 16 * 577;
   EXPECT_EQ(v(misaligned).code(), StatusCode::kNotSupported) << v(misaligned).to_string();
 }
 
@@ -329,20 +345,20 @@ TEST(Dispatch, CudaDeviceOfAnotherArchitectureIsNotSupported) {
 
 TEST_F(Validate, EntryPointsValidateAndDispatch) {
   auto p = pb.sparse_fwd(act_out.data(), stat_out.data());
-  p.q = nullptr;
+  p.attn.q = nullptr;
   EXPECT_EQ(flashdsa::run_sparse_mla_fwd(p).code(), StatusCode::kInvalidArgument);
 
   if (!flashdsa::built_with_cuda()) {
     flashdsa::AttnMassParams m = pb.attention_mass(stat_out.data(), stat_out.data());
     m.device = Device::kCUDA;
-    m.dtype = DType::kBF16;
-    m.H = 16;
-    m.D_qk = 576;
-    m.K = 64;
-    m.q_stride_t = 16 * 576;
-    m.q_stride_h = 576;
-    m.kv_stride_t = 576;
-    m.indices_stride_t = 64;
+    m.attn.dtype = DType::kBF16;
+    m.attn.H = 16;
+    m.attn.D_qk = 576;
+    m.topk.K = 64;
+    m.attn.q_stride_t = 16 * 576;
+    m.attn.q_stride_h = 576;
+    m.attn.kv_stride_t = 576;
+    m.topk.stride_t = 64;
     const Status st = flashdsa::run_attention_mass(m);
     EXPECT_EQ(st.code(), StatusCode::kNotSupported) << st.to_string();
     EXPECT_NE(st.message().find("without CUDA"), std::string::npos) << st.message();

@@ -253,24 +253,24 @@ flashdsa::IndexerTopkParams make_params(const Problem& p, const DeviceBuffer& q,
                                         DeviceBuffer& idx, DeviceBuffer& sc) {
   flashdsa::IndexerTopkParams prm;
   prm.device = flashdsa::Device::kCUDA;
-  prm.dtype = flashdsa::DType::kBF16;
-  prm.q_idx = q.ptr;
-  prm.k_idx = k.ptr;
-  prm.weights = w.ptr;
+  prm.indexer.dtype = flashdsa::DType::kBF16;
+  prm.indexer.q_idx = q.ptr;
+  prm.indexer.k_idx = k.ptr;
+  prm.indexer.weights = w.ptr;
   prm.k_start = ks.as<int32_t>();
   prm.k_end = ke.as<int32_t>();
   prm.indices = idx.as<int32_t>();
   prm.scores = sc.ptr;
   prm.T = p.T;
   prm.T_kv = p.T_kv;
-  prm.H_I = p.H;
-  prm.D_I = p.D;
+  prm.indexer.H_I = p.H;
+  prm.indexer.D_I = p.D;
   prm.K = p.K;
-  prm.relu = p.relu;
-  prm.q_idx_stride_t = p.q_st;
-  prm.q_idx_stride_h = p.q_sh;
-  prm.k_idx_stride_t = p.k_st;
-  prm.weights_stride_t = p.w_st;
+  prm.indexer.relu = p.relu;
+  prm.indexer.q_idx_stride_t = p.q_st;
+  prm.indexer.q_idx_stride_h = p.q_sh;
+  prm.indexer.k_idx_stride_t = p.k_st;
+  prm.indexer.weights_stride_t = p.w_st;
   return prm;
 }
 
@@ -568,7 +568,7 @@ int main(int argc, char** argv) {
   {  // T == 0 is a no-op.
     flashdsa::IndexerTopkParams empty;
     empty.device = flashdsa::Device::kCUDA;
-    empty.H_I = 32, empty.D_I = 128, empty.K = 64;
+    empty.indexer.H_I = 32, empty.indexer.D_I = 128, empty.K = 64;
     const bool pass = flashdsa::sm90::indexer_topk(empty).ok();
     std::printf("  %-34s %s\n", "T = 0", pass ? "PASS" : "FAIL");
     ok = ok && pass;

@@ -203,11 +203,11 @@ struct DeviceBuffers {
 flashdsa::SparseMlaBwdParams make_params(const Inputs& in, const DeviceBuffers& b, bool deterministic) {
   flashdsa::SparseMlaBwdParams p;
   p.device = flashdsa::Device::kCUDA;
-  p.dtype = flashdsa::DType::kBF16;
-  p.q = b.q, p.kv = b.kv, p.indices = b.idx, p.scale = in.scale;
+  p.attn.dtype = flashdsa::DType::kBF16;
+  p.attn.q = b.q, p.attn.kv = b.kv, p.topk.indices = b.idx, p.attn.scale = in.scale;
   p.out = b.out, p.lse = b.lse, p.dout = b.dout, p.dq = b.dq, p.dkv = b.dkv;
-  p.T = in.c.T, p.T_kv = in.c.T_kv, p.H = in.c.H, p.K = in.c.K;
-  p.q_stride_t = in.q_st, p.q_stride_h = in.q_sh, p.kv_stride_t = in.kv_st, p.indices_stride_t = in.idx_st;
+  p.T = in.c.T, p.T_kv = in.c.T_kv, p.attn.H = in.c.H, p.topk.K = in.c.K;
+  p.attn.q_stride_t = in.q_st, p.attn.q_stride_h = in.q_sh, p.attn.kv_stride_t = in.kv_st, p.topk.stride_t = in.idx_st;
   p.deterministic = deterministic;
   p.mass = b.mass;
   return p;

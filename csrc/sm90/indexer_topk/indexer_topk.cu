@@ -41,7 +41,7 @@ Status launch_dim(int d, bool relu, const KernelArgs& args, int grid, cudaStream
 }
 
 bool supported_shape(const IndexerTopkParams& p) {
-  return (p.H_I == 32 || p.H_I == 64) && (p.D_I == 64 || p.D_I == 128);
+  return (p.indexer.H_I == 32 || p.indexer.H_I == 64) && (p.indexer.D_I == 64 || p.indexer.D_I == 128);
 }
 
 // CTA slots of a full wave on the current device (the grid never exceeds it).
@@ -63,7 +63,7 @@ Status launch_shape(const IndexerTopkParams& p, LaunchShape* shape) {
   int slots = 0;
   const Status st = wave_slots(&slots);
   if (!st.ok()) return st;
-  shape->tokens = kCols / p.H_I;
+  shape->tokens = kCols / p.indexer.H_I;
   shape->num_blocks = static_cast<int>((p.T + shape->tokens - 1) / shape->tokens);
   shape->grid = std::min(shape->num_blocks, slots);
   return Status::OK();
@@ -100,9 +100,9 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
 
   char* ws = static_cast<char*>(p.workspace);
   KernelArgs args{};
-  args.q = static_cast<const __nv_bfloat16*>(p.q_idx);
-  args.k = static_cast<const __nv_bfloat16*>(p.k_idx);
-  args.w = static_cast<const float*>(p.weights);
+  args.q = static_cast<const __nv_bfloat16*>(p.indexer.q_idx);
+  args.k = static_cast<const __nv_bfloat16*>(p.indexer.k_idx);
+  args.w = static_cast<const float*>(p.indexer.weights);
   args.k_start = p.k_start;
   args.k_end = p.k_end;
   args.out_idx = p.indices;
@@ -110,10 +110,10 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
   args.block_counter = reinterpret_cast<int*>(ws);
   args.cand_scores = reinterpret_cast<float*>(ws + kCounterBytes);
   args.cand_idx = reinterpret_cast<int32_t*>(ws + kCounterBytes + list_bytes(shape, candidate_capacity));
-  args.q_st = p.q_idx_stride_t;
-  args.q_sh = p.q_idx_stride_h;
-  args.k_st = p.k_idx_stride_t;
-  args.w_st = p.weights_stride_t;
+  args.q_st = p.indexer.q_idx_stride_t;
+  args.q_sh = p.indexer.q_idx_stride_h;
+  args.k_st = p.indexer.k_idx_stride_t;
+  args.w_st = p.indexer.weights_stride_t;
   args.T = static_cast<int>(p.T);
   args.T_kv = static_cast<int>(p.T_kv);
   args.K = p.K;
@@ -122,8 +122,8 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
-  return p.H_I == 32 ? launch_dim<32>(p.D_I, p.relu, args, shape.grid, stream)
-                     : launch_dim<64>(p.D_I, p.relu, args, shape.grid, stream);
+  return p.indexer.H_I == 32 ? launch_dim<32>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream)
+                     : launch_dim<64>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream);
 }
 
 }  // namespace flashdsa::sm90::indexer_topk_impl

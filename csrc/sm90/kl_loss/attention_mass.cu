@@ -142,21 +142,21 @@ Status launch_attention_mass(const MassArgs& a, int64_t T, cudaStream_t stream) 
 
 Status attention_mass(const AttnMassParams& p) {
   if (p.T == 0) return Status::OK();
-  const kl::MassArgs a{static_cast<const __nv_bfloat16*>(p.q),
-                       static_cast<const __nv_bfloat16*>(p.kv),
-                       p.indices,
+  const kl::MassArgs a{static_cast<const __nv_bfloat16*>(p.attn.q),
+                       static_cast<const __nv_bfloat16*>(p.attn.kv),
+                       p.topk.indices,
                        static_cast<const float*>(p.lse),
                        static_cast<float*>(p.mass),
-                       p.scale,
+                       p.attn.scale,
                        p.T_kv,
-                       p.H,
-                       p.K,
-                       p.q_stride_t,
-                       p.q_stride_h,
-                       p.kv_stride_t,
-                       p.indices_stride_t};
+                       p.attn.H,
+                       p.topk.K,
+                       p.attn.q_stride_t,
+                       p.attn.q_stride_h,
+                       p.attn.kv_stride_t,
+                       p.topk.stride_t};
   auto stream = static_cast<cudaStream_t>(p.stream);
-  return p.H > 64 ? kl::launch_attention_mass<2>(a, p.T, stream) : kl::launch_attention_mass<1>(a, p.T, stream);
+  return p.attn.H > 64 ? kl::launch_attention_mass<2>(a, p.T, stream) : kl::launch_attention_mass<1>(a, p.T, stream);
 }
 
 }  // namespace flashdsa::sm90

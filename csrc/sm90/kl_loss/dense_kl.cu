@@ -360,12 +360,12 @@ Status launch_dense_kl(const DenseKlParams& p) {
   if (p.T == 0) return Status::OK();
   auto stream = static_cast<cudaStream_t>(p.stream);
   if (kBwd && p.T_kv > 0)
-    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.dk_idx, 0, static_cast<size_t>(p.T_kv) * p.D_I * sizeof(float), stream));
-  const DenseKlArgs a{static_cast<const __nv_bfloat16*>(p.q),
-                      static_cast<const __nv_bfloat16*>(p.kv),
-                      static_cast<const __nv_bfloat16*>(p.q_idx),
-                      static_cast<const __nv_bfloat16*>(p.k_idx),
-                      static_cast<const float*>(p.weights),
+    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.dk_idx, 0, static_cast<size_t>(p.T_kv) * p.indexer.D_I * sizeof(float), stream));
+  const DenseKlArgs a{static_cast<const __nv_bfloat16*>(p.attn.q),
+                      static_cast<const __nv_bfloat16*>(p.attn.kv),
+                      static_cast<const __nv_bfloat16*>(p.indexer.q_idx),
+                      static_cast<const __nv_bfloat16*>(p.indexer.k_idx),
+                      static_cast<const float*>(p.indexer.weights),
                       p.k_start,
                       p.k_end,
                       static_cast<float*>(p.loss_rows),
@@ -374,18 +374,18 @@ Status launch_dense_kl(const DenseKlParams& p) {
                       static_cast<__nv_bfloat16*>(p.dq_idx),
                       static_cast<float*>(p.dk_idx),
                       static_cast<float*>(p.dweights),
-                      p.scale,
+                      p.attn.scale,
                       p.T,
-                      p.H,
-                      p.relu,
-                      p.q_stride_t,
-                      p.q_stride_h,
-                      p.kv_stride_t,
-                      p.q_idx_stride_t,
-                      p.q_idx_stride_h,
-                      p.k_idx_stride_t,
-                      p.weights_stride_t};
-  return dispatch_indexer_shape(p.H_I, p.D_I, op, [&](auto hi, auto di) -> Status {
+                      p.attn.H,
+                      p.indexer.relu,
+                      p.attn.q_stride_t,
+                      p.attn.q_stride_h,
+                      p.attn.kv_stride_t,
+                      p.indexer.q_idx_stride_t,
+                      p.indexer.q_idx_stride_h,
+                      p.indexer.k_idx_stride_t,
+                      p.indexer.weights_stride_t};
+  return dispatch_indexer_shape(p.indexer.H_I, p.indexer.D_I, op, [&](auto hi, auto di) -> Status {
     constexpr int HI = decltype(hi)::value, DI = decltype(di)::value;
     auto launch = [&](auto kernel, int smem) -> Status {
       FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -393,7 +393,7 @@ Status launch_dense_kl(const DenseKlParams& p) {
       FLASHDSA_CHECK_LAUNCH(op);
       return Status::OK();
     };
-    if (p.H > 64) return launch(dense_kl_kernel<2, HI, DI, kBwd>, DenseKlSmem<2, HI, DI, kBwd>::kDynamicBytes);
+    if (p.attn.H > 64) return launch(dense_kl_kernel<2, HI, DI, kBwd>, DenseKlSmem<2, HI, DI, kBwd>::kDynamicBytes);
     return launch(dense_kl_kernel<1, HI, DI, kBwd>, DenseKlSmem<1, HI, DI, kBwd>::kDynamicBytes);
   });
 }

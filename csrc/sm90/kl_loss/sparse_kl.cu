@@ -282,11 +282,11 @@ Status launch_sparse_kl(const SparseKlParams& p) {
   if (p.T == 0) return Status::OK();
   auto stream = static_cast<cudaStream_t>(p.stream);
   if (kBwd && p.T_kv > 0)
-    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.dk_idx, 0, static_cast<size_t>(p.T_kv) * p.D_I * sizeof(float), stream));
-  const SparseKlArgs a{static_cast<const __nv_bfloat16*>(p.q_idx),
-                       static_cast<const __nv_bfloat16*>(p.k_idx),
-                       static_cast<const float*>(p.weights),
-                       p.indices,
+    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.dk_idx, 0, static_cast<size_t>(p.T_kv) * p.indexer.D_I * sizeof(float), stream));
+  const SparseKlArgs a{static_cast<const __nv_bfloat16*>(p.indexer.q_idx),
+                       static_cast<const __nv_bfloat16*>(p.indexer.k_idx),
+                       static_cast<const float*>(p.indexer.weights),
+                       p.topk.indices,
                        static_cast<const float*>(p.mass),
                        static_cast<float*>(p.loss_rows),
                        static_cast<float*>(p.row_stats),
@@ -296,18 +296,18 @@ Status launch_sparse_kl(const SparseKlParams& p) {
                        static_cast<float*>(p.dk_idx),
                        static_cast<float*>(p.dweights),
                        p.T_kv,
-                       p.K,
-                       p.relu,
-                       p.q_idx_stride_t,
-                       p.q_idx_stride_h,
-                       p.k_idx_stride_t,
-                       p.weights_stride_t,
-                       p.indices_stride_t};
-  return dispatch_indexer_shape(p.H_I, p.D_I, op, [&](auto hi, auto di) -> Status {
+                       p.topk.K,
+                       p.indexer.relu,
+                       p.indexer.q_idx_stride_t,
+                       p.indexer.q_idx_stride_h,
+                       p.indexer.k_idx_stride_t,
+                       p.indexer.weights_stride_t,
+                       p.topk.stride_t};
+  return dispatch_indexer_shape(p.indexer.H_I, p.indexer.D_I, op, [&](auto hi, auto di) -> Status {
     constexpr int HI = decltype(hi)::value, DI = decltype(di)::value;
     auto kernel = sparse_kl_kernel<HI, DI, kBwd>;
     // The backward with saved statistics skips the statistics pass and its score row.
-    const int smem = SparseKlSmem<HI, DI, kBwd>::dynamic_bytes(p.K, !kBwd || p.row_stats == nullptr);
+    const int smem = SparseKlSmem<HI, DI, kBwd>::dynamic_bytes(p.topk.K, !kBwd || p.row_stats == nullptr);
     FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<static_cast<unsigned>(p.T), kWarpgroup, smem, stream>>>(a);
     FLASHDSA_CHECK_LAUNCH(op);

@@ -154,21 +154,21 @@ int key_bits(int64_t t_kv) {  // bits to hold 0..t_kv (t_kv is the "invalid" sen
 Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
   Plan& pl = *plan;
   pl = Plan{};
-  pl.num_head_groups = (p.H + kHeadsPerCta - 1) / kHeadsPerCta;
+  pl.num_head_groups = (p.attn.H + kHeadsPerCta - 1) / kHeadsPerCta;
   const int64_t T = std::max<int64_t>(p.T, 1);
   size_t cur = 0;
-  pl.delta = carve(&cur, size_t(T) * p.H * sizeof(float));
+  pl.delta = carve(&cur, size_t(T) * p.attn.H * sizeof(float));
   pl.sweep_counter = carve(&cur, sizeof(uint32_t));
   if (p.deterministic) {
     int device = 0, sms = 132;
     FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
     FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int64_t per_token = int64_t(pl.num_head_groups) * p.K * kQkCols * int64_t(sizeof(float));
+    const int64_t per_token = int64_t(pl.num_head_groups) * p.topk.K * kQkCols * int64_t(sizeof(float));
     int64_t c = std::max<int64_t>(1, kDetChunkBytes / per_token);
     const int64_t wave = sms;  // CTAs resident at once (one per SM)
     if (c > wave) c -= c % wave;
     pl.chunk_tokens = std::min(c, T);
-    const int64_t pairs = pl.chunk_tokens * p.K;
+    const int64_t pairs = pl.chunk_tokens * p.topk.K;
     pl.partial = carve(&cur, size_t(pl.chunk_tokens) * per_token);
     pl.keys_in = carve(&cur, size_t(pairs) * 4);
     pl.keys_out = carve(&cur, size_t(pairs) * 4);
@@ -187,8 +187,8 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
     pl.cub_temp = carve(&cur, pl.cub_temp_bytes);
   } else if (p.T_kv >= kSweepMinKeys) {
     pl.sweep = true;
-    pl.chunk_tokens = std::min<int64_t>(std::max<int64_t>(1, kSortChunkEntries / p.K), T);
-    const int64_t entries = pl.chunk_tokens * p.K;
+    pl.chunk_tokens = std::min<int64_t>(std::max<int64_t>(1, kSortChunkEntries / p.topk.K), T);
+    const int64_t entries = pl.chunk_tokens * p.topk.K;
     pl.keys_in = carve(&cur, size_t(entries) * 4);
     pl.keys_out = carve(&cur, size_t(entries) * 4);
     pl.segment_offsets = carve(&cur, size_t(pl.chunk_tokens + 1) * 4);
@@ -248,36 +248,36 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   float* dkv = static_cast<float*>(p.dkv);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(dkv, 0, size_t(p.T_kv) * kQkCols * sizeof(float), stream));
   if (p.mass != nullptr)  // skipped (all-invalid) key blocks are never visited: their mass stays 0
-    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.mass, 0, size_t(p.T) * p.K * sizeof(float), stream));
+    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.mass, 0, size_t(p.T) * p.topk.K * sizeof(float), stream));
   if (p.T == 0) return Status::OK();
 
   float* delta = reinterpret_cast<float*>(ws + pl.delta);
-  const int64_t rows = p.T * p.H;
+  const int64_t rows = p.T * p.attn.H;
   delta_kernel<<<grid_for(rows * 32, 256), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(p.out),
                                                              static_cast<const __nv_bfloat16*>(p.dout), delta, rows);
   FLASHDSA_CHECK_LAUNCH("delta_kernel");
 
   MainParams mp{};
-  mp.q = static_cast<const __nv_bfloat16*>(p.q);
-  mp.kv = static_cast<const __nv_bfloat16*>(p.kv);
+  mp.q = static_cast<const __nv_bfloat16*>(p.attn.q);
+  mp.kv = static_cast<const __nv_bfloat16*>(p.attn.kv);
   mp.lse = static_cast<const float*>(p.lse);
   mp.delta = delta;
   mp.dout = static_cast<const __nv_bfloat16*>(p.dout);
   mp.dq = static_cast<__nv_bfloat16*>(p.dq);
   mp.dkv = dkv;
-  mp.q_stride_t = p.q_stride_t;
-  mp.q_stride_h = p.q_stride_h;
-  mp.kv_stride_t = p.kv_stride_t;
+  mp.q_stride_t = p.attn.q_stride_t;
+  mp.q_stride_h = p.attn.q_stride_h;
+  mp.kv_stride_t = p.attn.kv_stride_t;
   mp.T_kv = p.T_kv;
-  mp.H = p.H;
-  mp.K = p.K;
-  mp.scale = p.scale;
-  mp.scale_log2 = p.scale * 1.4426950408889634f;
+  mp.H = p.attn.H;
+  mp.K = p.topk.K;
+  mp.scale = p.attn.scale;
+  mp.scale_log2 = p.attn.scale * 1.4426950408889634f;
   mp.mass = static_cast<float*>(p.mass);
 
   if (!p.deterministic && !pl.sweep) {
-    mp.indices = p.indices;
-    mp.indices_stride_t = p.indices_stride_t;
+    mp.indices = p.topk.indices;
+    mp.indices_stride_t = p.topk.stride_t;
     return launch_main<false>(mp, p.T, pl.num_head_groups, stream);
   }
 
@@ -295,11 +295,11 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
     int32_t* offsets = reinterpret_cast<int32_t*>(ws + pl.segment_offsets);
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
       const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
-      const int64_t entries = tokens * p.K;
+      const int64_t entries = tokens * p.topk.K;
       int32_t* pair_ids_in = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_in) : nullptr;
       int32_t* pair_ids_out = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
       keys_kernel<<<grid_for(entries, kMapThreads), kMapThreads, 0, stream>>>(
-          p.indices + t0 * p.indices_stride_t, p.indices_stride_t, tokens, p.K, p.T_kv, keys_in, pair_ids_in, nullptr,
+          p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t, tokens, p.topk.K, p.T_kv, keys_in, pair_ids_in, nullptr,
           offsets);
       FLASHDSA_CHECK_LAUNCH("keys_kernel");
       size_t temp_bytes = pl.cub_temp_bytes;
@@ -312,7 +312,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
                                                              tokens, offsets, offsets + 1, stream));
       }
       mp.indices = keys_out;
-      mp.indices_stride_t = p.K;
+      mp.indices_stride_t = p.topk.K;
       mp.mass_slots = pair_ids_out;
       mp.token_begin = t0;
       mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
@@ -334,15 +334,15 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   const unsigned reduce_grid = static_cast<unsigned>(std::min<int64_t>(p.T_kv, int64_t(sms) * 16));
   for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
     const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
-    const int64_t pairs = tokens * p.K;
-    mp.indices = p.indices + t0 * p.indices_stride_t;
-    mp.indices_stride_t = p.indices_stride_t;
+    const int64_t pairs = tokens * p.topk.K;
+    mp.indices = p.topk.indices + t0 * p.topk.stride_t;
+    mp.indices_stride_t = p.topk.stride_t;
     mp.token_begin = t0;
     st = launch_main<true>(mp, tokens, pl.num_head_groups, stream);
     if (!st.ok()) return st;
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(key_count, 0, size_t(p.T_kv + 1) * 4, stream));
     keys_kernel<<<grid_for(pairs, kMapThreads), kMapThreads, 0, stream>>>(
-        mp.indices, p.indices_stride_t, tokens, p.K, p.T_kv, keys_in, pair_ids_in, key_count, nullptr);
+        mp.indices, p.topk.stride_t, tokens, p.topk.K, p.T_kv, keys_in, pair_ids_in, key_count, nullptr);
     FLASHDSA_CHECK_LAUNCH("keys_kernel");
     size_t temp_bytes = pl.cub_temp_bytes;
     FLASHDSA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(cub_temp, temp_bytes, keys_in, keys_out, pair_ids_in,
@@ -352,7 +352,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
     if (reduce_grid > 0) {
       reduce_partials_kernel<<<reduce_grid, kReduceThreads, 0, stream>>>(
           reinterpret_cast<const float4*>(mp.partial), pair_ids_out, key_count, key_offset,
-          reinterpret_cast<float4*>(dkv), p.T_kv, p.K, pl.num_head_groups);
+          reinterpret_cast<float4*>(dkv), p.T_kv, p.topk.K, pl.num_head_groups);
       FLASHDSA_CHECK_LAUNCH("reduce_partials_kernel");
     }
   }

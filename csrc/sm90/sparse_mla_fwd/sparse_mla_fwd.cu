@@ -578,22 +578,22 @@ Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
   using namespace sparse_mla_fwd_impl;
   // Limits (bf16, production shapes, aligned rows, grid size): supports_sparse_mla_fwd, backend.cpp.
   if (p.T == 0) return Status::OK();
-  const int64_t ctas = p.T * (p.H > kHeadsPerCta ? p.H / kHeadsPerCta : 1);
+  const int64_t ctas = p.T * (p.attn.H > kHeadsPerCta ? p.attn.H / kHeadsPerCta : 1);
 
   KernelArgs args;
-  args.q = static_cast<const __nv_bfloat16*>(p.q);
-  args.kv = static_cast<const __nv_bfloat16*>(p.kv);
-  args.indices = p.indices;
+  args.q = static_cast<const __nv_bfloat16*>(p.attn.q);
+  args.kv = static_cast<const __nv_bfloat16*>(p.attn.kv);
+  args.indices = p.topk.indices;
   args.out = static_cast<__nv_bfloat16*>(p.out);
   args.lse = static_cast<float*>(p.lse);
-  args.q_stride_t = p.q_stride_t;
-  args.q_stride_h = p.q_stride_h;
-  args.kv_stride_t = p.kv_stride_t;
-  args.indices_stride_t = p.indices_stride_t;
+  args.q_stride_t = p.attn.q_stride_t;
+  args.q_stride_h = p.attn.q_stride_h;
+  args.kv_stride_t = p.attn.kv_stride_t;
+  args.indices_stride_t = p.topk.stride_t;
   args.T_kv = p.T_kv;
-  args.H = p.H;
-  args.num_blocks = p.K / kBlockKeys;
-  args.scale_log2 = p.scale * kLog2e;
+  args.H = p.attn.H;
+  args.num_blocks = p.topk.K / kBlockKeys;
+  args.scale_log2 = p.attn.scale * kLog2e;
 
   FLASHDSA_CUDA_TRY(
       cudaFuncSetAttribute(sparse_mla_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
