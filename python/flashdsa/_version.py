@@ -1,3 +1,3 @@
 """The package version (read by setup.py too)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
