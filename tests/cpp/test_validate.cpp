@@ -145,23 +145,38 @@ TEST_F(Validate, SparseMlaForwardAndBackward) {
   EXPECT_TRUE(vb(with_mass).ok()) << vb(with_mass).to_string();
 }
 
-// Main-attention params of a valid CUDA call at the production shape (4 tokens, H = 16, K = 64):
-// every tensor points at `dummy` (the validators never read it).
+// The parts of a valid CUDA call at the production shape (H = 16, K = 64; the validators never read
+// the tensors).
+flashdsa::AttentionTensors production_attention(const void* q, const void* kv) {
+  flashdsa::AttentionTensors a;
+  a.dtype = DType::kBF16;
+  a.q = q;
+  a.kv = kv;
+  a.H = 16;
+  a.scale = 0.04f;
+  a.q_stride_t = 16 * 576;
+  a.q_stride_h = 576;
+  a.kv_stride_t = 576;
+  return a;
+}
+
+flashdsa::TopkIndices production_topk(const int32_t* indices) {
+  flashdsa::TopkIndices k;
+  k.indices = indices;
+  k.stride_t = 64;
+  k.K = 64;
+  return k;
+}
+
+// Main-attention params of a valid CUDA call at the production shape (4 tokens): every tensor
+// points at `dummy`.
 template <class P>
 P cuda_attention_params(const void* dummy, const int32_t* indices) {
   P p;
   p.device = Device::kCUDA;
-  p.attn.dtype = DType::kBF16;
-  p.attn.q = p.attn.kv = dummy;
-  p.topk.indices = indices;
+  p.attn = production_attention(dummy, dummy);
+  p.topk = production_topk(indices);
   p.T = p.T_kv = 4;
-  p.attn.H = 16;
-  p.topk.K = 64;
-  p.attn.scale = 0.04f;
-  p.attn.q_stride_t = 16 * 576;
-  p.attn.q_stride_h = 576;
-  p.attn.kv_stride_t = 576;
-  p.topk.stride_t = 64;
   return p;
 }
 
@@ -351,14 +366,8 @@ TEST_F(Validate, EntryPointsValidateAndDispatch) {
   if (!flashdsa::built_with_cuda()) {
     flashdsa::AttnMassParams m = pb.attention_mass(stat_out.data(), stat_out.data());
     m.device = Device::kCUDA;
-    m.attn.dtype = DType::kBF16;
-    m.attn.H = 16;
-    m.attn.D_qk = 576;
-    m.topk.K = 64;
-    m.attn.q_stride_t = 16 * 576;
-    m.attn.q_stride_h = 576;
-    m.attn.kv_stride_t = 576;
-    m.topk.stride_t = 64;
+    m.attn = production_attention(m.attn.q, m.attn.kv);
+    m.topk = production_topk(m.topk.indices);
     const Status st = flashdsa::run_attention_mass(m);
     EXPECT_EQ(st.code(), StatusCode::kNotSupported) << st.to_string();
     EXPECT_NE(st.message().find("without CUDA"), std::string::npos) << st.message();

@@ -321,6 +321,43 @@ void check_zero_rows(const char* what, const std::vector<double>& got, const std
 
 constexpr double kTolMass = 1e-3, kTolLoss = 1e-3, kTolGrad = 1e-2;
 
+// The params parts of contiguous device tensors, one builder per part of include/flashdsa/ops.h
+// (D_qk = 576, D_v = 512, bf16: the defaults).
+flashdsa::AttentionTensors attention_part(const void* q, const void* kv, int H, double scale) {
+  flashdsa::AttentionTensors a;
+  a.q = q;
+  a.kv = kv;
+  a.H = H;
+  a.scale = static_cast<float>(scale);
+  a.q_stride_t = static_cast<int64_t>(H) * kDqk;
+  a.q_stride_h = kDqk;
+  a.kv_stride_t = kDqk;
+  return a;
+}
+
+flashdsa::IndexerTensors indexer_part(const void* q_idx, const void* k_idx, const void* w, int HI, int DI, bool relu) {
+  flashdsa::IndexerTensors in;
+  in.q_idx = q_idx;
+  in.k_idx = k_idx;
+  in.weights = w;
+  in.H_I = HI;
+  in.D_I = DI;
+  in.relu = relu;
+  in.q_idx_stride_t = static_cast<int64_t>(HI) * DI;
+  in.q_idx_stride_h = DI;
+  in.k_idx_stride_t = DI;
+  in.weights_stride_t = HI;
+  return in;
+}
+
+flashdsa::TopkIndices topk_part(const int32_t* indices, int K) {
+  flashdsa::TopkIndices k;
+  k.indices = indices;
+  k.stride_t = K;
+  k.K = K;
+  return k;
+}
+
 void case_mass(const std::vector<int>& seqlens, int H, int K, std::mt19937_64& rng) {
   const Layout L = thd_causal(seqlens);
   const int64_t T = L.T, T_kv = L.T, empty_row = T / 2;
@@ -338,20 +375,12 @@ void case_mass(const std::vector<int>& seqlens, int H, int K, std::mt19937_64& r
   dmass.fill_garbage();
   flashdsa::AttnMassParams p;
   p.device = flashdsa::Device::kCUDA;
-  p.attn.q = dq.p;
-  p.attn.kv = dkv.p;
-  p.topk.indices = didx.p;
+  p.attn = attention_part(dq.p, dkv.p, H, scale);
+  p.topk = topk_part(didx.p, K);
   p.lse = dlse.p;
-  p.attn.scale = static_cast<float>(scale);
   p.mass = dmass.p;
   p.T = T;
   p.T_kv = T_kv;
-  p.attn.H = H;
-  p.topk.K = K;
-  p.attn.q_stride_t = static_cast<int64_t>(H) * kDqk;
-  p.attn.q_stride_h = kDqk;
-  p.attn.kv_stride_t = kDqk;
-  p.topk.stride_t = K;
   status_ok(flashdsa::sm90::attention_mass(p), "attention_mass");
   FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
   const std::vector<double> got = to_double(dmass.download());
@@ -395,18 +424,9 @@ struct KlDevice {
   template <class P>
   void fill(P& p, const IndexerData& in, int64_t T, int64_t T_kv, double grad_scale, bool use_grad_rows) {
     p.device = flashdsa::Device::kCUDA;
-    p.indexer.q_idx = q_idx.p;
-    p.indexer.k_idx = k_idx.p;
-    p.indexer.weights = w.p;
+    p.indexer = indexer_part(q_idx.p, k_idx.p, w.p, in.HI, in.DI, in.relu);
     p.T = T;
     p.T_kv = T_kv;
-    p.indexer.H_I = in.HI;
-    p.indexer.D_I = in.DI;
-    p.indexer.relu = in.relu;
-    p.indexer.q_idx_stride_t = static_cast<int64_t>(in.HI) * in.DI;
-    p.indexer.q_idx_stride_h = in.DI;
-    p.indexer.k_idx_stride_t = in.DI;
-    p.indexer.weights_stride_t = in.HI;
     p.loss_rows = loss.p;
     p.grad_scale = grad_scale;
     p.grad_rows = use_grad_rows ? grad_rows.p : nullptr;
@@ -487,10 +507,8 @@ void case_sparse_kl(const std::vector<int>& seqlens, int K, const KlCase& kc, st
   dstats.fill_garbage();
   flashdsa::SparseKlParams p;
   dev.fill(p, in, T, T_kv, grad_scale, kc.use_grad_rows);
-  p.topk.indices = didx.p;
-  p.topk.stride_t = K;
+  p.topk = topk_part(didx.p, K);
   p.mass = dmass.p;
-  p.topk.K = K;
   p.row_stats = dstats.p;
   status_ok(flashdsa::sm90::sparse_kl_fwd(p), "sparse_kl_fwd");
   FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
@@ -527,15 +545,9 @@ void case_dense_kl(const std::vector<int>& seqlens, int H, const KlCase& kc, std
   DevBuf<int32_t> dks(L.k_start), dke(L.k_end);
   flashdsa::DenseKlParams p;
   dev.fill(p, in, T, T_kv, grad_scale, kc.use_grad_rows);
-  p.attn.q = dq_main.p;
-  p.attn.kv = dkv.p;
-  p.attn.scale = static_cast<float>(scale);
-  p.attn.H = H;
+  p.attn = attention_part(dq_main.p, dkv.p, H, scale);
   p.k_start = dks.p;
   p.k_end = dke.p;
-  p.attn.q_stride_t = static_cast<int64_t>(H) * kDqk;
-  p.attn.q_stride_h = kDqk;
-  p.attn.kv_stride_t = kDqk;
   status_ok(flashdsa::sm90::dense_kl_fwd(p), "dense_kl_fwd");
   status_ok(flashdsa::sm90::dense_kl_bwd(p), "dense_kl_bwd");
   FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
@@ -643,38 +655,20 @@ void bench_sparse(int64_t T) {
 
   flashdsa::AttnMassParams mp;
   mp.device = flashdsa::Device::kCUDA;
-  mp.attn.q = q.p;
-  mp.attn.kv = kv.p;
-  mp.topk.indices = idx.p;
+  mp.attn = attention_part(q.p, kv.p, H, scale);
+  mp.topk = topk_part(idx.p, K);
   mp.lse = lse.p;
-  mp.attn.scale = static_cast<float>(scale);
   mp.mass = mass.p;
   mp.T = T;
   mp.T_kv = T;
-  mp.attn.H = H;
-  mp.topk.K = K;
-  mp.attn.q_stride_t = static_cast<int64_t>(H) * kDqk;
-  mp.attn.q_stride_h = kDqk;
-  mp.attn.kv_stride_t = kDqk;
-  mp.topk.stride_t = K;
 
   flashdsa::SparseKlParams kp;
   kp.device = flashdsa::Device::kCUDA;
-  kp.indexer.q_idx = q_idx.p;
-  kp.indexer.k_idx = k_idx.p;
-  kp.indexer.weights = w.p;
-  kp.topk.indices = idx.p;
+  kp.indexer = indexer_part(q_idx.p, k_idx.p, w.p, HI, DI, /*relu=*/true);
+  kp.topk = topk_part(idx.p, K);
   kp.mass = mass.p;
   kp.T = T;
   kp.T_kv = T;
-  kp.indexer.H_I = HI;
-  kp.indexer.D_I = DI;
-  kp.topk.K = K;
-  kp.indexer.q_idx_stride_t = HI * DI;
-  kp.indexer.q_idx_stride_h = DI;
-  kp.indexer.k_idx_stride_t = DI;
-  kp.indexer.weights_stride_t = HI;
-  kp.topk.stride_t = K;
   kp.loss_rows = loss.p;
   kp.row_stats = stats.p;
   kp.grad_scale = 1e-3 / static_cast<double>(T);
@@ -716,26 +710,12 @@ void bench_dense(int64_t T) {
 
   flashdsa::DenseKlParams p;
   p.device = flashdsa::Device::kCUDA;
-  p.attn.q = q.p;
-  p.attn.kv = kv.p;
-  p.attn.scale = static_cast<float>(scale);
-  p.attn.H = H;
-  p.indexer.q_idx = q_idx.p;
-  p.indexer.k_idx = k_idx.p;
-  p.indexer.weights = w.p;
+  p.attn = attention_part(q.p, kv.p, H, scale);
+  p.indexer = indexer_part(q_idx.p, k_idx.p, w.p, HI, DI, /*relu=*/true);
   p.k_start = dks.p;
   p.k_end = dke.p;
   p.T = T;
   p.T_kv = T;
-  p.indexer.H_I = HI;
-  p.indexer.D_I = DI;
-  p.attn.q_stride_t = static_cast<int64_t>(H) * kDqk;
-  p.attn.q_stride_h = kDqk;
-  p.attn.kv_stride_t = kDqk;
-  p.indexer.q_idx_stride_t = HI * DI;
-  p.indexer.q_idx_stride_h = DI;
-  p.indexer.k_idx_stride_t = DI;
-  p.indexer.weights_stride_t = HI;
   p.loss_rows = loss.p;
   p.grad_scale = 1.0 / static_cast<double>(T);
   p.dq_idx = dq_idx.p;
