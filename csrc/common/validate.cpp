@@ -199,8 +199,9 @@ Status check_generic(const IndexerTopkParams& p) {
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
 }
 
-Status check_generic(const SparseMlaFwdParams& p) {
-  const Check c{"sparse_mla_fwd"};
+// The inputs and forward outputs (out, lse) the sparse MLA forward and backward share.
+template <typename P>
+Status check_sparse_mla_common(const Check& c, const P& p) {
   FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn, p.T, p.T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.attn.D_v, p.attn.D_qk));
@@ -209,14 +210,11 @@ Status check_generic(const SparseMlaFwdParams& p) {
   return check_ptr(c, "lse", p.lse, p.T * p.attn.H);
 }
 
+Status check_generic(const SparseMlaFwdParams& p) { return check_sparse_mla_common(Check{"sparse_mla_fwd"}, p); }
+
 Status check_generic(const SparseMlaBwdParams& p) {
   const Check c{"sparse_mla_bwd"};
-  FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_attention(c, p.attn, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_value_dim(c, p.attn.D_v, p.attn.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.topk, p.T));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "out", p.out, p.T * p.attn.H * p.attn.D_v));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "lse", p.lse, p.T * p.attn.H));
+  FLASHDSA_RETURN_IF_ERROR(check_sparse_mla_common(c, p));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dout", p.dout, p.T * p.attn.H * p.attn.D_v));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "dq", p.dq, p.T * p.attn.H * p.attn.D_qk));
   // mass [T, K] is optional (null = not requested).
