@@ -146,6 +146,20 @@ __device__ __forceinline__ void cp_async_16_hint(void* smem_dst, const void* gme
                "l"(gmem_src), "r"(valid ? 16 : 0), "l"(policy)
                : "memory");
 }
+// Same as cp_async_16, and the L2 fetches the whole 256-byte block around the source (the
+// `.L2::256B` prefetch size): a gathered 1152-byte row is then read from DRAM in a few large pieces.
+__device__ __forceinline__ void cp_async_16_pf256(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(gmem_src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+// cp_async_16_pf256 with an L2 cache-policy hint.
+__device__ __forceinline__ void cp_async_16_hint_pf256(void* smem_dst, const void* gmem_src, bool valid,
+                                                       uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(smem_dst)),
+               "l"(gmem_src), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
 __device__ __forceinline__ uint64_t make_l2_evict_last() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));

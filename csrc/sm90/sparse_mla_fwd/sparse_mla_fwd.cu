@@ -417,6 +417,21 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 
 // ---- producer ---------------------------------------------------------------------------------------
 
+// How the producer's 16-byte gathers are issued (FLASHDSA_FWD_GATHER, for A/B builds): 0 plain
+// cp.async, 1 with the 256-byte L2 prefetch size, 2 prefetch + L2 evict_last policy.
+#ifndef FLASHDSA_FWD_GATHER
+#define FLASHDSA_FWD_GATHER 0
+#endif
+__device__ __forceinline__ void gather_copy(void* dst, const void* src, bool valid) {
+#if FLASHDSA_FWD_GATHER == 2
+  hw::cp_async_16_hint_pf256(dst, src, valid, hw::make_l2_evict_last());
+#elif FLASHDSA_FWD_GATHER == 1
+  hw::cp_async_16_pf256(dst, src, valid);
+#else
+  hw::cp_async_16(dst, src, valid);
+#endif
+}
+
 // Copies rows (row_base + 16 j, j < 4) of 64-column tiles [kBegin, kEnd) into SW128 tiles; this
 // thread moves 16-byte chunk `chunk` of each. Rows whose `valid` is false are zero-filled, unread.
 template <int kBegin, int kEnd>
@@ -427,8 +442,8 @@ __device__ __forceinline__ void gather_rows(char* tiles, const __nv_bfloat16* co
     const int row = row_base + kRowsPerPass * j;
 #pragma unroll
     for (int t = kBegin; t < kEnd; ++t)
-      hw::cp_async_16(tiles + t * kTileBytes + hw::sw128_offset(row, chunk), src[j] + t * kTileCols + chunk * 8,
-                      valid[j]);
+      gather_copy(tiles + t * kTileBytes + hw::sw128_offset(row, chunk), src[j] + t * kTileCols + chunk * 8,
+                  valid[j]);
   }
 }
 
