@@ -436,6 +436,23 @@ def check_case(op, seed, device, small, verbose):
 # ---------------------------------------------------------------------------------------------
 
 
+def _worker_init(threads: int) -> None:
+    """A --jobs worker: its share of the CPU threads for the float64 reference."""
+    torch.set_num_threads(threads)
+
+
+def _run_case(op, seed, device, small, verbose, deadline):
+    """check_case, with an exception counted as a failure of the case; (None, [], {}) past the deadline."""
+    if deadline is not None and time.time() > deadline:
+        return None, [], {}
+    try:
+        return check_case(op, seed, device, small, verbose)
+    except Exception as err:  # an exception is a failure of this case, not of the run
+        if verbose:
+            traceback.print_exc()
+        return math.inf, [f"exception {type(err).__name__}: {err}"], {}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -448,6 +465,8 @@ def main(argv=None):
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="time budget of the run, shared evenly by the ops (an op's unused share passes on); "
                          "cases past an op's share are not run")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="worker processes the seeds are spread over (each gets cpu_count / jobs threads)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -461,21 +480,27 @@ def main(argv=None):
         if not flashdsa.built_with_cuda():
             print("fuzz: flashdsa was built without CUDA (use --device cpu)")
             return 77
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    jobs = max(1, args.jobs)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // jobs))
     t_start = time.time()
     rows, total_fail = [], 0
+    pool = None
+    if jobs > 1:  # seeds spread over worker processes (spawned: CUDA cannot be forked)
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        pool = cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                      initargs=(max(1, (os.cpu_count() or 1) // jobs),))
     for i_op, op in enumerate(chosen):
         t0, n_run, n_fail, worst = time.time(), 0, 0, 0.0
         deadline = None if args.max_seconds is None else t_start + args.max_seconds * (i_op + 1) / len(chosen)
-        for seed in seeds:
-            if deadline is not None and time.time() > deadline:
-                break
-            try:
-                w, fails, desc = check_case(op, seed, args.device, small, args.verbose)
-            except Exception as err:  # an exception is a failure of this case, not of the run
-                w, fails, desc = math.inf, [f"exception {type(err).__name__}: {err}"], {}
-                if args.verbose:
-                    traceback.print_exc()
+        if pool is None:
+            results = (_run_case(op, seed, args.device, small, args.verbose, deadline) for seed in seeds)
+        else:
+            results = pool.map(_run_case, *zip(*[(op, seed, args.device, small, args.verbose, deadline)
+                                                  for seed in seeds]))
+        for seed, (w, fails, desc) in zip(seeds, results):
+            if w is None:  # past the deadline: not run
+                continue
             n_run += 1
             worst = max(worst, w)
             if fails:
@@ -492,6 +517,8 @@ def main(argv=None):
     for op, n, f, w, dt in rows:
         print(f"{op:<22}{n:>7}{f:>8}{w:>14.3g}{dt:>9.1f}")
     print(f"RESULT: {'OK' if total_fail == 0 else 'FAILED'} ({total_fail} failing cases)")
+    if pool is not None:
+        pool.shutdown()
     return 0 if total_fail == 0 else 1
 
 
