@@ -1,6 +1,9 @@
 // Internal: Hopper (sm_90a) primitives shared by every FlashDSA kernel: shared-memory layouts with
 // the 128-byte swizzle, wgmma descriptors and synchronization, mbarriers, cp.async gathers, named
-// barriers, register reallocation. Checked on the GPU by tests/cuda/hopper_primitives_check.cu.
+// barriers, register reallocation, 4-byte cp.async, ldmatrix, vector global reductions and stores,
+// L2 prefetch, the column permutation of the accumulator-friendly tiles and cp.async tile loads. The
+// one home of the PTX wrappers of the sm90 backend. Checked on the GPU by
+// tests/cuda/hopper_primitives_check.cu.
 //
 // Tile layout used throughout ("SW128 tile"): a [rows x 64] bf16 block, one 128-byte row per row,
 // rows grouped by 8 into 1024-byte swizzle atoms; inside a row the 16-byte chunk c is stored at
@@ -18,12 +21,10 @@
 #include <cuda_bf16.h>
 #include <cstdint>
 
+#include "sm90/common/constants.h"
 #include "sm90/common/wgmma_ops.cuh"
 
 namespace flashdsa::sm90::hw {
-
-constexpr int kSw128RowBytes = 128;
-constexpr int kSw128AtomBytes = 1024;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -39,6 +40,33 @@ __host__ __device__ __forceinline__ uint32_t sw128_elem_offset(int rows, int row
   return static_cast<uint32_t>((col >> 6) * rows * kSw128RowBytes) + sw128_offset(row, (col & 63) >> 3) +
          static_cast<uint32_t>((col & 7) * 2);
 }
+
+// Stored position of column c inside its 64-column block in a "permuted" tile. Within each group of
+// 16 columns, column 16m + 4q + 2h + e (q < 4, h, e < 2) is stored at position 16m + 8h + 2q + e. A
+// wgmma accumulator gives lane-quad member q the positions 8n + 2q + {0,1}, i.e. the columns
+// 16(n/2) + 4q + 2(n%2) + {0,1}: for each m, accumulator n-groups 2m and 2m+1 hold the four
+// consecutive columns 16m + 4q .. 16m + 4q + 3, so a GEMM whose B operand is a permuted tile emits
+// rows as runs of 4 consecutive columns (16-byte stores / reductions; full 128-byte lines when two
+// quads merge). Even columns stay paired, so 4-byte copies can fill such a tile. Used by the sparse
+// MLA backward (Q, dO, kv) and by the KL-loss dk GEMM (Q_I).
+__host__ __device__ constexpr int permuted_col(int col) {
+  return (col & ~15) | ((col & 2) << 2) | ((col & 12) >> 1) | (col & 1);
+}
+
+// The same map written with a select (column 4q + e of a 16-group goes to 2q + e for e < 2, else to
+// 8 + 2q + e - 2). The KL-loss dk kernels use this spelling: ptxas schedules their loads differently
+// with the bitwise one (scripts/sass_diff.sh), and their machine code is kept as it was.
+__host__ __device__ constexpr int permuted_col_select(int c) {
+  return (c & ~15) + ((c & 3) < 2 ? 2 * ((c & 15) >> 2) + (c & 3) : 8 + 2 * ((c & 15) >> 2) + (c & 3) - 2);
+}
+
+constexpr bool permuted_col_forms_agree() {
+  for (int c = 0; c < 1024; ++c) {
+    if (permuted_col(c) != permuted_col_select(c)) return false;
+  }
+  return true;
+}
+static_assert(permuted_col_forms_agree(), "the two spellings of the column permutation must agree");
 
 // ---- wgmma descriptors ---------------------------------------------------------------------------
 // Layout of the 64-bit descriptor: [0,14) start address >> 4, [16,30) leading byte offset >> 4,
@@ -174,6 +202,78 @@ __device__ __forceinline__ void cp_async_wait() {
 // (the barrier's expected count must include one arrival per calling thread).
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// ---- more memory operations ----------------------------------------------------------------------
+// Copies 4 bytes global -> shared (through L1); when `valid` is false nothing is read and the
+// destination is zero-filled. Completion is tracked like cp_async_16 (cp_async_arrive).
+__device__ __forceinline__ void cp_async_4(uint32_t smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// Four 8x8 bf16 matrices, transposed on load: lane L gives the row address of matrix L/8, row L%8;
+// register i receives (row 2(lane%4), col lane/4) and (row 2(lane%4)+1, col lane/4) of matrix i.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr)
+               : "memory");
+}
+
+// Vector fp32 reduction into global memory (sm_90): one 16-byte atomic add, no return value.
+__device__ __forceinline__ void red_add_v4(float* gptr, float4 v) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gptr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+
+// Two adjacent floats (8-byte aligned), likewise.
+__device__ __forceinline__ void red_add_v2(float* gptr, float2 v) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gptr), "f"(v.x), "f"(v.y) : "memory");
+}
+
+// One float, likewise.
+__device__ __forceinline__ void red_add(float* gptr, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(gptr), "f"(v) : "memory");
+}
+
+// A 16-byte fp32 store to global memory.
+__device__ __forceinline__ void st_global_v4(float* gptr, float4 v) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gptr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+
+// Integer atomic add without return (relaxed, GPU scope).
+__device__ __forceinline__ void red_add_u32(uint32_t* gptr, uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(gptr), "r"(v) : "memory");
+}
+
+// Hint: bring the line holding `gptr` into L2.
+__device__ __forceinline__ void prefetch_l2(const void* gptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gptr));
+}
+
+// ---- tiles ---------------------------------------------------------------------------------------
+// Rounds a shared-memory pointer up to the next kSmemAlign (1024-byte) boundary, keeping it a
+// shared pointer (so the compiler keeps shared-memory instructions for every access through it).
+__device__ __forceinline__ uint8_t* align_smem(uint8_t* p) {
+  const uint32_t mis = smem_u32(p) & (kSmemAlign - 1);
+  return p + ((kSmemAlign - mis) & (kSmemAlign - 1));
+}
+
+// cp.async copy of a [ROWS x COLS] bf16 tile into SW128 layout by NTHREADS threads; row r comes from
+// src(r) (a row pointer, or nullptr for a zero-filled row that is never read).
+template <int ROWS, int COLS, int NTHREADS, class RowSrc>
+__device__ __forceinline__ void load_tile_sw128(uint8_t* tile, int tid, const __nv_bfloat16* any_valid, RowSrc src) {
+  constexpr int kPieces = COLS / 8;  // 16-byte pieces per row
+  static_assert((ROWS * kPieces) % NTHREADS == 0, "tile pieces must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < ROWS * kPieces / NTHREADS; ++i) {
+    const int p = tid + i * NTHREADS;
+    const int r = p / kPieces, c = p % kPieces;
+    const __nv_bfloat16* row = src(r);
+    cp_async_16(tile + sw128_elem_offset(ROWS, r, c * 8), row ? row + c * 8 : any_valid, row != nullptr);
+  }
 }
 
 }  // namespace flashdsa::sm90::hw

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "sm90/common/cuda_check.cuh"
+#include "sm90/heuristics.h"
 #include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/backend.h"
 
@@ -46,9 +47,9 @@ bool supported_shape(const IndexerTopkParams& p) {
 
 // CTA slots of a full wave on the current device (the grid never exceeds it).
 Status wave_slots(int* slots) {
-  int device = 0, sms = 0;
-  FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
-  FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int sms = 0;
+  const Status st = tuning::sm_count(&sms);
+  if (!st.ok()) return st;
   *slots = kCtasPerSm * sms;
   return Status::OK();
 }
@@ -75,7 +76,7 @@ size_t list_bytes(const LaunchShape& s, int cap) {
 
 }  // namespace
 
-int default_candidate_capacity(int K) { return K + std::max(K, 2048); }
+int default_candidate_capacity(int K) { return tuning::topk_candidate_capacity(K); }
 
 size_t workspace_size(const IndexerTopkParams& p, int candidate_capacity) {
   if (p.T <= 0 || p.T > INT_MAX || !supported_shape(p)) return 0;

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "sm90/common/hopper.cuh"
+#include "sm90/common/indexer_score.cuh"
 #include "sm90/indexer_topk/select.cuh"
 
 namespace flashdsa::sm90::indexer_topk_impl {
@@ -61,6 +62,16 @@ template <int H, int D>
 constexpr size_t smem_bytes() {
   return sizeof(Smem<H, D>) + 1024;  // + slack to align the dynamic base to 1024 bytes
 }
+
+// The kernel code assumes these (ties to the common building blocks and the wgmma shapes).
+static_assert(kThreads == hw::kWarpgroup, "one warpgroup per CTA: the wgmma and the selection use 128 threads");
+static_assert(kTileKeys == 64 && kHalfCols == 128, "wgmma m64n128 per column half");
+static_assert(kCols == 2 * kHalfCols && kHalfAcc * 2 == kHalfCols, "two m64n128 halves; N / 2 f32 accumulators");
+static_assert(kTileKeys * hw::kSw128RowBytes % hw::kSw128AtomBytes == 0, "key tiles are whole swizzle atoms");
+static_assert(kCtasPerSm * smem_bytes<32, 128>() <= 228 * 1024 && kCtasPerSm * smem_bytes<64, 128>() <= 228 * 1024 &&
+                  kCtasPerSm * smem_bytes<32, 64>() <= 228 * 1024 && kCtasPerSm * smem_bytes<64, 64>() <= 228 * 1024,
+              "kCtasPerSm CTAs must fit the SM's 228 KB of shared memory");
+static_assert(smem_bytes<64, 128>() <= hw::kSmemLimit, "per-block shared memory limit");
 
 struct KernelArgs {
   const __nv_bfloat16* q;    // [T, H, D]; strides q_st, q_sh
@@ -138,16 +149,6 @@ __device__ __forceinline__ void issue_score_half(float (&acc)[kHalfAcc], const _
   hw::wgmma_commit();
 }
 
-// f of the score formula. ReLU keeps NaN (max.NaN): fmaxf would turn a NaN product into 0 and let
-// the key be selected with a finite score (docs/reliability.md).
-template <bool kRelu>
-__device__ __forceinline__ float activation(float x) {
-  if (!kRelu) return x;
-  float y;
-  asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // This thread's share of the head sums of the tokens of column half HALF: part[2 * tok + r] = sum
 // over its columns of token tok of w * f(acc), for accumulator row r (tile key acc_row + 8 r).
 // Accumulator chunk j of the half holds columns 128 HALF + 8 j + 2 (lane % 4) + {0, 1}, i.e. token
@@ -163,10 +164,10 @@ __device__ __forceinline__ void partial_head_sums(const float (&acc)[kHalfAcc], 
     for (int jj = 0; jj < Cfg::kChunksPerToken; ++jj) {
       const int j = tl * Cfg::kChunksPerToken + jj;
       const float2 w = *reinterpret_cast<const float2*>(w_s + HALF * kHalfCols + 8 * j + 2 * quad);
-      p0 = fmaf(w.x, activation<kRelu>(acc[4 * j + 0]), p0);
-      p0 = fmaf(w.y, activation<kRelu>(acc[4 * j + 1]), p0);
-      p1 = fmaf(w.x, activation<kRelu>(acc[4 * j + 2]), p1);
-      p1 = fmaf(w.y, activation<kRelu>(acc[4 * j + 3]), p1);
+      p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
+      p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
+      p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
+      p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
     }
     const int tok = HALF * Cfg::kTokensPerHalf + tl;
     part[2 * tok] = p0;

@@ -13,7 +13,7 @@
 #include "sm90/backend.h"
 
 namespace flashdsa::sm90 {
-namespace kl {
+namespace kl_loss_impl {
 namespace {
 
 struct MassArgs {
@@ -138,11 +138,11 @@ Status launch_attention_mass(const MassArgs& a, int64_t T, cudaStream_t stream) 
 }
 
 }  // namespace
-}  // namespace kl
+}  // namespace kl_loss_impl
 
 Status attention_mass(const AttnMassParams& p) {
   if (p.T == 0) return Status::OK();
-  const kl::MassArgs a{static_cast<const __nv_bfloat16*>(p.attn.q),
+  const kl_loss_impl::MassArgs a{static_cast<const __nv_bfloat16*>(p.attn.q),
                        static_cast<const __nv_bfloat16*>(p.attn.kv),
                        p.topk.indices,
                        static_cast<const float*>(p.lse),
@@ -156,7 +156,7 @@ Status attention_mass(const AttnMassParams& p) {
                        p.attn.kv_stride_t,
                        p.topk.stride_t};
   auto stream = static_cast<cudaStream_t>(p.stream);
-  return p.attn.H > 64 ? kl::launch_attention_mass<2>(a, p.T, stream) : kl::launch_attention_mass<1>(a, p.T, stream);
+  return p.attn.H > 64 ? kl_loss_impl::launch_attention_mass<2>(a, p.T, stream) : kl_loss_impl::launch_attention_mass<1>(a, p.T, stream);
 }
 
 }  // namespace flashdsa::sm90

@@ -11,7 +11,7 @@
 
 #include "sm90/kl_loss/kl_common.cuh"
 
-namespace flashdsa::sm90::kl {
+namespace flashdsa::sm90::kl_loss_impl {
 
 constexpr int kDqkCols = 576;
 constexpr int kChunksPerBlock = kDqkCols / 64;                         // 9
@@ -153,4 +153,4 @@ __device__ __forceinline__ float warpgroup_colsum64(const float (&v)[16], float*
   return sum;
 }
 
-}  // namespace flashdsa::sm90::kl
+}  // namespace flashdsa::sm90::kl_loss_impl

@@ -21,7 +21,7 @@
 #include "sm90/backend.h"
 
 namespace flashdsa::sm90 {
-namespace kl {
+namespace kl_loss_impl {
 namespace {
 
 struct DenseKlArgs {
@@ -399,9 +399,9 @@ Status launch_dense_kl(const DenseKlParams& p) {
 }
 
 }  // namespace
-}  // namespace kl
+}  // namespace kl_loss_impl
 
-Status dense_kl_fwd(const DenseKlParams& p) { return kl::launch_dense_kl<false>(p); }
-Status dense_kl_bwd(const DenseKlParams& p) { return kl::launch_dense_kl<true>(p); }
+Status dense_kl_fwd(const DenseKlParams& p) { return kl_loss_impl::launch_dense_kl<false>(p); }
+Status dense_kl_bwd(const DenseKlParams& p) { return kl_loss_impl::launch_dense_kl<true>(p); }
 
 }  // namespace flashdsa::sm90

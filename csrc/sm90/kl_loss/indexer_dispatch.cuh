@@ -7,7 +7,7 @@
 
 #include "flashdsa/status.h"
 
-namespace flashdsa::sm90::kl {
+namespace flashdsa::sm90::kl_loss_impl {
 
 // Calls fn(std::integral_constant<int, H_I>, std::integral_constant<int, D_I>) for the supported
 // indexer shapes (H_I in {32, 64}, D_I in {64, 128}); other shapes are kNotSupported.
@@ -23,4 +23,4 @@ Status dispatch_indexer_shape(int H_I, int D_I, const char* op, Fn&& fn) {
   return Status::NotSupported(std::string("sm90 ") + op + ": H_I must be 32 or 64 and D_I 64 or 128");
 }
 
-}  // namespace flashdsa::sm90::kl
+}  // namespace flashdsa::sm90::kl_loss_impl

@@ -1,7 +1,7 @@
-// Internal: device helpers shared by the indexer-loss kernels (attention mass, sparse KL, dense KL):
-// wgmma wrappers selected by tile width, reductions over the wgmma accumulator layout, the list of
-// non-empty 64-slot blocks of a top-k row, SW128 tile loads by cp.async, and the indexer steps of one
-// 64-key block (scores, then the gradient GEMMs). Accumulator layout: see sm90/common/hopper.cuh.
+// Internal: device code shared by the indexer-loss kernels (attention mass, sparse KL, dense KL): the
+// softmax-statistic merge and the indexer steps of one 64-key block (scores, then the gradient
+// GEMMs). The building blocks they use (wgmma by width, reductions over the accumulator layout, the
+// key-block list, tile loads, the indexer score) are in csrc/sm90/common/.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,120 +9,40 @@
 #include <cmath>
 #include <cstdint>
 
+#include "sm90/common/block_list.cuh"
+#include "sm90/common/constants.h"
 #include "sm90/common/hopper.cuh"
-#include "sm90/sparse_mla_bwd/ptx_ops.cuh"  // cp_async_4, red_add_v4 (candidates for common/)
+#include "sm90/common/indexer_score.cuh"
+#include "sm90/common/reduce.cuh"
+#include "sm90/common/wgmma_dispatch.cuh"
 
-namespace flashdsa::sm90::kl {
+namespace flashdsa::sm90::kl_loss_impl {
 
 namespace hw = ::flashdsa::sm90::hw;
 
-constexpr int kWarpgroup = 128;
-constexpr int kBlockKeys = 64;                 // keys per block (wgmma N for attention, M for indexer)
-constexpr int kMaxBlocks = 8192 / kBlockKeys;  // kMaxTopK / kBlockKeys: fits a uint8_t block id
-constexpr int kMaskWords = kMaxBlocks / 32;
-constexpr int kSmemLimit = 227 * 1024;         // opt-in dynamic shared memory per block on sm_90
-constexpr int kSmemAlign = 1024;               // SW128 tiles need 1024-byte alignment
-constexpr float kLog2e = 1.4426950408889634f;
-
-template <int N>
-struct DependentFalse {
-  static constexpr bool value = false;
-};
-
-// ---- wgmma by width --------------------------------------------------------------------------------
-template <int N, int TransA, int TransB>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, bool accumulate) {
-  if constexpr (N == 32) {
-    hw::wgmma_ss_m64n32k16<TransA, TransB>(d, da, db, accumulate);
-  } else if constexpr (N == 64) {
-    hw::wgmma_ss_m64n64k16<TransA, TransB>(d, da, db, accumulate);
-  } else if constexpr (N == 128) {
-    hw::wgmma_ss_m64n128k16<TransA, TransB>(d, da, db, accumulate);
-  } else {
-    static_assert(DependentFalse<N>::value, "unsupported wgmma width");
-  }
-}
-
-template <int N, int TransB>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, bool accumulate) {
-  if constexpr (N == 64) {
-    hw::wgmma_rs_m64n64k16<TransB>(d, a, db, accumulate);
-  } else if constexpr (N == 128) {
-    hw::wgmma_rs_m64n128k16<TransB>(d, a, db, accumulate);
-  } else {
-    static_assert(DependentFalse<N>::value, "unsupported wgmma width");
-  }
-}
-
-// Keeps RS A-fragments alive (and in place) until the wgmma reading them has been waited for.
-template <int K>
-__device__ __forceinline__ void fence_frags(uint32_t (&a)[K][4]) {
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[k][i])::"memory");
-  }
-}
-
-// ---- small helpers ---------------------------------------------------------------------------------
-__device__ __forceinline__ bool valid_row(int64_t i, int64_t n) { return i >= 0 && i < n; }
-
-__device__ __forceinline__ uint8_t* align_smem(uint8_t* p) {
-  const uint32_t mis = hw::smem_u32(p) & (kSmemAlign - 1);
-  return p + ((kSmemAlign - mis) & (kSmemAlign - 1));
-}
-
-// fp32 atomic add of two adjacent floats (8-byte aligned); the result is not returned (red).
-__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
-}
-
-// Where this thread's accumulator elements lie (m64nN layout of hopper.cuh): rows r0 and r0 + 8,
-// columns 8j + 2q + {0, 1}.
-struct AccCoord {
-  int warp, lane, r0, q;
-  __device__ __forceinline__ explicit AccCoord(int wg_tid)
-      : warp(wg_tid >> 5), lane(wg_tid & 31), r0(16 * (wg_tid >> 5) + ((wg_tid & 31) >> 2)), q(wg_tid & 3) {}
-};
-
-// ReLU that keeps a NaN (fmaxf(NaN, 0) would be 0: a NaN score would look valid); one instruction.
-__device__ __forceinline__ float relu_keep_nan(float x) {
-  float y;
-  asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Sums / maxima over the 4 lanes of a quad (the lanes holding one accumulator row).
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Sum (kMax: maximum) over the 128 threads of a warpgroup, returned to all of them; fixed order, so
-// deterministic. red: 4 floats of shared memory owned by this warpgroup.
-template <bool kMax>
-__device__ __forceinline__ float warpgroup_allreduce(float v, float* red, int wg_tid, int bar_id) {
-  v = kMax ? warp_max(v) : warp_sum(v);
-  if ((wg_tid & 31) == 0) red[wg_tid >> 5] = v;
-  hw::named_bar_sync(bar_id, kWarpgroup);
-  const float r = kMax ? fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])) : (red[0] + red[1]) + (red[2] + red[3]);
-  hw::named_bar_sync(bar_id, kWarpgroup);  // red may be reused right after
-  return r;
-}
+// The common building blocks this op's kernels use unqualified.
+using hw::AccCoord;
+using hw::align_smem;
+using hw::block_nonempty;
+using hw::BlockList;
+using hw::build_block_list;
+using hw::fence_frags;
+using hw::kBlockKeys;
+using hw::kLog2e;
+using hw::kMaxBlocks;
+using hw::kSmemAlign;
+using hw::kSmemLimit;
+using hw::kWarpgroup;
+using hw::load_tile_sw128;
+using hw::quad_max;
+using hw::quad_sum;
+using hw::valid_row;
+using hw::warp_colsum64;
+using hw::warp_max;
+using hw::warp_sum;
+using hw::warpgroup_allreduce;
+using hw::wgmma_rs;
+using hw::wgmma_ss;
 
 // Merges the softmax statistic (m, l) = (max, sum exp(x - max)) of another set into (m, l).
 // A NaN score (mo or lo NaN) makes l NaN for good (fmaxf drops a NaN from m), so the log-sum-exp
@@ -137,118 +57,10 @@ __device__ __forceinline__ void merge_softmax_stat(float& m, float& l, float mo,
   m = mn;
 }
 
-// Column sums over the 16 rows a warp holds of a [64 x 64] accumulator tile. v[2j + e] is this
-// thread's partial for column 8j + 2q + e (its two rows already added). A butterfly reduce-scatter
-// over lane bits 4, 3, 2 (14 shuffles): lane L ends with columns 2L and 2L + 1.
-__device__ __forceinline__ float2 warp_colsum64(const float (&v)[16], int lane) {
-  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
-  float u[8], w[4], z[2];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float keep = b4 ? v[k + 8] : v[k];
-    const float send = b4 ? v[k] : v[k + 8];
-    u[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float keep = b3 ? u[k + 4] : u[k];
-    const float send = b3 ? u[k] : u[k + 4];
-    w[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const float keep = b2 ? w[k + 2] : w[k];
-    const float send = b2 ? w[k] : w[k + 2];
-    z[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
-  }
-  return make_float2(z[0], z[1]);
-}
 
-// ---- non-empty blocks of a top-k row -----------------------------------------------------------------
-// Shared memory of build_block_list.
-struct BlockList {
-  uint32_t words[kMaskWords];  // bit b: block b (slots [64b, 64b+64)) holds a valid index
-  uint8_t ids[kMaxBlocks];     // ids of the non-empty blocks, increasing
-};
 
-__device__ __forceinline__ bool block_nonempty(const BlockList& bl, int b) {
-  return (bl.words[b >> 5] >> (b & 31)) & 1u;
-}
 
-// Builds the list of 64-slot blocks of idx_row [K] that hold at least one index in [0, T_kv) and
-// returns their number. Called by all `nthreads` threads of the block (contains __syncthreads).
-// Blocks with no valid index are skipped by every kernel: no loads, no math.
-__device__ __forceinline__ int build_block_list(const int32_t* idx_row, int K, int64_t T_kv, BlockList& bl, int tid,
-                                                int nthreads) {
-  constexpr int kUnroll = 4;  // loads in flight per warp
-  if (tid < kMaskWords) bl.words[tid] = 0u;
-  __syncthreads();
-  const int lane = tid & 31, nwarps = nthreads >> 5, nchunks = K / 32;  // chunks of 32 slots
-  for (int c0 = tid >> 5; c0 < nchunks; c0 += kUnroll * nwarps) {
-    int32_t v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * nwarps;
-      v[u] = c < nchunks ? __ldg(idx_row + c * 32 + lane) : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * nwarps;
-      const uint32_t any = __ballot_sync(0xffffffffu, valid_row(v[u], T_kv));
-      if (lane == 0 && any) atomicOr(&bl.words[c >> 6], 1u << ((c >> 1) & 31));
-    }
-  }
-  __syncthreads();
-  uint32_t w[kMaskWords];
-  int total = 0;
-#pragma unroll
-  for (int i = 0; i < kMaskWords; ++i) {
-    w[i] = bl.words[i];
-    total += __popc(w[i]);
-  }
-  for (int b = tid; b < K / kBlockKeys; b += nthreads) {
-    const int wi = b >> 5, bit = b & 31;
-    uint32_t word = 0u;
-    int pos = 0;  // set bits before b
-#pragma unroll
-    for (int i = 0; i < kMaskWords; ++i) {  // no dynamic indexing: w stays in registers
-      word = i == wi ? w[i] : word;
-      pos += i < wi ? __popc(w[i]) : 0;
-    }
-    if ((word >> bit) & 1u) bl.ids[pos + __popc(word & ((1u << bit) - 1u))] = static_cast<uint8_t>(b);
-  }
-  __syncthreads();
-  return total;
-}
 
-// ---- tile loads -------------------------------------------------------------------------------------
-// cp.async copy of a [ROWS x COLS] bf16 tile into SW128 layout by NTHREADS threads; row r comes from
-// src(r) (a row pointer, or nullptr for a zero-filled row that is never read).
-template <int ROWS, int COLS, int NTHREADS, class RowSrc>
-__device__ __forceinline__ void load_tile_sw128(uint8_t* tile, int tid, const __nv_bfloat16* any_valid, RowSrc src) {
-  constexpr int kPieces = COLS / 8;  // 16-byte pieces per row
-  static_assert((ROWS * kPieces) % NTHREADS == 0, "tile pieces must split evenly over the threads");
-#pragma unroll
-  for (int i = 0; i < ROWS * kPieces / NTHREADS; ++i) {
-    const int p = tid + i * NTHREADS;
-    const int r = p / kPieces, c = p % kPieces;
-    const __nv_bfloat16* row = src(r);
-    hw::cp_async_16(tile + hw::sw128_elem_offset(ROWS, r, c * 8), row ? row + c * 8 : any_valid, row != nullptr);
-  }
-}
-
-// Column permutation that makes the dk GEMM's accumulator emit full 128-byte lines (the sparse
-// backward's "permuted Q_I" tile): inside each group of 16 columns, original column 4q + e is stored at
-// 2q + e (e < 2) or 8 + 2q + (e - 2). Accumulator n-chunks 2m, 2m+1 of quad member q then hold the
-// four consecutive original columns 16m + 4q .. +3. Even columns stay paired (4-byte copies suffice).
-__host__ __device__ constexpr int permuted_col(int c) {
-  return (c & ~15) + ((c & 3) < 2 ? 2 * ((c & 15) >> 2) + (c & 3) : 8 + 2 * ((c & 15) >> 2) + (c & 3) - 2);
-}
-
-__device__ __forceinline__ float4 shfl_xor_f4(float4 v, int mask) {
-  return make_float4(__shfl_xor_sync(0xffffffffu, v.x, mask), __shfl_xor_sync(0xffffffffu, v.y, mask),
-                     __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
-}
 
 // ---- indexer steps of one 64-key block ------------------------------------------------------------------
 // The indexer GEMMs of a block of 64 keys against one query token, all on one warpgroup:
@@ -288,8 +100,8 @@ struct IndexerBlock {
       for (int e = 0; e < 2; ++e) {
         const float w = w_s[8 * j + 2 * q + e];
         const float x0 = acc[4 * j + e], x1 = acc[4 * j + 2 + e];
-        a0 = fmaf(w, relu ? relu_keep_nan(x0) : x0, a0);
-        a1 = fmaf(w, relu ? relu_keep_nan(x1) : x1, a1);
+        a0 = fmaf(w, relu ? hw::relu_keep_nan(x0) : x0, a0);
+        a1 = fmaf(w, relu ? hw::relu_keep_nan(x1) : x1, a1);
       }
     }
     s0 = quad_sum(a0);
@@ -362,10 +174,10 @@ struct IndexerBlock {
   __device__ static void scatter_dk(float* dk_row, const float (&c_acc)[kOut], int half, int q) {
 #pragma unroll
     for (int j = 0; j < DI / 8; ++j)
-      red_add_f32x2(dk_row + 8 * j + 2 * q, c_acc[4 * j + 2 * half], c_acc[4 * j + 2 * half + 1]);
+      hw::red_add_v2(dk_row + 8 * j + 2 * q, make_float2(c_acc[4 * j + 2 * half], c_acc[4 * j + 2 * half + 1]));
   }
 
-  // Q_I [HI x DI] (rows q_t + h * stride_h) into a SW128 tile with permuted columns (permuted_col), by
+  // Q_I [HI x DI] (rows q_t + h * stride_h) into a SW128 tile with permuted columns (hw::permuted_col), by
   // 4-byte cp.async of all 128 threads; the B operand of issue_dk for scatter_dk_lines.
   __device__ static void load_q_permuted(uint8_t* tile, int tid, const __nv_bfloat16* q_t, int64_t stride_h) {
     constexpr int kPairs = DI / 2;  // column pairs per row
@@ -374,8 +186,8 @@ struct IndexerBlock {
     for (int i = 0; i < HI * kPairs / kWarpgroup; ++i) {
       const int p = tid + i * kWarpgroup;
       const int h = p / kPairs, col = 2 * (p % kPairs);
-      hw::cp_async_4(hw::smem_u32(tile + hw::sw128_elem_offset(HI, h, permuted_col(col))), q_t + h * stride_h + col,
-                     true);
+      hw::cp_async_4(hw::smem_u32(tile + hw::sw128_elem_offset(HI, h, hw::permuted_col_select(col))),
+                     q_t + h * stride_h + col, true);
     }
   }
 
@@ -407,8 +219,8 @@ struct IndexerBlock {
         }
         // The even quad keeps m = 0, 2 of its row (A) and receives m = 0, 2 of row B; the odd quad
         // keeps m = 1, 3 of its row (B) and receives m = 1, 3 of row A.
-        const float4 got0 = shfl_xor_f4(odd ? piece[0] : piece[1], 4);
-        const float4 got1 = shfl_xor_f4(odd ? piece[2] : piece[3], 4);
+        const float4 got0 = hw::shfl_xor_f4(odd ? piece[0] : piece[1], 4);
+        const float4 got1 = hw::shfl_xor_f4(odd ? piece[2] : piece[3], 4);
         if (put_a) {
           hw::red_add_v4(dst_a + 64 * cc, odd ? got0 : piece[0]);
           hw::red_add_v4(dst_a + 64 * cc + 32, odd ? got1 : piece[2]);
@@ -456,4 +268,4 @@ struct IndexerBlock {
   }
 };
 
-}  // namespace flashdsa::sm90::kl
+}  // namespace flashdsa::sm90::kl_loss_impl

@@ -21,7 +21,7 @@
 #include "sm90/backend.h"
 
 namespace flashdsa::sm90 {
-namespace kl {
+namespace kl_loss_impl {
 namespace {
 
 struct SparseKlArgs {
@@ -316,9 +316,9 @@ Status launch_sparse_kl(const SparseKlParams& p) {
 }
 
 }  // namespace
-}  // namespace kl
+}  // namespace kl_loss_impl
 
-Status sparse_kl_fwd(const SparseKlParams& p) { return kl::launch_sparse_kl<false>(p); }
-Status sparse_kl_bwd(const SparseKlParams& p) { return kl::launch_sparse_kl<true>(p); }
+Status sparse_kl_fwd(const SparseKlParams& p) { return kl_loss_impl::launch_sparse_kl<false>(p); }
+Status sparse_kl_bwd(const SparseKlParams& p) { return kl_loss_impl::launch_sparse_kl<true>(p); }
 
 }  // namespace flashdsa::sm90

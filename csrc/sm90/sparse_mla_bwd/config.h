@@ -6,8 +6,8 @@
 // tiles; dQ's nine 64-column blocks and dKV's nine column chunks are split between the two.
 //
 // Column permutation: Q, dO and kv are stored in shared memory with the columns of every 16-column
-// group permuted (see stored_col()), identically for all three, so S and dP (contractions over the
-// columns) are unchanged while the accumulators of dQ and dKV come out with every thread owning runs
+// group permuted (hw::permuted_col, csrc/sm90/common/hopper.cuh), identically for all three, so S
+// and dP (contractions over the columns) are unchanged while the accumulators of dQ and dKV come out with every thread owning runs
 // of 4 consecutive columns: dkv rows leave as 16-byte vectors that two quads of lanes merge into full
 // 128-byte lines (see emit_dkv_chunk()).
 #pragma once
@@ -17,7 +17,10 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace flashdsa::sm90::mla_bwd {
+#include "flashdsa/ops.h"
+#include "sm90/common/constants.h"
+
+namespace flashdsa::sm90::sparse_mla_bwd_impl {
 
 constexpr int kBlockKeys = 64;     // keys per block: wgmma N of S/dP, M of dKV, K of dQ
 constexpr int kHeadsPerCta = 64;   // heads per CTA: wgmma M of S/dP/dQ, K of dKV (padded)
@@ -28,7 +31,7 @@ constexpr int kQkBlocks = kQkCols / kColsPerBlock;  // 9: Q and kv tiles
 constexpr int kVBlocks = kVCols / kColsPerBlock;    // 8: dO tile; block 8 of Q/kv is the rope part
 constexpr int kThreads = 384;      // WG0: S, P; WG1: dP, dS; WG2: producer
 constexpr int kTileBlockBytes = kBlockKeys * 128;  // one [64 rows x 64 cols] bf16 SW128 block
-constexpr int kMaxBlocksPerRow = 8192 / kBlockKeys;
+constexpr int kMaxBlocksPerRow = kMaxTopK / kBlockKeys;
 
 // Work split. dQ: WG0 owns kv blocks [0, 5) (SS wgmma, A = dS tile), WG1 blocks [5, 9) (RS wgmma, A
 // straight from its dS accumulator). dKV: WG0 computes value chunks [5, 8) and the rope chunk 8
@@ -48,15 +51,6 @@ constexpr int kBarWg0Mass = 3;   // WG0: warps 1..3 stored their attention-mass 
 constexpr int kConsumerRegs = 232;
 constexpr int kProducerRegs = 40;
 static_assert(2 * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "register file");
-
-// Stored position of column `col` inside its 64-column block. Within each group of 16 columns,
-// column 16m + 4q + 2h + e (q < 4, h, e < 2) is stored at position 16m + 8h + 2q + e. A wgmma
-// accumulator gives lane-quad member q the positions 8n + 2q + {0,1}, i.e. the columns
-// 16(n/2) + 4q + 2(n%2) + {0,1}: for each m, accumulator n-groups 2m and 2m+1 hold the four
-// consecutive columns 16m + 4q .. 16m + 4q + 3.
-__host__ __device__ constexpr int stored_col(int col) {
-  return (col & ~15) | ((col & 2) << 2) | ((col & 12) >> 1) | (col & 1);
-}
 
 // Shared memory of one CTA. Tiles are SW128 (csrc/sm90/common/hopper.cuh), 1024-byte aligned.
 struct alignas(1024) SmemPlan {
@@ -79,6 +73,15 @@ struct alignas(1024) SmemPlan {
   uint64_t tiles_free;              // WG1 -> WG0: WG1 has read the P tile (P may be overwritten)
 };
 constexpr size_t kSmemBytes = sizeof(SmemPlan) + 1024;  // + slack to align the dynamic smem base: 227 KB
-static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");
+static_assert(kSmemBytes <= hw::kSmemLimit, "shared memory budget");
 
-}  // namespace flashdsa::sm90::mla_bwd
+// The kernel code assumes these (ties to the public limits and to the common building blocks).
+static_assert(kQkCols == kDqk && kVCols == kDv, "the kernel is written for the production MLA widths");
+static_assert(kBlockKeys == hw::kBlockKeys, "key blocks are the common 64-slot blocks of a top-k row");
+static_assert(kThreads == 3 * hw::kWarpgroup, "two consumer warpgroups and one producer");
+static_assert(kHeadsPerCta == 64 && kBlockKeys == 64, "wgmma shapes (m64, n64 tiles) and the 64-thread index loads");
+static_assert(kQkCols % kColsPerBlock == 0 && kVCols % kColsPerBlock == 0, "whole SW128 blocks");
+static_assert(kTileBlockBytes == kBlockKeys * hw::kSw128RowBytes, "one SW128 block of 64 rows");
+static_assert(kWg0DqBlocks > 0 && kWg1DqBlocks > 0 && kWg1DkvChunks > 0 && kWg1DkvChunks < kVBlocks, "work split");
+
+}  // namespace flashdsa::sm90::sparse_mla_bwd_impl

@@ -11,9 +11,8 @@
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
-#include "sm90/sparse_mla_bwd/ptx_ops.cuh"
 
-namespace flashdsa::sm90::mla_bwd {
+namespace flashdsa::sm90::sparse_mla_bwd_impl {
 
 struct MainParams {
   const __nv_bfloat16* q;     // [T, H, 576]; strides q_stride_t, q_stride_h
@@ -56,12 +55,12 @@ struct Work {
 // ---- producer warpgroup -----------------------------------------------------------------------
 
 // Copies of 128-byte row segments (64 bf16 columns of one tile block) into a permuted SW128 tile:
-// lane l of a warp moves columns 2l, 2l+1 (one 4-byte word) to their stored position (stored_col).
+// lane l of a warp moves columns 2l, 2l+1 (one 4-byte word) to their stored position (hw::permuted_col).
 struct RowSegmentCopier {
   uint32_t chunk, byte_in_chunk;  // this lane's destination inside a tile row
   int lane;
   __device__ explicit RowSegmentCopier(int lane_) : lane(lane_) {
-    const int pos = stored_col(2 * lane_);
+    const int pos = hw::permuted_col(2 * lane_);
     chunk = pos / 8;
     byte_in_chunk = (pos % 8) * 2;
   }
@@ -112,7 +111,7 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int ti
   if (tid < kHeadsPerCta) {
     const bool real = tid < w.heads;
     const int64_t at = w.token * p.H + h0 + tid;
-    sm.lse2[tid] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
+    sm.lse2[tid] = real ? p.lse[at] * hw::kLog2e : __int_as_float(0x7f800000);  // +inf: P = 0
     sm.delta[tid] = real ? p.delta[at] : 0.f;
   }
 
@@ -240,7 +239,7 @@ __device__ __forceinline__ void put_dkv(float* dst, float4 v) {
 
 // Emits one [64 keys x 64 cols] fp32 dKV chunk (global column block `chunk`) held as a wgmma
 // accumulator over permuted column positions. Thread (quad member q) holds, for its rows r0 and
-// r0 + 8, the columns 16m + 4q .. +3 in n-groups 2m, 2m+1 (stored_col). The even quad of a quad
+// r0 + 8, the columns 16m + 4q .. +3 in n-groups 2m, 2m+1 (hw::permuted_col). The even quad of a quad
 // pair keeps m = 0, 2 of its row and receives m = 0, 2 of the odd quad's row; the odd quad keeps
 // m = 1, 3 and receives the even quad's m = 1, 3. Then each 16-byte store of the 8 lanes covers one
 // full 128-byte line of one row: 4 lines per warp instruction.
@@ -273,7 +272,7 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 }
 
 // Writes a [64 heads x 64 kBlocks] fp32 dQ accumulator (kv blocks first_block..) as bf16: n-groups
-// 2m, 2m+1 of each block hold columns 16m + 4q .. +3 (stored_col), stored as one 8-byte vector.
+// 2m, 2m+1 of each block hold columns 16m + 4q .. +3 (hw::permuted_col), stored as one 8-byte vector.
 template <int kBlocks>
 __device__ __forceinline__ void store_dq(const float (&acc)[kBlocks * 32], __nv_bfloat16* dq_head0, int heads,
                                          int first_block, int r0, int q4) {
@@ -603,4 +602,4 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const 
   }
 }
 
-}  // namespace flashdsa::sm90::mla_bwd
+}  // namespace flashdsa::sm90::sparse_mla_bwd_impl

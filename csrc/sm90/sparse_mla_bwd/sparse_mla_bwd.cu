@@ -20,16 +20,19 @@
 #include <cub/cub.cuh>
 
 #include "sm90/common/cuda_check.cuh"
+#include "common/status_macros.h"
 #include "sm90/backend.h"
+#include "sm90/heuristics.h"
 #include "sm90/sparse_mla_bwd/main_kernel.cuh"
 
 namespace flashdsa::sm90 {
-namespace mla_bwd {
+namespace sparse_mla_bwd_impl {
 namespace {
 
-constexpr int64_t kSweepMinKeys = 16384;              // kv + dkv of fewer keys stay in L2 anyway
-constexpr int64_t kSortChunkEntries = int64_t(1) << 24;  // sorted-index chunk: 64 MiB per copy
-constexpr int64_t kDetChunkBytes = int64_t(2) << 30;     // deterministic partial buffer bound: 2 GiB
+// The scheduling thresholds: csrc/sm90/heuristics.h.
+constexpr int64_t kSweepMinKeys = tuning::kBwdSweepMinKeys;
+constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
+constexpr int64_t kDetChunkBytes = tuning::kBwdDetChunkBytes;
 constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per thread
 
 // ---- small kernels --------------------------------------------------------------------------
@@ -160,9 +163,8 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
   pl.delta = carve(&cur, size_t(T) * p.attn.H * sizeof(float));
   pl.sweep_counter = carve(&cur, sizeof(uint32_t));
   if (p.deterministic) {
-    int device = 0, sms = 132;
-    FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
-    FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int sms = 132;
+    FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
     const int64_t per_token = int64_t(pl.num_head_groups) * p.topk.K * kQkCols * int64_t(sizeof(float));
     int64_t c = std::max<int64_t>(1, kDetChunkBytes / per_token);
     const int64_t wave = sms;  // CTAs resident at once (one per SM)
@@ -226,16 +228,16 @@ unsigned grid_for(int64_t n, int threads) {
 }
 
 }  // namespace
-}  // namespace mla_bwd
+}  // namespace sparse_mla_bwd_impl
 
 size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) {
-  mla_bwd::Plan plan;
-  if (!mla_bwd::make_plan(p, &plan).ok()) return 0;
+  sparse_mla_bwd_impl::Plan plan;
+  if (!sparse_mla_bwd_impl::make_plan(p, &plan).ok()) return 0;
   return plan.total;
 }
 
 Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
-  using namespace mla_bwd;
+  using namespace sparse_mla_bwd_impl;
   // Limits (bf16, production shapes, aligned rows): supports_sparse_mla_bwd in backend.cpp.
   Plan pl;
   Status st = make_plan(p, &pl);
@@ -272,7 +274,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   mp.H = p.attn.H;
   mp.K = p.topk.K;
   mp.scale = p.attn.scale;
-  mp.scale_log2 = p.attn.scale * 1.4426950408889634f;
+  mp.scale_log2 = p.attn.scale * hw::kLog2e;
   mp.mass = static_cast<float*>(p.mass);
 
   if (!p.deterministic && !pl.sweep) {
@@ -289,9 +291,8 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   if (pl.sweep) {
     mp.sweep_counter = reinterpret_cast<uint32_t*>(ws + pl.sweep_counter);
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
-    int device = 0, sms = 132;
-    FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
-    FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int sms = 132;
+    FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
     int32_t* offsets = reinterpret_cast<int32_t*>(ws + pl.segment_offsets);
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
       const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);

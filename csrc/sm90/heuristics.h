@@ -1,0 +1,42 @@
+// Internal: the host-side scheduling heuristics of the sm90 backend in one place: grid sizing,
+// workspace chunking and the thresholds that switch a kernel's strategy. The numbers were tuned on
+// an H200 (docs/perf-notes.md); a change here changes performance, never results. (Compile-time tile
+// shapes, ring depths and register budgets stay with their kernels: each op's config.h / kernel.cuh.)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "flashdsa/status.h"
+#include "sm90/common/cuda_check.cuh"
+
+namespace flashdsa::sm90::tuning {
+
+// Streaming multiprocessors of the current device (grid sizing: a "wave" of resident CTAs).
+inline Status sm_count(int* sms) {
+  int device = 0;
+  FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
+  FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device));
+  return Status::OK();
+}
+
+// ---- indexer top-k (csrc/sm90/indexer_topk) ------------------------------------------------------
+// Candidate list capacity per query row: K plus room for one more K (at least 2048) of appends
+// between compactions; larger lists compact less often, smaller ones fit the register-resident
+// selection (select.cuh kResidentElems = 4096 = 2048 + 2048).
+inline int topk_candidate_capacity(int K) { return K + std::max(K, 2048); }
+// The persistent grid is min(blocks of query rows, CTAs per SM x SMs): one full wave.
+
+// ---- sparse MLA backward (csrc/sm90/sparse_mla_bwd) ----------------------------------------------
+// Fast mode sorts each row's indices and sweeps the key range in step from this many keys on: kv +
+// dkv of fewer keys stay in L2 anyway.
+constexpr int64_t kBwdSweepMinKeys = 16384;
+// Sorted-index chunk of the sweep: tokens per chunk = this / K (64 MiB per copy).
+constexpr int64_t kBwdSortChunkEntries = int64_t(1) << 24;
+// Deterministic mode: bound of the per-chunk dkv partial buffer (2 GiB); the chunk's token count is
+// then rounded down to a multiple of the SM count (whole waves of one CTA per SM).
+constexpr int64_t kBwdDetChunkBytes = int64_t(2) << 30;
+
+}  // namespace flashdsa::sm90::tuning
