@@ -23,12 +23,9 @@ constexpr int kSmemPerCtaBudget = 228 * 1024 / kCtasPerSm - 1024;  // per-CTA sh
 template <int H, int D, bool kRelu>
 Status launch(const KernelArgs& args, int grid, cudaStream_t stream) {
   static_assert(smem_bytes<H, D>() <= static_cast<size_t>(kSmemPerCtaBudget), "two CTAs per SM must fit");
-  const auto kernel = indexer_topk_kernel<H, D, kRelu>;
   constexpr int kSmem = static_cast<int>(smem_bytes<H, D>());
-  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kernel<<<grid, kThreads, kSmem, stream>>>(args);
-  FLASHDSA_CHECK_LAUNCH("indexer_topk_kernel");
-  return Status::OK();
+  return launch_with_smem(indexer_topk_kernel<H, D, kRelu>, dim3(grid), kThreads, kSmem, stream, "indexer_topk_kernel",
+                          args);
 }
 
 template <int H, int D>

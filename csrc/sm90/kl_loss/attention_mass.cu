@@ -129,12 +129,8 @@ __global__ void __launch_bounds__(kMassThreads, 1) attention_mass_kernel(const M
 
 template <int NHG>
 Status launch_attention_mass(const MassArgs& a, int64_t T, cudaStream_t stream) {
-  auto kernel = attention_mass_kernel<NHG>;
-  constexpr int smem = MassSmem<NHG>::kDynamicBytes;
-  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<static_cast<unsigned>(T), kMassThreads, smem, stream>>>(a);
-  FLASHDSA_CHECK_LAUNCH("attention_mass_kernel");
-  return Status::OK();
+  return launch_with_smem(attention_mass_kernel<NHG>, dim3(static_cast<unsigned>(T)), kMassThreads,
+                          MassSmem<NHG>::kDynamicBytes, stream, "attention_mass_kernel", a);
 }
 
 }  // namespace
@@ -143,20 +139,21 @@ Status launch_attention_mass(const MassArgs& a, int64_t T, cudaStream_t stream) 
 Status attention_mass(const AttnMassParams& p) {
   if (p.T == 0) return Status::OK();
   const kl_loss_impl::MassArgs a{static_cast<const __nv_bfloat16*>(p.attn.q),
-                       static_cast<const __nv_bfloat16*>(p.attn.kv),
-                       p.topk.indices,
-                       static_cast<const float*>(p.lse),
-                       static_cast<float*>(p.mass),
-                       p.attn.scale,
-                       p.T_kv,
-                       p.attn.H,
-                       p.topk.K,
-                       p.attn.q_stride_t,
-                       p.attn.q_stride_h,
-                       p.attn.kv_stride_t,
-                       p.topk.stride_t};
+                                 static_cast<const __nv_bfloat16*>(p.attn.kv),
+                                 p.topk.indices,
+                                 static_cast<const float*>(p.lse),
+                                 static_cast<float*>(p.mass),
+                                 p.attn.scale,
+                                 p.T_kv,
+                                 p.attn.H,
+                                 p.topk.K,
+                                 p.attn.q_stride_t,
+                                 p.attn.q_stride_h,
+                                 p.attn.kv_stride_t,
+                                 p.topk.stride_t};
   auto stream = static_cast<cudaStream_t>(p.stream);
-  return p.attn.H > 64 ? kl_loss_impl::launch_attention_mass<2>(a, p.T, stream) : kl_loss_impl::launch_attention_mass<1>(a, p.T, stream);
+  return p.attn.H > 64 ? kl_loss_impl::launch_attention_mass<2>(a, p.T, stream)
+                       : kl_loss_impl::launch_attention_mass<1>(a, p.T, stream);
 }
 
 }  // namespace flashdsa::sm90

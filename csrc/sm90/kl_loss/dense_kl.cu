@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "common/status_macros.h"
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/kl_loss/attn_stream.cuh"
 #include "sm90/kl_loss/indexer_dispatch.cuh"
@@ -359,8 +360,7 @@ Status launch_dense_kl(const DenseKlParams& p) {
   const char* op = kBwd ? "dense_kl_bwd" : "dense_kl_fwd";
   if (p.T == 0) return Status::OK();
   auto stream = static_cast<cudaStream_t>(p.stream);
-  if (kBwd && p.T_kv > 0)
-    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.dk_idx, 0, static_cast<size_t>(p.T_kv) * p.indexer.D_I * sizeof(float), stream));
+  FLASHDSA_RETURN_IF_ERROR(clear_dk_idx<kBwd>(p, stream));
   const DenseKlArgs a{static_cast<const __nv_bfloat16*>(p.attn.q),
                       static_cast<const __nv_bfloat16*>(p.attn.kv),
                       static_cast<const __nv_bfloat16*>(p.indexer.q_idx),
@@ -387,11 +387,8 @@ Status launch_dense_kl(const DenseKlParams& p) {
                       p.indexer.weights_stride_t};
   return dispatch_indexer_shape(p.indexer.H_I, p.indexer.D_I, op, [&](auto hi, auto di) -> Status {
     constexpr int HI = decltype(hi)::value, DI = decltype(di)::value;
-    auto launch = [&](auto kernel, int smem) -> Status {
-      FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      kernel<<<static_cast<unsigned>(p.T), kDenseThreads, smem, stream>>>(a);
-      FLASHDSA_CHECK_LAUNCH(op);
-      return Status::OK();
+    auto launch = [&](auto kernel, int smem) {
+      return launch_with_smem(kernel, dim3(static_cast<unsigned>(p.T)), kDenseThreads, smem, stream, op, a);
     };
     if (p.attn.H > 64) return launch(dense_kl_kernel<2, HI, DI, kBwd>, DenseKlSmem<2, HI, DI, kBwd>::kDynamicBytes);
     return launch(dense_kl_kernel<1, HI, DI, kBwd>, DenseKlSmem<1, HI, DI, kBwd>::kDynamicBytes);

@@ -15,6 +15,7 @@
 // reads every key block once.
 #include <cuda_bf16.h>
 
+#include "common/status_macros.h"
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/kl_loss/indexer_dispatch.cuh"
 #include "sm90/kl_loss/kl_common.cuh"
@@ -281,8 +282,7 @@ Status launch_sparse_kl(const SparseKlParams& p) {
   const char* op = kBwd ? "sparse_kl_bwd" : "sparse_kl_fwd";
   if (p.T == 0) return Status::OK();
   auto stream = static_cast<cudaStream_t>(p.stream);
-  if (kBwd && p.T_kv > 0)
-    FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.dk_idx, 0, static_cast<size_t>(p.T_kv) * p.indexer.D_I * sizeof(float), stream));
+  FLASHDSA_RETURN_IF_ERROR(clear_dk_idx<kBwd>(p, stream));
   const SparseKlArgs a{static_cast<const __nv_bfloat16*>(p.indexer.q_idx),
                        static_cast<const __nv_bfloat16*>(p.indexer.k_idx),
                        static_cast<const float*>(p.indexer.weights),
@@ -305,13 +305,10 @@ Status launch_sparse_kl(const SparseKlParams& p) {
                        p.topk.stride_t};
   return dispatch_indexer_shape(p.indexer.H_I, p.indexer.D_I, op, [&](auto hi, auto di) -> Status {
     constexpr int HI = decltype(hi)::value, DI = decltype(di)::value;
-    auto kernel = sparse_kl_kernel<HI, DI, kBwd>;
     // The backward with saved statistics skips the statistics pass and its score row.
     const int smem = SparseKlSmem<HI, DI, kBwd>::dynamic_bytes(p.topk.K, !kBwd || p.row_stats == nullptr);
-    FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<static_cast<unsigned>(p.T), kWarpgroup, smem, stream>>>(a);
-    FLASHDSA_CHECK_LAUNCH(op);
-    return Status::OK();
+    return launch_with_smem(sparse_kl_kernel<HI, DI, kBwd>, dim3(static_cast<unsigned>(p.T)), kWarpgroup, smem, stream,
+                            op, a);
   });
 }
 

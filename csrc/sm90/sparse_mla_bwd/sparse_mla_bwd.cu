@@ -216,11 +216,9 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
 
 template <bool kDeterministic>
 Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, cudaStream_t stream) {
-  auto* kernel = sparse_mla_bwd_main_kernel<kDeterministic>;
-  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-  kernel<<<dim3(static_cast<unsigned>(tokens), num_head_groups), kThreads, kSmemBytes, stream>>>(mp);
-  FLASHDSA_CHECK_LAUNCH("sparse_mla_bwd_main_kernel");
-  return Status::OK();
+  return launch_with_smem(sparse_mla_bwd_main_kernel<kDeterministic>,
+                          dim3(static_cast<unsigned>(tokens), num_head_groups), kThreads, int(kSmemBytes), stream,
+                          "sparse_mla_bwd_main_kernel", mp);
 }
 
 unsigned grid_for(int64_t n, int threads) {
