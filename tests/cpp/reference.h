@@ -1,5 +1,7 @@
 // Naive double-precision references of every op (docs/spec.md §3-§6), written as plainly as possible:
-// contiguous logical tensors, materialized intermediates, no tiling. For tiny sizes only.
+// contiguous logical tensors, materialized intermediates, no tiling. The one C++ reference: the CPU
+// tests (tests/cpp) and the GPU check programs (tests/cuda, through check_common.cuh) both use it.
+// Small sizes only (the GPU checks use a few hundred tokens).
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,15 @@ inline double dot(const double* a, const double* b, int n) {
 }
 
 inline bool valid(int64_t key, int64_t T_kv) { return key >= 0 && key < T_kv; }
+
+// log(sum exp(x)) of a set of values; -inf for an empty set.
+inline double log_sum_exp(const std::vector<double>& x) {
+  if (x.empty()) return kNegInf;
+  const double m = *std::max_element(x.begin(), x.end());
+  double sum = 0;
+  for (double v : x) sum += std::exp(v - m);
+  return m + std::log(sum);
+}
 
 // Indexer inputs: q_idx [T, H_I, D_I], k_idx [T_kv, D_I], weights [T, H_I].
 struct Indexer {
@@ -51,12 +62,11 @@ struct Attention {
   double logit(int64_t t, int h, int64_t s) const { return scale * dot(&q[(t * H + h) * D_qk], &kv[s * D_qk], D_qk); }
 };
 
-// §4: out [T, H, D_v], lse [T, H].
-inline void sparse_mla_fwd(const Attention& a, const std::vector<int32_t>& idx, int64_t T, int64_t T_kv, int K,
-                           int D_v, Vec& out, Vec& lse) {
-  out.assign(T * a.H * D_v, 0.0);
-  lse.assign(T * a.H, kNegInf);
-  for (int64_t t = 0; t < T; ++t) {
+// §4 for query rows [t_begin, t_end) into out [T, H, D_v] and lse [T, H], already sized (rows
+// without a valid index: out 0, lse -inf). Callers may split the rows over threads.
+inline void sparse_mla_fwd_rows(const Attention& a, const std::vector<int32_t>& idx, int64_t t_begin, int64_t t_end,
+                                int64_t T_kv, int K, int D_v, Vec& out, Vec& lse) {
+  for (int64_t t = t_begin; t < t_end; ++t) {
     for (int h = 0; h < a.H; ++h) {
       std::vector<double> logits;
       std::vector<int64_t> keys;
@@ -67,10 +77,7 @@ inline void sparse_mla_fwd(const Attention& a, const std::vector<int32_t>& idx, 
         keys.push_back(s);
       }
       if (keys.empty()) continue;
-      const double m = *std::max_element(logits.begin(), logits.end());
-      double sum = 0;
-      for (double l : logits) sum += std::exp(l - m);
-      const double L = m + std::log(sum);
+      const double L = log_sum_exp(logits);
       lse[t * a.H + h] = L;
       for (size_t i = 0; i < keys.size(); ++i) {
         const double p = std::exp(logits[i] - L);
@@ -78,6 +85,30 @@ inline void sparse_mla_fwd(const Attention& a, const std::vector<int32_t>& idx, 
       }
     }
   }
+}
+
+// §4: out [T, H, D_v], lse [T, H].
+inline void sparse_mla_fwd(const Attention& a, const std::vector<int32_t>& idx, int64_t T, int64_t T_kv, int K,
+                           int D_v, Vec& out, Vec& lse) {
+  out.assign(T * a.H * D_v, 0.0);
+  lse.assign(T * a.H, kNegInf);
+  sparse_mla_fwd_rows(a, idx, 0, T, T_kv, K, D_v, out, lse);
+}
+
+// §4's lse alone [T, H] (-inf on rows without a valid index): what the attention mass and the sparse
+// KL loss read from the forward.
+inline Vec sparse_lse(const Attention& a, const std::vector<int32_t>& idx, int64_t T, int64_t T_kv, int K) {
+  Vec lse(T * a.H, kNegInf);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int h = 0; h < a.H; ++h) {
+      std::vector<double> logits;
+      for (int j = 0; j < K; ++j) {
+        if (valid(idx[t * K + j], T_kv)) logits.push_back(a.logit(t, h, idx[t * K + j]));
+      }
+      lse[t * a.H + h] = log_sum_exp(logits);
+    }
+  }
+  return lse;
 }
 
 // §5, from the forward's stored out and lse: dq [T, H, D_qk], dkv [T_kv, D_qk].
@@ -119,9 +150,10 @@ inline Vec attention_mass(const Attention& a, const std::vector<int32_t>& idx, i
   return mass;
 }
 
-// KL loss rows and gradients of either formulation.
+// KL loss rows and gradients of either formulation; lse_rows: the log-sum-exp of each row's scores
+// over its support (-inf on rows without a target), what the sparse forward saves in row_stats.
 struct KlResult {
-  Vec loss_rows, dq_idx, dk_idx, dweights;
+  Vec loss_rows, dq_idx, dk_idx, dweights, lse_rows;
 };
 
 // One row of the KL loss over support keys with target probabilities; adds the gradients
@@ -130,10 +162,8 @@ inline double kl_row(const Indexer& ix, int64_t t, const std::vector<int64_t>& k
                      KlResult& r) {
   Vec score(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) score[i] = ix.score(t, keys[i]);
-  const double m = *std::max_element(score.begin(), score.end());
-  double sum = 0;
-  for (double s : score) sum += std::exp(s - m);
-  const double lse = m + std::log(sum);
+  const double lse = log_sum_exp(score);
+  r.lse_rows[t] = lse;
   double loss = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     const double log_p = score[i] - lse;
@@ -158,6 +188,7 @@ inline KlResult empty_result(int64_t T, int64_t T_kv, const Indexer& ix) {
   r.dq_idx.assign(T * ix.H_I * ix.D_I, 0.0);
   r.dk_idx.assign(T_kv * ix.D_I, 0.0);
   r.dweights.assign(T * ix.H_I, 0.0);
+  r.lse_rows.assign(T, kNegInf);
   return r;
 }
 

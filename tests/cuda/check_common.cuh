@@ -1,4 +1,6 @@
-// Shared helpers of the standalone GPU check programs (tests/cuda/*_check.cu).
+// Shared helpers of the standalone GPU check programs (tests/cuda/*_check.cu): the CUDA / Status
+// error checks, the params parts builders, key ranges from the library, event timing, and the one
+// C++ double-precision reference (tests/cpp/reference.h, namespace ref).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +11,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "../cpp/reference.h"
+#include "flashdsa/ops.h"
 #include "flashdsa/ranges.h"
 
 // Every CUDA runtime call of the check programs goes through this: on failure the program prints
@@ -31,11 +35,64 @@ struct KeyRanges {
   int64_t T = 0, T_kv = 0;
 };
 
-inline void ranges_or_die(const flashdsa::Status& st) {
+// Aborts the check program (exit 1) with `what` and the message when a library call fails.
+inline void status_or_die(const flashdsa::Status& st, const char* what) {
   if (st.ok()) return;
-  std::printf("key ranges: %s\n", st.to_string().c_str());
+  std::printf("%s failed: %s\n", what, st.to_string().c_str());
   std::exit(1);
 }
+
+inline void ranges_or_die(const flashdsa::Status& st) { status_or_die(st, "key ranges"); }
+
+// ---- params parts (include/flashdsa/ops.h), bf16 device tensors ------------------------------------
+// Strides in elements; the short forms are for contiguous tensors.
+inline flashdsa::AttentionTensors attention_part(const void* q, const void* kv, int H, double scale,
+                                                 int64_t q_stride_t, int64_t q_stride_h, int64_t kv_stride_t) {
+  flashdsa::AttentionTensors a;
+  a.dtype = flashdsa::DType::kBF16;
+  a.q = q;
+  a.kv = kv;
+  a.H = H;
+  a.scale = static_cast<float>(scale);
+  a.q_stride_t = q_stride_t;
+  a.q_stride_h = q_stride_h;
+  a.kv_stride_t = kv_stride_t;
+  return a;
+}
+inline flashdsa::AttentionTensors attention_part(const void* q, const void* kv, int H, double scale) {
+  return attention_part(q, kv, H, scale, static_cast<int64_t>(H) * flashdsa::kDqk, flashdsa::kDqk, flashdsa::kDqk);
+}
+
+inline flashdsa::IndexerTensors indexer_part(const void* q_idx, const void* k_idx, const void* w, int HI, int DI,
+                                             bool relu, int64_t q_stride_t, int64_t q_stride_h, int64_t k_stride_t,
+                                             int64_t w_stride_t) {
+  flashdsa::IndexerTensors in;
+  in.dtype = flashdsa::DType::kBF16;
+  in.q_idx = q_idx;
+  in.k_idx = k_idx;
+  in.weights = w;
+  in.H_I = HI;
+  in.D_I = DI;
+  in.relu = relu;
+  in.q_idx_stride_t = q_stride_t;
+  in.q_idx_stride_h = q_stride_h;
+  in.k_idx_stride_t = k_stride_t;
+  in.weights_stride_t = w_stride_t;
+  return in;
+}
+inline flashdsa::IndexerTensors indexer_part(const void* q_idx, const void* k_idx, const void* w, int HI, int DI,
+                                             bool relu) {
+  return indexer_part(q_idx, k_idx, w, HI, DI, relu, static_cast<int64_t>(HI) * DI, DI, DI, HI);
+}
+
+inline flashdsa::TopkIndices topk_part(const int32_t* indices, int K, int64_t stride_t) {
+  flashdsa::TopkIndices k;
+  k.indices = indices;
+  k.stride_t = stride_t;
+  k.K = K;
+  return k;
+}
+inline flashdsa::TopkIndices topk_part(const int32_t* indices, int K) { return topk_part(indices, K, K); }
 
 inline std::vector<int32_t> cu_seqlens_of(const std::vector<int>& lengths) {
   std::vector<int32_t> cu{0};

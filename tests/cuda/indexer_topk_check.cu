@@ -253,24 +253,14 @@ flashdsa::IndexerTopkParams make_params(const Problem& p, const DeviceBuffer& q,
                                         DeviceBuffer& idx, DeviceBuffer& sc) {
   flashdsa::IndexerTopkParams prm;
   prm.device = flashdsa::Device::kCUDA;
-  prm.indexer.dtype = flashdsa::DType::kBF16;
-  prm.indexer.q_idx = q.ptr;
-  prm.indexer.k_idx = k.ptr;
-  prm.indexer.weights = w.ptr;
+  prm.indexer = flashdsa_check::indexer_part(q.ptr, k.ptr, w.ptr, p.H, p.D, p.relu, p.q_st, p.q_sh, p.k_st, p.w_st);
   prm.k_start = ks.as<int32_t>();
   prm.k_end = ke.as<int32_t>();
   prm.indices = idx.as<int32_t>();
   prm.scores = sc.ptr;
   prm.T = p.T;
   prm.T_kv = p.T_kv;
-  prm.indexer.H_I = p.H;
-  prm.indexer.D_I = p.D;
   prm.K = p.K;
-  prm.indexer.relu = p.relu;
-  prm.indexer.q_idx_stride_t = p.q_st;
-  prm.indexer.q_idx_stride_h = p.q_sh;
-  prm.indexer.k_idx_stride_t = p.k_st;
-  prm.indexer.weights_stride_t = p.w_st;
   return prm;
 }
 

@@ -96,12 +96,35 @@ void make_indices(Inputs& in, Rng& rng) {
   }
 }
 
-double score(const Inputs& in, int64_t t, int h, int32_t key) {
-  const bf16* q = &in.q[t * in.q_st + h * in.q_sh];
-  const bf16* k = &in.kv[key * in.kv_st];
-  double s = 0;
-  for (int d = 0; d < kDqk; ++d) s += double(f(q[d])) * f(k[d]);
-  return s * in.scale;
+// The op's strided bf16 rows as the reference reads them: `rows` rows of `width` values, row r at
+// r * stride (contiguous doubles).
+std::vector<double> dense_rows(const std::vector<bf16>& v, int64_t rows, int64_t stride, int width) {
+  std::vector<double> d(size_t(rows) * width);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < width; ++i) d[size_t(r) * width + i] = f(v[size_t(r) * stride + i]);
+  return d;
+}
+
+// The reference's views of q [T, H, 576] (rows t * q_st + h * q_sh), kv [T_kv, 576] and the indices
+// [T, K] (tests/cpp/reference.h reads contiguous tensors).
+struct RefInputs {
+  std::vector<double> q, kv;
+  std::vector<int32_t> idx;
+  ref::Attention attn(const Inputs& in) const { return {q, kv, in.c.H, kDqk, in.scale}; }
+};
+
+RefInputs ref_inputs(const Inputs& in) {
+  const Case& c = in.c;
+  RefInputs r;
+  r.q.resize(size_t(c.T) * c.H * kDqk);
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int h = 0; h < c.H; ++h)
+      for (int d = 0; d < kDqk; ++d) r.q[(size_t(t) * c.H + h) * kDqk + d] = f(in.q[t * in.q_st + h * in.q_sh + d]);
+  r.kv = dense_rows(in.kv, c.T_kv, in.kv_st, kDqk);
+  r.idx.resize(size_t(c.T) * c.K);
+  for (int64_t t = 0; t < c.T; ++t)
+    std::copy(&in.idx[t * in.idx_st], &in.idx[t * in.idx_st] + c.K, r.idx.begin() + t * c.K);
+  return r;
 }
 
 // Random q, kv, dout; out and lse from a double-precision forward (out rounded to bf16 as the
@@ -124,69 +147,28 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   rand_bf16(in.dout, size_t(c.T) * c.H * kDv);
   in.idx.assign(size_t(c.T) * in.idx_st, -1);
   make_indices(in, rng);
-  in.out.assign(size_t(c.T) * c.H * kDv, flashdsa::float_to_bf16(0.f));
-  in.lse.assign(size_t(c.T) * c.H, -INFINITY);
-  std::vector<double> s(c.K), o(kDv);
-  for (int64_t t = 0; t < c.T; ++t) {
-    const int32_t* row = &in.idx[t * in.idx_st];
-    for (int h = 0; h < c.H; ++h) {
-      double mx = -INFINITY;
-      for (int j = 0; j < c.K; ++j) {
-        s[j] = valid_key(row[j], c.T_kv) ? score(in, t, h, row[j]) : -INFINITY;
-        mx = std::max(mx, s[j]);
-      }
-      if (mx == -INFINITY) continue;
-      double sum = 0;
-      for (int j = 0; j < c.K; ++j) sum += std::exp(s[j] - mx);
-      const double lse = mx + std::log(sum);
-      std::fill(o.begin(), o.end(), 0.0);
-      for (int j = 0; j < c.K; ++j) {
-        if (!valid_key(row[j], c.T_kv)) continue;
-        const double pj = std::exp(s[j] - lse);
-        const bf16* v = &in.kv[row[j] * in.kv_st];
-        for (int d = 0; d < kDv; ++d) o[d] += pj * f(v[d]);
-      }
-      in.lse[t * c.H + h] = float(lse);
-      for (int d = 0; d < kDv; ++d) in.out[(t * c.H + h) * kDv + d] = flashdsa::float_to_bf16(float(o[d]));
-    }
-  }
+  // The forward in double (tests/cpp/reference.h), stored as the forward would: out in bf16, lse in
+  // fp32 (-inf on rows without a valid index, out 0 there).
+  const RefInputs r = ref_inputs(in);
+  std::vector<double> out, lse;
+  ref::sparse_mla_fwd(r.attn(in), r.idx, c.T, c.T_kv, c.K, kDv, out, lse);
+  in.out.resize(out.size());
+  for (size_t i = 0; i < out.size(); ++i) in.out[i] = flashdsa::float_to_bf16(float(out[i]));
+  in.lse.assign(lse.begin(), lse.end());
   return in;
 }
 
-// docs/spec.md §5 in double, from the same bf16 inputs and fp32 lse the kernel sees; also the optional
-// output mass[t, j] = sum_h P[t, h, j] (docs/spec.md §6, 0 on invalid slots).
+// docs/spec.md §5 in double (tests/cpp/reference.h), from the same bf16 inputs, bf16 out and fp32
+// lse the kernel sees; also the optional output mass[t, j] = sum_h P[t, h, j] (§6, 0 on invalid slots).
 void reference_backward(const Inputs& in, std::vector<double>& dq, std::vector<double>& dkv,
                         std::vector<double>& mass) {
   const Case& c = in.c;
-  dq.assign(size_t(c.T) * c.H * kDqk, 0.0);
-  dkv.assign(size_t(c.T_kv) * kDqk, 0.0);
-  mass.assign(size_t(c.T) * c.K, 0.0);
-  for (int64_t t = 0; t < c.T; ++t) {
-    const int32_t* row = &in.idx[t * in.idx_st];
-    for (int h = 0; h < c.H; ++h) {
-      const bf16* dout = &in.dout[(t * c.H + h) * kDv];
-      const bf16* out = &in.out[(t * c.H + h) * kDv];
-      const bf16* q = &in.q[t * in.q_st + h * in.q_sh];
-      double delta = 0;
-      for (int d = 0; d < kDv; ++d) delta += double(f(dout[d])) * f(out[d]);
-      for (int j = 0; j < c.K; ++j) {
-        if (!valid_key(row[j], c.T_kv)) continue;
-        const bf16* k = &in.kv[row[j] * in.kv_st];
-        const double p = std::exp(score(in, t, h, row[j]) - double(in.lse[t * c.H + h]));
-        mass[size_t(t) * c.K + j] += p;
-        double dp = 0;
-        for (int d = 0; d < kDv; ++d) dp += double(f(dout[d])) * f(k[d]);
-        const double ds = p * (dp - delta) * in.scale;
-        double* dq_row = &dq[(t * c.H + h) * kDqk];
-        double* dkv_row = &dkv[size_t(row[j]) * kDqk];
-        for (int d = 0; d < kDqk; ++d) {
-          dq_row[d] += ds * f(k[d]);
-          dkv_row[d] += ds * f(q[d]);
-        }
-        for (int d = 0; d < kDv; ++d) dkv_row[d] += p * f(dout[d]);
-      }
-    }
-  }
+  const RefInputs r = ref_inputs(in);
+  const std::vector<double> out = dense_rows(in.out, c.T * c.H, kDv, kDv);
+  const std::vector<double> dout = dense_rows(in.dout, c.T * c.H, kDv, kDv);
+  const std::vector<double> lse(in.lse.begin(), in.lse.end());
+  ref::sparse_mla_bwd(r.attn(in), r.idx, c.T, c.T_kv, c.K, kDv, out, lse, dout, dq, dkv);
+  mass = ref::attention_mass(r.attn(in), r.idx, c.T, c.T_kv, c.K, lse);
 }
 
 // ---- running the op ---------------------------------------------------------------------------
@@ -203,11 +185,10 @@ struct DeviceBuffers {
 flashdsa::SparseMlaBwdParams make_params(const Inputs& in, const DeviceBuffers& b, bool deterministic) {
   flashdsa::SparseMlaBwdParams p;
   p.device = flashdsa::Device::kCUDA;
-  p.attn.dtype = flashdsa::DType::kBF16;
-  p.attn.q = b.q, p.attn.kv = b.kv, p.topk.indices = b.idx, p.attn.scale = in.scale;
+  p.attn = flashdsa_check::attention_part(b.q, b.kv, in.c.H, in.scale, in.q_st, in.q_sh, in.kv_st);
+  p.topk = flashdsa_check::topk_part(b.idx, in.c.K, in.idx_st);
   p.out = b.out, p.lse = b.lse, p.dout = b.dout, p.dq = b.dq, p.dkv = b.dkv;
-  p.T = in.c.T, p.T_kv = in.c.T_kv, p.attn.H = in.c.H, p.topk.K = in.c.K;
-  p.attn.q_stride_t = in.q_st, p.attn.q_stride_h = in.q_sh, p.attn.kv_stride_t = in.kv_st, p.topk.stride_t = in.idx_st;
+  p.T = in.c.T, p.T_kv = in.c.T_kv;
   p.deterministic = deterministic;
   p.mass = b.mass;
   return p;

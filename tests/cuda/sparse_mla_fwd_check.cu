@@ -110,41 +110,25 @@ HostInputs make_inputs(const Case& c, std::mt19937& rng) {
   return in;
 }
 
-// Double-precision reference: out [T, H, 512] and lse [T, H] (empty row: 0 and -inf).
+// Double-precision reference (tests/cpp/reference.h): out [T, H, 512] and lse [T, H] (empty row: 0
+// and -inf), the rows split over threads.
 void reference(const Case& c, const HostInputs& in, std::vector<double>& out, std::vector<double>& lse) {
+  // The reference reads contiguous tensors: q [T, H, 576], kv [T_kv, 576], indices [T, K].
+  std::vector<double> q(size_t(c.T) * c.H * kDqk), kv(size_t(c.T_kv) * kDqk);
+  std::vector<int32_t> idx(size_t(c.T) * c.K);
+  for (int64_t t = 0; t < c.T; ++t) {
+    for (int h = 0; h < c.H; ++h)
+      for (int d = 0; d < kDqk; ++d)
+        q[(size_t(t) * c.H + h) * kDqk + d] = bf16_to_float(in.q[t * in.q_stride_t + h * in.q_stride_h + d]);
+    std::copy_n(in.indices.data() + t * in.indices_stride_t, c.K, idx.begin() + t * c.K);
+  }
+  for (int64_t s = 0; s < c.T_kv; ++s)
+    for (int d = 0; d < kDqk; ++d) kv[size_t(s) * kDqk + d] = bf16_to_float(in.kv[s * in.kv_stride_t + d]);
+  const ref::Attention attn{q, kv, c.H, kDqk, c.scale};
   out.assign(c.T * c.H * kDv, 0.0);
   lse.assign(c.T * c.H, -INFINITY);
   auto work = [&](int64_t t_begin, int64_t t_end) {
-    std::vector<double> qd(kDqk), logits, acc(kDv);
-    std::vector<const bf16*> rows;
-    for (int64_t t = t_begin; t < t_end; ++t) {
-      rows.clear();
-      const int32_t* idx = in.indices.data() + t * in.indices_stride_t;
-      for (int j = 0; j < c.K; ++j)
-        if (idx[j] >= 0 && idx[j] < c.T_kv) rows.push_back(in.kv.data() + idx[j] * in.kv_stride_t);
-      if (rows.empty()) continue;
-      logits.resize(rows.size());
-      for (int h = 0; h < c.H; ++h) {
-        const bf16* q = in.q.data() + t * in.q_stride_t + h * in.q_stride_h;
-        for (int d = 0; d < kDqk; ++d) qd[d] = bf16_to_float(q[d]);
-        double mx = -INFINITY;
-        for (size_t j = 0; j < rows.size(); ++j) {
-          double s = 0.0;
-          for (int d = 0; d < kDqk; ++d) s += qd[d] * bf16_to_float(rows[j][d]);
-          logits[j] = s * c.scale;
-          mx = std::max(mx, logits[j]);
-        }
-        double sum = 0.0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (size_t j = 0; j < rows.size(); ++j) {
-          const double p = std::exp(logits[j] - mx);
-          sum += p;
-          for (int d = 0; d < kDv; ++d) acc[d] += p * bf16_to_float(rows[j][d]);
-        }
-        for (int d = 0; d < kDv; ++d) out[(t * c.H + h) * kDv + d] = acc[d] / sum;
-        lse[t * c.H + h] = mx + std::log(sum);
-      }
-    }
+    ref::sparse_mla_fwd_rows(attn, idx, t_begin, t_end, c.T_kv, c.K, kDv, out, lse);
   };
   const int64_t n_threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
@@ -157,21 +141,12 @@ flashdsa::SparseMlaFwdParams make_params(const Case& c, const HostInputs& in, co
                                          const int32_t* indices, void* out, void* lse) {
   flashdsa::SparseMlaFwdParams p;
   p.device = flashdsa::Device::kCUDA;
-  p.attn.dtype = flashdsa::DType::kBF16;
-  p.attn.q = q;
-  p.attn.kv = kv;
-  p.topk.indices = indices;
-  p.attn.scale = c.scale;
+  p.attn = flashdsa_check::attention_part(q, kv, c.H, c.scale, in.q_stride_t, in.q_stride_h, in.kv_stride_t);
+  p.topk = flashdsa_check::topk_part(indices, c.K, in.indices_stride_t);
   p.out = out;
   p.lse = lse;
   p.T = c.T;
   p.T_kv = c.T_kv;
-  p.attn.H = c.H;
-  p.topk.K = c.K;
-  p.attn.q_stride_t = in.q_stride_t;
-  p.attn.q_stride_h = in.q_stride_h;
-  p.attn.kv_stride_t = in.kv_stride_t;
-  p.topk.stride_t = in.indices_stride_t;
   return p;
 }
 
