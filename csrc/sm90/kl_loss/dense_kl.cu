@@ -249,17 +249,24 @@ __global__ void __launch_bounds__(kDenseThreads, 1) dense_kl_kernel(const DenseK
   hw::named_bar_sync(kBarIndexer, kWarpgroup);
   hw::mbar_wait(q_bar, 0);
 
+  // The indexer scores of block step n (pass 1: n < nb, pass 2: n - nb) into acc, complete; returns the
+  // K_I ring stage, to be released by the caller.
+  auto score_block = [&](int n, float (&acc)[IB::kAcc]) {
+    const int st = n % L::kKiStages;
+    hw::mbar_wait(&ki_full[st], (n / L::kKiStages) & 1);
+    hw::fence_proxy_async();
+    IB::issue_scores(acc, ki_tile(st), qi_tile);
+    hw::wgmma_wait<0>();
+    hw::fence_regs(acc);
+    return st;
+  };
+
   // Pass 1: online log-sum-exp of the scores (one lane per quad holds the quad's two keys).
   float m1 = -INFINITY, l1 = 0.f;
 #pragma unroll 1
   for (int n = 0; n < nb; ++n) {
-    const int st = n % L::kKiStages;
-    hw::mbar_wait(&ki_full[st], (n / L::kKiStages) & 1);
-    hw::fence_proxy_async();
     float acc[IB::kAcc];
-    IB::issue_scores(acc, ki_tile(st), qi_tile);
-    hw::wgmma_wait<0>();
-    hw::fence_regs(acc);
+    const int st = score_block(n, acc);
     hw::mbar_arrive(&ki_empty[st]);
     float s[2];
     IB::reduce_scores(acc, w_s, a.relu, c.q, s[0], s[1]);
@@ -300,13 +307,8 @@ __global__ void __launch_bounds__(kDenseThreads, 1) dense_kl_kernel(const DenseK
 #pragma unroll 1
   for (int n = nb; n < 2 * nb; ++n) {
     const int b = n - nb;
-    const int st = n % L::kKiStages;
-    hw::mbar_wait(&ki_full[st], (n / L::kKiStages) & 1);
-    hw::fence_proxy_async();
     float acc[IB::kAcc];
-    IB::issue_scores(acc, ki_tile(st), qi_tile);
-    hw::wgmma_wait<0>();
-    hw::fence_regs(acc);
+    const int st = score_block(n, acc);
     float s[2], tg[2];
     IB::reduce_scores(acc, w_s, a.relu, c.q, s[0], s[1]);
     const int slot = b % kTgtSlots;
