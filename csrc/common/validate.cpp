@@ -87,16 +87,30 @@ Status check_finite(const Check& c, const char* field, double value) {
   return Status::OK();
 }
 
+// The field names of a query tensor [T, heads, dim] (strides <q>_stride_t, <q>_stride_h, 1) and
+// its key rows [T_kv, dim] (stride <k>_stride_t), as the error messages name them.
+struct QueryKeyNames {
+  const char *heads, *dim, *q, *k;
+};
+
+// The query / key pair shared by the attention and indexer parts: sizes positive, pointers present
+// for non-empty tensors, rows that do not overlap.
+Status check_query_key(const Check& c, const QueryKeyNames& n, const void* q, const void* k, int heads, int dim,
+                       int64_t q_stride_t, int64_t q_stride_h, int64_t k_stride_t, int64_t T, int64_t T_kv) {
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, n.heads, heads));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, n.dim, dim));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, n.q, q, T * heads * dim));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, n.k, k, T_kv * dim));
+  FLASHDSA_RETURN_IF_ERROR(check_strides_3d(c, n.q, q_stride_t, q_stride_h, T, heads, dim));
+  return check_stride(c, std::string(n.k) + "_stride_t", k_stride_t, T_kv, dim);
+}
+
 // The AttentionTensors part: q [T, H, D_qk], kv [T_kv, D_qk], the softmax scale and the dtype.
 // D_v is checked by the ops that read it (check_value_dim).
 Status check_attention(const Check& c, const AttentionTensors& a, int64_t T, int64_t T_kv) {
   FLASHDSA_RETURN_IF_ERROR(check_dtype(c, a.dtype));
-  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "H", a.H));
-  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D_qk", a.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q", a.q, T * a.H * a.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "kv", a.kv, T_kv * a.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_strides_3d(c, "q", a.q_stride_t, a.q_stride_h, T, a.H, a.D_qk));
-  FLASHDSA_RETURN_IF_ERROR(check_stride(c, "kv_stride_t", a.kv_stride_t, T_kv, a.D_qk));
+  FLASHDSA_RETURN_IF_ERROR(check_query_key(c, {"H", "D_qk", "q", "kv"}, a.q, a.kv, a.H, a.D_qk, a.q_stride_t,
+                                           a.q_stride_h, a.kv_stride_t, T, T_kv));
   return check_finite(c, "scale", a.scale);
 }
 
@@ -104,14 +118,9 @@ Status check_attention(const Check& c, const AttentionTensors& a, int64_t T, int
 // The optional scales are the backends' concern (neither implements them yet).
 Status check_indexer(const Check& c, const IndexerTensors& in, int64_t T, int64_t T_kv) {
   FLASHDSA_RETURN_IF_ERROR(check_dtype(c, in.dtype));
-  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "H_I", in.H_I));
-  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D_I", in.D_I));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q_idx", in.q_idx, T * in.H_I * in.D_I));
-  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "k_idx", in.k_idx, T_kv * in.D_I));
+  FLASHDSA_RETURN_IF_ERROR(check_query_key(c, {"H_I", "D_I", "q_idx", "k_idx"}, in.q_idx, in.k_idx, in.H_I, in.D_I,
+                                           in.q_idx_stride_t, in.q_idx_stride_h, in.k_idx_stride_t, T, T_kv));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "weights", in.weights, T * in.H_I));
-  FLASHDSA_RETURN_IF_ERROR(
-      check_strides_3d(c, "q_idx", in.q_idx_stride_t, in.q_idx_stride_h, T, in.H_I, in.D_I));
-  FLASHDSA_RETURN_IF_ERROR(check_stride(c, "k_idx_stride_t", in.k_idx_stride_t, T_kv, in.D_I));
   return check_stride(c, "weights_stride_t", in.weights_stride_t, T, in.H_I);
 }
 
