@@ -133,6 +133,26 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ---- cp.async (16-byte gathers) ------------------------------------------------------------------
+// Explicit shared-memory loads / stores (LDS / STS) for pointers the compiler cannot prove to be in
+// the shared window (e.g. a plan reached through a realigned integer address, which would otherwise
+// become generic LD / ST).
+__device__ __forceinline__ float ld_shared_f32(const void* p) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_u32(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(const void* p) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(smem_u32(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared_f32(void* p, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_u32(p)), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(void* p, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_u32(p)), "r"(v) : "memory");
+}
+
 // Copies 16 bytes global -> shared; when `valid` is false nothing is read and the destination is
 // zero-filled (src-size 0), so out-of-range rows are never touched.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {

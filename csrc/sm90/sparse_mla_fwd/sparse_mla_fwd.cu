@@ -105,7 +105,7 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
 // valid_words: bit k of word w = key 32w + k of the block is valid. This thread holds keys 8j + 2q + e.
 __device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* valid_words, float scale_log2,
                                                int quad) {
-  const uint32_t words[2] = {valid_words[0] >> (2 * quad), valid_words[1] >> (2 * quad)};
+  const uint32_t words[2] = {hw::ld_shared_u32(valid_words) >> (2 * quad), hw::ld_shared_u32(valid_words + 1) >> (2 * quad)};
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int j = i >> 2, e = i & 1;
@@ -148,15 +148,15 @@ __device__ __forceinline__ void store_p_tile(char* tile, const float (&s)[32], c
 #pragma unroll
   for (int p = 0; p < 16; ++p) {
     const int row = row0 + 8 * (p & 1), chunk = p >> 1;
-    *reinterpret_cast<uint32_t*>(tile + hw::sw128_offset(row, chunk) + 4 * quad) =
-        hw::pack_bf16(s[2 * p] * factor[p & 1], s[2 * p + 1] * factor[p & 1]);
+    hw::st_shared_u32(tile + hw::sw128_offset(row, chunk) + 4 * quad,
+                      hw::pack_bf16(s[2 * p] * factor[p & 1], s[2 * p + 1] * factor[p & 1]));
   }
 }
 
 __device__ __forceinline__ void publish_rows(float* dst, const float (&v)[2], int row0, int quad) {
   if (quad == 0) {
-    dst[row0] = v[0];
-    dst[row0 + 8] = v[1];
+    hw::st_shared_f32(dst + row0, v[0]);
+    hw::st_shared_f32(dst + row0 + 8, v[1]);
   }
 }
 
@@ -224,7 +224,7 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
     const int row = ct.row0 + 8 * h;
     const int head = work.head0 + row;
     if (head >= a.H) continue;
-    const float total = sum[h] + sm.row_sum[consumer ^ 1][row];
+    const float total = sum[h] + hw::ld_shared_f32(&sm.row_sum[consumer ^ 1][row]);
     const float inv = total > 0.f ? 1.f / total : 0.f;  // empty row: O is 0 and stays 0
     const int64_t out_row = work.token * a.H + head;
     __nv_bfloat16* dst = a.out + out_row * kDv + consumer * (kDv / 2) + 2 * ct.quad;
@@ -303,7 +303,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
 
     // Pair max from WG1: hand P0, rescaled to it, to WG1.
     hw::mbar_wait(&sm.exchange[kMaxFromWg1], parity);
-    const float pair_max[2] = {sm.max_wg1[ct.row0], sm.max_wg1[ct.row0 + 8]};
+    const float pair_max[2] = {hw::ld_shared_f32(&sm.max_wg1[ct.row0]), hw::ld_shared_f32(&sm.max_wg1[ct.row0 + 8])};
 #pragma unroll
     for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(blk_max[h] - finite_or_zero(pair_max[h]));
     store_p_tile(p0_tile, s, rescale, ct.row0, ct.quad);
@@ -372,7 +372,7 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
     hw::mbar_wait(&sm.exchange[kMaxFromWg0], i & 1);
     float pair_max[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) pair_max[h] = fmaxf(sm.max_wg0[ct.row0 + 8 * h], blk_max[h]);
+    for (int h = 0; h < 2; ++h) pair_max[h] = fmaxf(hw::ld_shared_f32(&sm.max_wg0[ct.row0 + 8 * h]), blk_max[h]);
     publish_rows(sm.max_wg1, pair_max, ct.row0, ct.quad);
     hw::mbar_arrive(&sm.exchange[kMaxFromWg1]);
     float rescale[2];
@@ -470,7 +470,7 @@ __device__ __forceinline__ void publish_valid_mask(const KernelArgs& a, SmemPlan
   if (warp >= kMaskWriters) return;
   const uint32_t bits = __ballot_sync(0xffffffffu, key >= 0 && key < a.T_kv);
   if (threadIdx.x % 32 == 0) {
-    sm.valid_mask[stage][warp] = bits;
+    hw::st_shared_u32(&sm.valid_mask[stage][warp], bits);
     hw::mbar_arrive(&sm.kv_ready[stage][mask_half(stage)]);
   }
 }
