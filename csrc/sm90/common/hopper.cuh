@@ -197,3 +197,15 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 }
 
 }  // namespace flashdsa::sm90::hw
+
+// ---- additions for the sparse MLA forward variants (2026-12-02) ------------------------------------
+namespace flashdsa::sm90::hw {
+
+// cp_async_16 with the destination given as a shared-window address (smem_u32), so that callers can
+// add compile-time offsets to one base register (ptxas folds them into the instruction's immediate).
+__device__ __forceinline__ void cp_async_16_u32(uint32_t smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+}  // namespace flashdsa::sm90::hw

@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -38,6 +39,8 @@ struct KernelArgs {
   int H;
   int num_blocks;    // K / 64
   float scale_log2;  // scale * log2(e): softmax runs in the log2 domain with exp2
+  uint64_t kv_stride_bytes;  // kv_stride_t * 2
+  uint32_t t_kv_clamped;     // min(T_kv, 2^31): key (int32) valid <=> uint32(key) < t_kv_clamped
 };
 
 constexpr float kLn2 = 0.693147180559945309f;
@@ -75,7 +78,27 @@ __device__ __forceinline__ void fence_frags(uint32_t (&f)[4][4]) {
 
 // A descriptor's start address field is address >> 4 and never overflows inside shared memory, so
 // moving a descriptor by a byte offset is an add.
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+// FLASHDSA_FWD_DESC (A/B builds): 1 (default): consumer 0 adds to the low 32-bit word only and
+// re-pairs it with the unchanged high word (no carry is possible: the 14-bit address field stays
+// below 2^14). ptxas (CUDA 13.0) moved consumer 0's descriptors with 32-bit halves and a carry
+// (UIADD3 + UIADD3.X + UMOV of the constant high word) but consumer 1's with one UIADD3.64 each;
+// the explicit low-word add saves ~90 uniform instructions per pair in consumer 0 and costs ~80 in
+// consumer 1, so consumer 1 keeps the 64-bit add. 0: the 64-bit add everywhere.
+#ifndef FLASHDSA_FWD_DESC
+#define FLASHDSA_FWD_DESC 1
+#endif
+template <bool kLowWord = false>
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  if constexpr (kLowWord && FLASHDSA_FWD_DESC) {
+    uint64_t r;
+    asm("mov.b64 %0, {%1, %2};\n"
+        : "=l"(r)
+        : "r"(static_cast<uint32_t>(desc) + (bytes >> 4)), "r"(static_cast<uint32_t>(desc >> 32)));
+    return r;
+  } else {
+    return desc + (bytes >> 4);
+  }
+}
 
 // Which (query token, first head) this CTA computes. blockIdx is re-read through volatile asm where
 // needed, so that the compiler does not keep these values alive across the consumer main loop
@@ -163,30 +186,33 @@ __device__ __forceinline__ void publish_rows(float* dst, const float (&v)[2], in
 // ---- wgmma issue ----------------------------------------------------------------------------------
 
 // s (+)= Q[:, tiles] K[:, tiles]^T over 64-column tiles [kBegin, kEnd) (4 k-steps each).
-template <int kBegin, int kEnd>
+template <int kBegin, int kEnd, bool kLowWord = false>
 __device__ __forceinline__ void issue_qk(float (&s)[32], uint64_t q_desc, uint64_t k_desc, bool overwrite) {
 #pragma unroll
   for (int t = kBegin; t < kEnd; ++t)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t off = t * kTileBytes + k * 32;
-      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_advance(q_desc, off), desc_advance(k_desc, off),
+      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_advance<kLowWord>(q_desc, off), desc_advance<kLowWord>(k_desc, off),
                                    !(overwrite && t == kBegin && k == 0));
     }
 }
 
 // o += P V: P [64 x 64 keys] from registers, V = 64 kv rows x 256 columns read MN-major.
+template <bool kLowWord = false>
 __device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], uint64_t v_desc) {
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    hw::wgmma_rs_m64n256k16<1>(o, p[k], desc_advance(v_desc, k * 16 * hw::kSw128RowBytes), true);
+    hw::wgmma_rs_m64n256k16<1>(o, p[k], desc_advance<kLowWord>(v_desc, k * 16 * hw::kSw128RowBytes), true);
 }
 
 // o += P V with P read from a SW128 tile (K-major).
+template <bool kLowWord = false>
 __device__ __forceinline__ void issue_pv_ss(float (&o)[128], uint64_t p_desc, uint64_t v_desc) {
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    hw::wgmma_ss_m64n256k16<0, 1>(o, desc_advance(p_desc, k * 32), desc_advance(v_desc, k * 16 * hw::kSw128RowBytes),
+    hw::wgmma_ss_m64n256k16<0, 1>(o, desc_advance<kLowWord>(p_desc, k * 32),
+                                  desc_advance<kLowWord>(v_desc, k * 16 * hw::kSw128RowBytes),
                                   true);
 }
 
@@ -258,7 +284,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
   const auto issue_odd_pv = [&](int odd_pair) {  // the odd block of pair `odd_pair`
     hw::mbar_wait(&sm.exchange[kPFromWg1], (odd_pair & 1));
     hw::wgmma_fence();
-    issue_pv_ss(o, p1_desc, v1_desc);
+    issue_pv_ss<true>(o, p1_desc, v1_desc);
     hw::wgmma_commit();
   };
   const auto run_pair = [&](auto prev_odd, int i) {
@@ -267,7 +293,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     if constexpr (kPrevOdd) issue_odd_pv(i - 1);
     hw::mbar_wait(&sm.kv_ready[0][kLeft], parity);
     hw::wgmma_fence();
-    issue_qk<0, kVTilesPerConsumer>(s, q_desc, k0_desc, true);
+    issue_qk<0, kVTilesPerConsumer, true>(s, q_desc, k0_desc, true);
     hw::wgmma_commit();
     if constexpr (kPrevOdd) {
       hw::wgmma_wait<1>();
@@ -275,7 +301,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     }
     hw::mbar_wait(&sm.kv_ready[0][kRight], parity);
     hw::wgmma_fence();  // explicit: otherwise ptxas injects one after the wait loop and serializes wgmma
-    issue_qk<kVTilesPerConsumer, kQkTiles>(s, q_desc, k0_desc, false);
+    issue_qk<kVTilesPerConsumer, kQkTiles, true>(s, q_desc, k0_desc, false);
     hw::wgmma_commit();
     hw::wgmma_wait<0>();
     hw::fence_regs(s);
@@ -298,7 +324,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     uint32_t p_frag[4][4];
     pack_p(s, p_frag);
     hw::wgmma_fence();
-    issue_pv_rs(o, p_frag, v0_desc);
+    issue_pv_rs<true>(o, p_frag, v0_desc);
     hw::wgmma_commit();
 
     // Pair max from WG1: hand P0, rescaled to it, to WG1.
@@ -336,10 +362,10 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
 __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
                                              float (&partial_sum)[2]) {
   const ConsumerThread ct = consumer_thread();
-  const uint64_t q_desc = hw::desc_k_major(sm.q, kHeadsPerCta, 0);
-  const uint64_t k1_desc = hw::desc_k_major(sm.kv[1], kBlockKeys, 0);
-  const uint64_t v0_desc = hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, kVTilesPerConsumer);
-  const uint64_t v1_desc = hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, kVTilesPerConsumer);
+  const uint64_t q_desc = (hw::desc_k_major(sm.q, kHeadsPerCta, 0));
+  const uint64_t k1_desc = (hw::desc_k_major(sm.kv[1], kBlockKeys, 0));
+  const uint64_t v0_desc = (hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, kVTilesPerConsumer));
+  const uint64_t v1_desc = (hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, kVTilesPerConsumer));
   const uint64_t p0_desc =
       hw::desc_k_major(reinterpret_cast<char*>(sm.kv[0]) + kRopeTile * kTileBytes, kHeadsPerCta, 0);
   char* const p1_tile = reinterpret_cast<char*>(sm.p_wg1);
@@ -417,6 +443,20 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 
 // ---- producer ---------------------------------------------------------------------------------------
 
+// Producer variants (FLASHDSA_FWD_PRODUCER, for A/B builds):
+//   1 (default): each thread turns each of its 4 key slots into one byte pointer
+//     (kv row + its 16-byte chunk) once per block, so every copy of the 9 tiles addresses
+//     [pointer + 128 t] and [smem base + 8192 t + 2048 j] with immediate offsets; validity is one
+//     unsigned compare (T_kv clamped to 2^31, keys are int32); the free-barrier waits of the first
+//     pair rely on a fresh mbarrier's "previous phase" (parity 1) being complete instead of a branch;
+//     a missing odd block (K/64 odd, last pair) is gathered as a block of empty slots (zero-fill,
+//     nothing read; nobody waits for it), so the loop body has no data-dependent branches.
+//   0: the previous version (64-bit element offsets per copy, branches per pair).
+#ifndef FLASHDSA_FWD_PRODUCER
+#define FLASHDSA_FWD_PRODUCER 1
+#endif
+
+
 // How the producer's 16-byte gathers are issued (FLASHDSA_FWD_GATHER, for A/B builds): 0 plain
 // cp.async, 1 with the 256-byte L2 prefetch size, 2 prefetch + L2 evict_last policy.
 #ifndef FLASHDSA_FWD_GATHER
@@ -467,13 +507,53 @@ __host__ __device__ constexpr int mask_half(int stage) { return stage == 0 ? kLe
 // Warps 0 and 1 publish the 32-key validity word of a block, then arrive on the half's barrier.
 __device__ __forceinline__ void publish_valid_mask(const KernelArgs& a, SmemPlan& sm, int stage, int32_t key,
                                                    int warp) {
+#if FLASHDSA_FWD_PRODUCER
+  // Every producer warp votes (no divergent branch around the ballot); warps 0 and 1 publish.
+  const uint32_t bits = __ballot_sync(0xffffffffu, static_cast<uint32_t>(key) < a.t_kv_clamped);
+  if (warp < kMaskWriters && threadIdx.x % 32 == 0) {
+#else
   if (warp >= kMaskWriters) return;
   const uint32_t bits = __ballot_sync(0xffffffffu, key >= 0 && key < a.T_kv);
   if (threadIdx.x % 32 == 0) {
+#endif
     hw::st_shared_u32(&sm.valid_mask[stage][warp], bits);
     hw::mbar_arrive(&sm.kv_ready[stage][mask_half(stage)]);
   }
 }
+
+#if FLASHDSA_FWD_PRODUCER
+// Byte pointers of this thread's chunk of the 4 kv rows of one block (row_base + 16 j) and their
+// validity. An empty slot points at kv itself (never read: src-size 0 zero-fills).
+struct RowPtrs {
+  const char* src[kRowsPerThread];
+  bool valid[kRowsPerThread];
+};
+
+// base = kv + 16 * chunk (bytes).
+__device__ __forceinline__ RowPtrs row_ptrs(const KernelArgs& a, const int32_t (&keys)[kRowsPerThread],
+                                            const char* base) {
+  RowPtrs r;
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    r.valid[j] = static_cast<uint32_t>(keys[j]) < a.t_kv_clamped;  // negative keys wrap to >= 2^31
+    const uint32_t row = r.valid[j] ? static_cast<uint32_t>(keys[j]) : 0u;
+    r.src[j] = base + row * a.kv_stride_bytes;  // one wide multiply-add per row
+  }
+  return r;
+}
+
+// Tiles [kBegin, kEnd) of the 4 rows; dst = stage + sw128_offset(row_base, chunk) (rows 16 apart share
+// the swizzle phase, so row j is at + 2048 j).
+template <int kBegin, int kEnd>
+__device__ __forceinline__ void gather_block(uint32_t dst, const RowPtrs& r) {
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j)
+#pragma unroll
+    for (int t = kBegin; t < kEnd; ++t)
+      hw::cp_async_16_u32(dst + t * kTileBytes + j * kRowsPerPass * hw::kSw128RowBytes,
+                          r.src[j] + t * kTileCols * 2, r.valid[j]);
+}
+#endif
 
 __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   const CtaWork work = cta_work(a.H);
@@ -500,9 +580,51 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   // the same instruction passes in tests/cuda/hopper_primitives_check.cu: a ptxas code-generation
   // issue, see docs/kernels/sparse_mla_fwd.md ("No L2 cache-policy hint").
   const int32_t* token_keys = a.indices + work.token * a.indices_stride_t;
+  const int num_pairs = (a.num_blocks + 1) / 2;
+#if FLASHDSA_FWD_PRODUCER
+  const char* const kv_base = reinterpret_cast<const char*>(a.kv) + chunk * 16;
+  const uint32_t thread_off = hw::sw128_offset(row_base, chunk);
+  const uint32_t stage0 = hw::smem_u32(sm.kv[0]) + thread_off;
+  const uint32_t stage1 = hw::smem_u32(sm.kv[1]) + thread_off;
+  for (int i = 0; i < num_pairs; ++i) {
+    const bool has_odd = 2 * i + 1 < a.num_blocks;
+    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
+    const int32_t* keys_odd = keys_even + kBlockKeys;
+    int32_t even[kRowsPerThread], odd[kRowsPerThread];
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
+      odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
+    }
+    const int32_t mask_key_even = __ldg(keys_even + tid % kBlockKeys);
+    const int32_t mask_key_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+
+    // Refill order = the order in which the consumers release the halves of the previous pair. For
+    // i = 0 the parity is 1: the phase before a fresh mbarrier's first one counts as complete.
+    const uint32_t free_parity = (i & 1) ^ 1;
+    const RowPtrs re = row_ptrs(a, even, kv_base);
+    hw::mbar_wait(&sm.kv_free[0][kLeft], free_parity);
+    gather_block<0, kVTilesPerConsumer>(stage0, re);
+    hw::cp_async_arrive(&sm.kv_ready[0][kLeft]);
+    publish_valid_mask(a, sm, 0, mask_key_even, warp);
+
+    const RowPtrs ro = row_ptrs(a, odd, kv_base);
+    hw::mbar_wait(&sm.kv_free[1][kRight], free_parity);
+    gather_block<kVTilesPerConsumer, kQkTiles>(stage1, ro);
+    hw::cp_async_arrive(&sm.kv_ready[1][kRight]);
+    publish_valid_mask(a, sm, 1, mask_key_odd, warp);
+
+    hw::mbar_wait(&sm.kv_free[0][kRight], free_parity);
+    gather_block<kVTilesPerConsumer, kQkTiles>(stage0, re);
+    hw::cp_async_arrive(&sm.kv_ready[0][kRight]);
+
+    hw::mbar_wait(&sm.kv_free[1][kLeft], free_parity);
+    gather_block<0, kVTilesPerConsumer>(stage1, ro);
+    hw::cp_async_arrive(&sm.kv_ready[1][kLeft]);
+  }
+#else
   char* const stage0 = reinterpret_cast<char*>(sm.kv[0]);
   char* const stage1 = reinterpret_cast<char*>(sm.kv[1]);
-  const int num_pairs = (a.num_blocks + 1) / 2;
   for (int i = 0; i < num_pairs; ++i) {
     const bool has_odd = 2 * i + 1 < a.num_blocks;
     const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
@@ -540,6 +662,7 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
       hw::cp_async_arrive(&sm.kv_ready[1][kLeft]);
     }
   }
+#endif
   hw::cp_async_wait<0>();
 }
 
@@ -609,6 +732,8 @@ Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
   args.H = p.attn.H;
   args.num_blocks = p.topk.K / kBlockKeys;
   args.scale_log2 = p.attn.scale * kLog2e;
+  args.kv_stride_bytes = static_cast<uint64_t>(p.attn.kv_stride_t) * sizeof(__nv_bfloat16);
+  args.t_kv_clamped = static_cast<uint32_t>(std::min<int64_t>(p.T_kv, int64_t(1) << 31));
 
   FLASHDSA_CUDA_TRY(
       cudaFuncSetAttribute(sparse_mla_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
