@@ -8,7 +8,7 @@ finds every loop (a backward branch whose body has no EXIT) of the sparse_mla_fw
 labels it: "producer" (contains LDGSTS), "consumer0" (first wgmma of the body is a 64x256 PV:
 the odd PV of the previous pair, issued at the top of consumer 0's pair), "consumer1" (first wgmma
 is a 64x64 S). Spin-wait retry stubs live out of line, so a loop body counts each wait once.
-Prints one row per (cubin, loop): total instructions and a breakdown by opcode class.
+Prints one row per (cubin, kernel instance, loop): total instructions and a breakdown by opcode class.
 """
 import collections
 import os
@@ -59,19 +59,25 @@ def sass_text(path):
     return subprocess.run([find_cuobjdump(), "-sass", path], check=True, capture_output=True, text=True).stdout
 
 
-def kernel_instructions(text):
-    """(address, opcode, operands) of the sparse_mla_fwd kernel's function."""
-    out, active = [], False
+def kernel_functions(text):
+    """{kernel tag: [(address, opcode, operands)]} for each instance of the forward kernel (FlashMLA's
+    sparse_attn_fwd_kernel too, for comparison). Tag: 'fused' / 'plain' for our kernel's
+    kFusedScale = true / false instance, 'kernel' otherwise."""
+    funcs, cur = {}, None
     for line in text.splitlines():
         if "Function :" in line:
-            active = "sparse_mla_fwd_kernel" in line or "sparse_attn_fwd_kernel" in line
+            name = line.split("Function :")[1].strip()
+            cur = None
+            if "sparse_mla_fwd_kernel" in name or "sparse_attn_fwd_kernel" in name:
+                tag = "fused" if "kernelILb1E" in name else "plain" if "kernelILb0E" in name else "kernel"
+                cur = funcs.setdefault(tag, [])
             continue
-        if not active:
+        if cur is None:
             continue
         m = LINE.search(line)
         if m:
-            out.append((int(m.group(1), 16), m.group(3), m.group(4)))
-    return out
+            cur.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return funcs
 
 
 def classify(op):
@@ -111,13 +117,14 @@ def role(body):
 
 def main(paths):
     cols = [c for c, _ in CLASSES] + ["other"]
-    print("%-24s %-10s %-13s %6s  %s" % ("cubin", "role", "range", "total", "  ".join("%s" % c for c in cols)))
+    print("%-24s %-6s %-10s %-13s %6s  %s" % ("cubin", "kernel", "role", "range", "total", "  ".join("%s" % c for c in cols)))
     for path in paths:
-        for body in loops(kernel_instructions(sass_text(path))):
-            counts = collections.Counter(classify(op) for _, op, _ in body)
-            rng = "%x-%x" % (body[0][0], body[-1][0])
-            print("%-24s %-10s %-13s %6d  %s" % (os.path.basename(path)[:24], role(body), rng, len(body),
-                                           "  ".join("%*d" % (len(c), counts[c]) for c in cols)))
+        for tag, instrs in sorted(kernel_functions(sass_text(path)).items()):
+            for body in loops(instrs):
+                counts = collections.Counter(classify(op) for _, op, _ in body)
+                rng = "%x-%x" % (body[0][0], body[-1][0])
+                print("%-24s %-6s %-10s %-13s %6d  %s" % (os.path.basename(path)[:24], tag, role(body), rng, len(body),
+                                                          "  ".join("%*d" % (len(c), counts[c]) for c in cols)))
 
 
 if __name__ == "__main__":

@@ -137,6 +137,39 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* v
   }
 }
 
+// Softmax variants (FLASHDSA_FWD_SOFTMAX, for A/B builds). 1 (default): when scale > 0 (the kernel
+// instance kFusedScale, chosen on the host), S is only masked (FSEL to -inf) and stays unscaled: the
+// row max is taken on raw logits and scaled once per row (x -> x * scale is monotonic for scale > 0,
+// so max(s) * scale = max(s * scale) exactly), and the exponent is one FFMA, exp2(s * scale - m). Other
+// scales (0, negative, NaN) use the kernel instance without it. 0: always scale every logit (FMUL)
+// before the max, then exp2(s - m).
+#ifndef FLASHDSA_FWD_SOFTMAX
+#define FLASHDSA_FWD_SOFTMAX 1
+#endif
+
+// mask_and_scale of the fused-scale path: invalid keys -> -inf, logits unscaled.
+__device__ __forceinline__ void mask_only(float (&s)[32], const uint32_t* valid_words, int quad) {
+  const uint32_t words[2] = {hw::ld_shared_u32(valid_words) >> (2 * quad), hw::ld_shared_u32(valid_words + 1) >> (2 * quad)};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int j = i >> 2, e = i & 1;
+    const bool valid = (words[j >> 2] >> (8 * (j & 3) + e)) & 1u;
+    s[i] = valid ? s[i] : -INFINITY;
+  }
+}
+
+// Masks S; returns the scale that still has to be applied to it (1 when mask_and_scale applied it).
+template <bool kFusedScale>
+__device__ __forceinline__ float mask_logits(float (&s)[32], const uint32_t* valid_words, float scale_log2, int quad) {
+  if constexpr (kFusedScale) {
+    mask_only(s, valid_words, quad);
+    return scale_log2;
+  } else {
+    mask_and_scale(s, valid_words, scale_log2, quad);
+    return 1.f;
+  }
+}
+
 __device__ __forceinline__ float row_max(const float (&s)[32], int half) {
   float m = -INFINITY;
 #pragma unroll
@@ -144,14 +177,20 @@ __device__ __forceinline__ float row_max(const float (&s)[32], int half) {
   return quad_max(m);
 }
 
-// s <- exp2(s - max) per row; returns this thread's partial row sums (its 16 keys of each row).
-__device__ __forceinline__ void exp_rows(float (&s)[32], const float (&max)[2], float (&partial_sum)[2]) {
+// s <- exp2(s * pending_scale - max) per row (pending_scale: see mask_logits; 1 -> exp2(s - max));
+// returns this thread's partial row sums (its 16 keys of each row).
+template <bool kFusedScale>
+__device__ __forceinline__ void exp_rows(float (&s)[32], const float (&max)[2], float pending_scale,
+                                         float (&partial_sum)[2]) {
   const float offset[2] = {finite_or_zero(max[0]), finite_or_zero(max[1])};
   partial_sum[0] = partial_sum[1] = 0.f;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int half = (i >> 1) & 1;
-    s[i] = fast_exp2(s[i] - offset[half]);
+    if constexpr (kFusedScale)
+      s[i] = fast_exp2(fmaf(s[i], pending_scale, -offset[half]));
+    else
+      s[i] = fast_exp2(s[i] - offset[half]);
     partial_sum[half] += s[i];
   }
 }
@@ -265,6 +304,7 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
 }
 
 // Consumer 0: even key blocks (stage 0) and output columns [0, 256).
+template <bool kFusedScale>
 __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
                                               float (&partial_sum)[2]) {
   const ConsumerThread ct = consumer_thread();
@@ -308,16 +348,16 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     hw::fence_regs(o);
 
     // Softmax of block 2i against the running max; publish its max for WG1.
-    mask_and_scale(s, sm.valid_mask[0], a.scale_log2, ct.quad);
+    const float pending_scale = mask_logits<kFusedScale>(s, sm.valid_mask[0], a.scale_log2, ct.quad);
     float blk_max[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) blk_max[h] = fmaxf(run_max[h], row_max(s, h));
+    for (int h = 0; h < 2; ++h) blk_max[h] = fmaxf(run_max[h], row_max(s, h) * pending_scale);
     publish_rows(sm.max_wg0, blk_max, ct.row0, ct.quad);
     hw::mbar_arrive(&sm.exchange[kMaxFromWg0]);
     float rescale[2], blk_sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(run_max[h] - finite_or_zero(blk_max[h]));
-    exp_rows(s, blk_max, blk_sum);
+    exp_rows<kFusedScale>(s, blk_max, pending_scale, blk_sum);
 #pragma unroll
     for (int h = 0; h < 2; ++h) partial_sum[h] = partial_sum[h] * rescale[h] + blk_sum[h];
     scale_rows(o, rescale);
@@ -359,6 +399,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
 }
 
 // Consumer 1: odd key blocks (stage 1) and output columns [256, 512).
+template <bool kFusedScale>
 __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
                                              float (&partial_sum)[2]) {
   const ConsumerThread ct = consumer_thread();
@@ -389,9 +430,9 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       hw::wgmma_commit();
       hw::wgmma_wait<0>();
       hw::fence_regs(s);
-      mask_and_scale(s, sm.valid_mask[1], a.scale_log2, ct.quad);
+      const float pending_scale = mask_logits<kFusedScale>(s, sm.valid_mask[1], a.scale_log2, ct.quad);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) blk_max[h] = row_max(s, h);
+      for (int h = 0; h < 2; ++h) blk_max[h] = row_max(s, h) * pending_scale;
     }
 
     // Pair max = max(WG0's running max after block 2i, this block); publish it for WG0.
@@ -413,7 +454,7 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
     uint32_t p_frag[4][4];
     if (has_odd) {
       float blk_sum[2];
-      exp_rows(s, pair_max, blk_sum);
+      exp_rows<kFusedScale>(s, pair_max, kFusedScale ? a.scale_log2 : 1.f, blk_sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) partial_sum[h] += blk_sum[h];
       pack_p(s, p_frag);
@@ -666,6 +707,8 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   hw::cp_async_wait<0>();
 }
 
+// kFusedScale: scale > 0, softmax with the scale fused into the exponent's FFMA (FLASHDSA_FWD_SOFTMAX).
+template <bool kFusedScale>
 __global__ void __launch_bounds__(kNumThreads, 1) sparse_mla_fwd_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uintptr_t base =
@@ -702,9 +745,9 @@ __global__ void __launch_bounds__(kNumThreads, 1) sparse_mla_fwd_kernel(const __
     float run_max[2] = {-INFINITY, -INFINITY};
     float partial_sum[2] = {0.f, 0.f};
     if (warpgroup == 0)
-      consumer_even(a, sm, o, run_max, partial_sum);
+      consumer_even<kFusedScale>(a, sm, o, run_max, partial_sum);
     else
-      consumer_odd(a, sm, o, run_max, partial_sum);
+      consumer_odd<kFusedScale>(a, sm, o, run_max, partial_sum);
     write_output(a, sm, warpgroup, o, partial_sum, run_max);
   }
 }
@@ -735,9 +778,11 @@ Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
   args.kv_stride_bytes = static_cast<uint64_t>(p.attn.kv_stride_t) * sizeof(__nv_bfloat16);
   args.t_kv_clamped = static_cast<uint32_t>(std::min<int64_t>(p.T_kv, int64_t(1) << 31));
 
-  FLASHDSA_CUDA_TRY(
-      cudaFuncSetAttribute(sparse_mla_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  sparse_mla_fwd_kernel<<<static_cast<unsigned>(ctas), kNumThreads, kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
+  // The fused-scale softmax needs scale > 0 (false for 0, negative and NaN scales).
+  const bool fused_scale = FLASHDSA_FWD_SOFTMAX != 0 && args.scale_log2 > 0.f;
+  const auto kernel = fused_scale ? sparse_mla_fwd_kernel<true> : sparse_mla_fwd_kernel<false>;
+  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  kernel<<<static_cast<unsigned>(ctas), kNumThreads, kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
       args);
   FLASHDSA_CHECK_LAUNCH("sparse_mla_fwd");
   return Status::OK();
