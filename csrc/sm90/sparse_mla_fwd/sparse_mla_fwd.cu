@@ -124,6 +124,20 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
   for (int i = 0; i < N; ++i) acc[i] *= factor[(i >> 1) & 1];
 }
 
+// O rescaling variants (FLASHDSA_FWD_RESCALE, for A/B builds): 1 (default) skips the 128 FMULs of an
+// O rescale when every factor of the warp's 16 rows is exactly 1 (no row max moved: the common case
+// once a row has seen a few blocks); multiplying by 1 is exact, so the output is bitwise the same.
+// 0: always multiply.
+#ifndef FLASHDSA_FWD_RESCALE
+#define FLASHDSA_FWD_RESCALE 1
+#endif
+__device__ __forceinline__ void rescale_o(float (&o)[128], const float (&factor)[2]) {
+#if FLASHDSA_FWD_RESCALE
+  if (!__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) return;
+#endif
+  scale_rows(o, factor);
+}
+
 // S tile [64 heads x 64 keys]: invalid keys -> -inf, valid logits -> log2 domain.
 // valid_words: bit k of word w = key 32w + k of the block is valid. This thread holds keys 8j + 2q + e.
 __device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* valid_words, float scale_log2,
@@ -360,7 +374,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     exp_rows<kFusedScale>(s, blk_max, pending_scale, blk_sum);
 #pragma unroll
     for (int h = 0; h < 2; ++h) partial_sum[h] = partial_sum[h] * rescale[h] + blk_sum[h];
-    scale_rows(o, rescale);
+    rescale_o(o, rescale);
     uint32_t p_frag[4][4];
     pack_p(s, p_frag);
     hw::wgmma_fence();
@@ -380,7 +394,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     hw::fence_regs(o);
     fence_frags(p_frag);
     release(&sm.kv_free[0][kLeft]);
-    scale_rows(o, rescale);
+    rescale_o(o, rescale);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       partial_sum[h] *= rescale[h];
@@ -449,7 +463,7 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       partial_sum[h] *= rescale[h];
       run_max[h] = pair_max[h];
     }
-    scale_rows(o, rescale);
+    rescale_o(o, rescale);
 
     uint32_t p_frag[4][4];
     if (has_odd) {
