@@ -73,6 +73,9 @@ enum Exchange : int {
 
 // Named barrier (0 is __syncthreads): both consumers, once, for the row-sum exchange.
 constexpr int kRowSumExchange = 5;
+// Named barriers 6 (consumer 0), 7 (consumer 1): the warpgroup's O tile is in shared memory
+// (FLASHDSA_FWD_EPILOGUE >= 1; the tiles reuse the Q region, 2 x 64 x 512 B).
+constexpr int kOutTileBarrier = 6;
 
 // Dynamic shared memory (the kernel aligns its base to 1024 bytes; every tile offset below is a
 // multiple of 1024, as SW128 atoms require). sizeof + alignment slack = the launch size.
@@ -90,6 +93,7 @@ struct SmemPlan {
   uint64_t exchange[kNumExchanges];
 };
 
+static_assert(kNumConsumers * kHeadsPerCta * kDv / 2 * 2 <= sizeof(SmemPlan::q), "O tiles must fit the Q region");
 static_assert(offsetof(SmemPlan, kv) % 1024 == 0 && offsetof(SmemPlan, p_wg1) % 1024 == 0, "SW128 tiles");
 
 constexpr int kSmemAlignSlack = 1024;  // dynamic smem base is only guaranteed 16-byte aligned

@@ -289,6 +289,21 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
 
 // Adds the peer's row sums, writes out = O / l (bf16) for this consumer's 256 columns and, from
 // consumer 0, lse. Rows beyond H (padding of H = 16 / 32) are never written.
+// Epilogue variants (FLASHDSA_FWD_EPILOGUE, for A/B builds):
+//   1 (default): O / l goes through shared memory: stmatrix into the Q region (free: both consumers
+//     passed the row-sum barrier after their last S), one 64 x 256 bf16 tile per consumer (rows of
+//     512 B, 16-byte chunk c of row r stored at chunk c ^ (r % 8): conflict-free stmatrix and reads),
+//     then each warp stores whole 512-byte row segments with 16-byte st.global: every L2 sector is
+//     written once and fully (the bf16x2 stores of version 0 wrote each 32-byte sector in two halves).
+//   2: as 1 with the .cs (evict-first) hint on the output stores, so the 64 KB of output per CTA
+//     does not push kv rows out of L2.
+//   0: bf16x2 stores straight from the accumulators.
+#ifndef FLASHDSA_FWD_EPILOGUE
+#define FLASHDSA_FWD_EPILOGUE 1
+#endif
+
+// Adds the peer's row sums, writes out = O / l (bf16) for this consumer's 256 columns and, from
+// consumer 0, lse. Rows beyond H (padding of H = 16 / 32) are never written.
 __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, int consumer, const float (&o)[128],
                                              const float (&partial_sum)[2], const float (&max)[2]) {
   const ConsumerThread ct = consumer_thread();
@@ -298,6 +313,56 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
   for (int h = 0; h < 2; ++h) sum[h] = quad_sum(partial_sum[h]);
   publish_rows(sm.row_sum[consumer], sum, ct.row0, ct.quad);
   hw::named_bar_sync(kRowSumExchange, kNumConsumers * kWarpgroupThreads);
+#if FLASHDSA_FWD_EPILOGUE
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = ct.row0 + 8 * h;
+    const float total = sum[h] + hw::ld_shared_f32(&sm.row_sum[consumer ^ 1][row]);
+    inv[h] = total > 0.f ? 1.f / total : 0.f;  // empty row: O is 0 and stays 0
+    // total is 0 only for a row without valid keys (lse -inf). A NaN score makes total NaN (fmaxf drops
+    // it from max, exp2 does not): lse is then NaN too, never -inf (docs/reliability.md).
+    const int head = work.head0 + row;
+    if (consumer == 0 && ct.quad == 0 && head < a.H)
+      a.lse[work.token * a.H + head] = total == 0.f ? -INFINITY : (max[h] + log2f(total)) * kLn2;
+  }
+
+  // R -> S. stmatrix j covers 8-column chunks j, j + 1 (j even) of the warp's 16 rows: matrix m =
+  // rows 8 (m & 1) + 0..7, chunk j + (m >> 1); lane l addresses row l % 8 of matrix l / 8.
+  constexpr int kRowBytes = kDv / 2 * 2;  // 512
+  const uint32_t tile = hw::smem_u32(sm.q) + consumer * (kHeadsPerCta * kRowBytes);
+  const int lane = threadIdx.x % 32;
+  const int st_row = (threadIdx.x % kWarpgroupThreads) / 32 * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const int x = (lane >> 4) ^ (st_row & 7);  // chunk j + (lane >> 4), j even: (j ^ x) inside its group of 8
+  uint32_t st_addr[4];
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) st_addr[jj] = tile + st_row * kRowBytes + (((2 * jj) ^ x) << 4);
+#pragma unroll
+  for (int j = 0; j < 32; j += 2)
+    hw::stmatrix_x4(st_addr[(j >> 1) & 3] + (j >> 3) * 128,
+                    hw::pack_bf16(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]),
+                    hw::pack_bf16(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]),
+                    hw::pack_bf16(o[4 * j + 4] * inv[0], o[4 * j + 5] * inv[0]),
+                    hw::pack_bf16(o[4 * j + 6] * inv[1], o[4 * j + 7] * inv[1]));
+  if (consumer == 0)  // compile-time barrier ids (a computed id makes ptxas reserve all 16)
+    hw::named_bar_sync(kOutTileBarrier, kWarpgroupThreads);
+  else
+    hw::named_bar_sync(kOutTileBarrier + 1, kWarpgroupThreads);
+
+  // S -> G: warp w stores rows w, w + 4, ...; lane c the 16-byte chunk c of the row's 512 bytes.
+  const int t = threadIdx.x % kWarpgroupThreads;
+  const int c = t % 32, r0 = t / 32;
+  char* const dst = reinterpret_cast<char*>(a.out) + ((work.token * a.H + work.head0 + r0) * kDv) * 2 +
+                    consumer * kRowBytes + c * 16;
+  const int rows = min(kHeadsPerCta, a.H - work.head0);  // 16, 32 or 64
+#pragma unroll
+  for (int k = 0; k < kHeadsPerCta / 4; ++k) {
+    const int row = r0 + 4 * k;
+    if (row >= rows) break;
+    const uint4 v = hw::ld_shared_v4(tile + row * kRowBytes + ((c ^ (row & 7)) << 4));
+    hw::st_global_v4<FLASHDSA_FWD_EPILOGUE == 2>(dst + static_cast<int64_t>(4 * k) * kDv * 2, v);
+  }
+#else
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = ct.row0 + 8 * h;
@@ -315,6 +380,7 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
     // it from max, exp2 does not): lse is then NaN too, never -inf (docs/reliability.md).
     if (consumer == 0 && ct.quad == 0) a.lse[out_row] = total == 0.f ? -INFINITY : (max[h] + log2f(total)) * kLn2;
   }
+#endif
 }
 
 // Consumer 0: even key blocks (stage 0) and output columns [0, 256).
