@@ -42,8 +42,12 @@ constexpr int kProducerWarpgroup = kNumConsumers;
 // gives 168 registers per thread (65536 / 384 rounded down to a multiple of 8). A larger split (e.g. a
 // 48-register producer) makes the consumers' setmaxnreg.inc wait forever.
 constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;  // 168
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
+// FLASHDSA_FWD_REGS (A/B builds): 0 (default) 40 / 232; 1: 72 / 216 (FlashMLA's split).
+#ifndef FLASHDSA_FWD_REGS
+#define FLASHDSA_FWD_REGS 0
+#endif
+constexpr int kProducerRegs = FLASHDSA_FWD_REGS ? 72 : 40;
+constexpr int kConsumerRegs = FLASHDSA_FWD_REGS ? 216 : 232;
 static_assert(kWarpgroupThreads * (kProducerRegs + kNumConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs,
               "register split exceeds the launch allocation");
 

@@ -124,13 +124,41 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
   for (int i = 0; i < N; ++i) acc[i] *= factor[(i >> 1) & 1];
 }
 
-// O rescaling variants (FLASHDSA_FWD_RESCALE, for A/B builds): 1 (default) skips the 128 FMULs of an
-// O rescale when every factor of the warp's 16 rows is exactly 1 (no row max moved: the common case
-// once a row has seen a few blocks); multiplying by 1 is exact, so the output is bitwise the same.
-// 0: always multiply.
+// O rescaling variants (FLASHDSA_FWD_RESCALE, for A/B builds):
+//   2 (default): lazy running max. A row's max (log2 domain) only moves when a block's max exceeds it
+//     by more than kLazyMaxSlack = 8, so P = exp2(s - m) <= 2^8 (exact in fp32, same relative precision
+//     in bf16); l and O are kept relative to the same stale m, so out = O / l and lse = (m + log2 l) ln 2
+//     are unchanged mathematically. Once a row has seen its first blocks its max practically never
+//     moves, every rescale factor is exactly 1, and the 128-FMUL O rescales are skipped (below), i.e.
+//     consumer 0 skips 256 and consumer 1 128 FMULs per pair, all on the path from S to the PV issue.
+//   Also (>= 1): P tiles for the other consumer are stored from the packed RS fragments when their
+//   factor is 1 (always for P1; for P0 when the warp's pair max did not move): no FMUL / F2FP.
+//   1: exact running max; an O rescale is skipped when all factors of the warp's 16 rows are exactly 1
+//     (no max of the warp moved). Bitwise the same output as 0.
+//   0: always rescale.
 #ifndef FLASHDSA_FWD_RESCALE
-#define FLASHDSA_FWD_RESCALE 1
+#define FLASHDSA_FWD_RESCALE 2
 #endif
+constexpr float kLazyMaxSlack = 8.f;
+
+// The running max after seeing a candidate (a block's max, log2 domain; -inf: no valid key).
+__device__ __forceinline__ float next_max(float cur, float cand) {
+#if FLASHDSA_FWD_RESCALE == 2
+  return cand > cur + kLazyMaxSlack ? cand : cur;  // cur = -inf: any valid candidate is taken
+#else
+  return fmaxf(cur, cand);
+#endif
+}
+
+// Factor that moves values kept relative to old_max to new_max (exactly 1 when the max did not move).
+__device__ __forceinline__ float rescale_factor(float old_max, float new_max) {
+#if FLASHDSA_FWD_RESCALE
+  return old_max == new_max ? 1.f : fast_exp2(old_max - finite_or_zero(new_max));
+#else
+  return fast_exp2(old_max - finite_or_zero(new_max));
+#endif
+}
+
 __device__ __forceinline__ void rescale_o(float (&o)[128], const float (&factor)[2]) {
 #if FLASHDSA_FWD_RESCALE
   if (!__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) return;
@@ -227,6 +255,30 @@ __device__ __forceinline__ void store_p_tile(char* tile, const float (&s)[32], c
     hw::st_shared_u32(tile + hw::sw128_offset(row, chunk) + 4 * quad,
                       hw::pack_bf16(s[2 * p] * factor[p & 1], s[2 * p + 1] * factor[p & 1]));
   }
+}
+
+// store_p_tile with factor 1 from the already packed RS fragments (pair p = frag[p / 4][p % 4], see
+// hw::acc_to_a_frag): no conversions. Reading the fragments while the RS wgmma that uses them is in
+// flight is allowed (only writing them is not).
+__device__ __forceinline__ void store_p_frags(char* tile, const uint32_t (&frag)[4][4], int row0, int quad) {
+#pragma unroll
+  for (int p = 0; p < 16; ++p) {
+    const int row = row0 + 8 * (p & 1), chunk = p >> 1;
+    hw::st_shared_u32(tile + hw::sw128_offset(row, chunk) + 4 * quad, frag[p >> 2][p & 3]);
+  }
+}
+
+// P0 for consumer 1: rescaled to the pair max, or (FLASHDSA_FWD_RESCALE >= 1, all factors of the warp 1)
+// the packed fragments as they are.
+__device__ __forceinline__ void store_p0(char* tile, const float (&s)[32], const uint32_t (&frag)[4][4],
+                                         const float (&factor)[2], int row0, int quad) {
+#if FLASHDSA_FWD_RESCALE
+  if (__all_sync(0xffffffffu, factor[0] == 1.f && factor[1] == 1.f)) {
+    store_p_frags(tile, frag, row0, quad);
+    return;
+  }
+#endif
+  store_p_tile(tile, s, factor, row0, quad);
 }
 
 __device__ __forceinline__ void publish_rows(float* dst, const float (&v)[2], int row0, int quad) {
@@ -431,12 +483,12 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     const float pending_scale = mask_logits<kFusedScale>(s, sm.valid_mask[0], a.scale_log2, ct.quad);
     float blk_max[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) blk_max[h] = fmaxf(run_max[h], row_max(s, h) * pending_scale);
+    for (int h = 0; h < 2; ++h) blk_max[h] = next_max(run_max[h], row_max(s, h) * pending_scale);
     publish_rows(sm.max_wg0, blk_max, ct.row0, ct.quad);
     hw::mbar_arrive(&sm.exchange[kMaxFromWg0]);
     float rescale[2], blk_sum[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(run_max[h] - finite_or_zero(blk_max[h]));
+    for (int h = 0; h < 2; ++h) rescale[h] = rescale_factor(run_max[h], blk_max[h]);
     exp_rows<kFusedScale>(s, blk_max, pending_scale, blk_sum);
 #pragma unroll
     for (int h = 0; h < 2; ++h) partial_sum[h] = partial_sum[h] * rescale[h] + blk_sum[h];
@@ -451,8 +503,8 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     hw::mbar_wait(&sm.exchange[kMaxFromWg1], parity);
     const float pair_max[2] = {hw::ld_shared_f32(&sm.max_wg1[ct.row0]), hw::ld_shared_f32(&sm.max_wg1[ct.row0 + 8])};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(blk_max[h] - finite_or_zero(pair_max[h]));
-    store_p_tile(p0_tile, s, rescale, ct.row0, ct.quad);
+    for (int h = 0; h < 2; ++h) rescale[h] = rescale_factor(blk_max[h], pair_max[h]);
+    store_p0(p0_tile, s, p_frag, rescale, ct.row0, ct.quad);
     hw::fence_proxy_async();
     hw::mbar_arrive(&sm.exchange[kPFromWg0]);
 
@@ -519,13 +571,13 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
     hw::mbar_wait(&sm.exchange[kMaxFromWg0], i & 1);
     float pair_max[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) pair_max[h] = fmaxf(hw::ld_shared_f32(&sm.max_wg0[ct.row0 + 8 * h]), blk_max[h]);
+    for (int h = 0; h < 2; ++h) pair_max[h] = next_max(hw::ld_shared_f32(&sm.max_wg0[ct.row0 + 8 * h]), blk_max[h]);
     publish_rows(sm.max_wg1, pair_max, ct.row0, ct.quad);
     hw::mbar_arrive(&sm.exchange[kMaxFromWg1]);
     float rescale[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      rescale[h] = fast_exp2(run_max[h] - finite_or_zero(pair_max[h]));
+      rescale[h] = rescale_factor(run_max[h], pair_max[h]);
       partial_sum[h] *= rescale[h];
       run_max[h] = pair_max[h];
     }
@@ -541,8 +593,12 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       hw::wgmma_fence();
       issue_pv_rs(o, p_frag, v1_desc);
       hw::wgmma_commit();
+#if FLASHDSA_FWD_RESCALE
+      store_p_frags(p1_tile, p_frag, ct.row0, ct.quad);
+#else
       const float unscaled[2] = {1.f, 1.f};
       store_p_tile(p1_tile, s, unscaled, ct.row0, ct.quad);
+#endif
     }
 
     hw::mbar_wait(&sm.exchange[kPFromWg0], i & 1);
