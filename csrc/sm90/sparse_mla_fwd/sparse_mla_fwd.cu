@@ -915,8 +915,11 @@ Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
   args.t_kv_clamped = static_cast<uint32_t>(std::min<int64_t>(p.T_kv, int64_t(1) << 31));
 
   // The fused-scale softmax needs scale > 0 (false for 0, negative and NaN scales).
-  const bool fused_scale = FLASHDSA_FWD_SOFTMAX != 0 && args.scale_log2 > 0.f;
-  const auto kernel = fused_scale ? sparse_mla_fwd_kernel<true> : sparse_mla_fwd_kernel<false>;
+#if FLASHDSA_FWD_SOFTMAX
+  const auto kernel = args.scale_log2 > 0.f ? sparse_mla_fwd_kernel<true> : sparse_mla_fwd_kernel<false>;
+#else
+  const auto kernel = sparse_mla_fwd_kernel<false>;
+#endif
   FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<static_cast<unsigned>(ctas), kNumThreads, kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
       args);
