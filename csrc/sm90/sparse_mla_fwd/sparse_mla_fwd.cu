@@ -139,7 +139,9 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
 #ifndef FLASHDSA_FWD_RESCALE
 #define FLASHDSA_FWD_RESCALE 2
 #endif
+#if FLASHDSA_FWD_RESCALE == 2
 constexpr float kLazyMaxSlack = 8.f;
+#endif
 
 // The running max after seeing a candidate (a block's max, log2 domain; -inf: no valid key).
 __device__ __forceinline__ float next_max(float cur, float cand) {
@@ -257,6 +259,7 @@ __device__ __forceinline__ void store_p_tile(char* tile, const float (&s)[32], c
   }
 }
 
+#if FLASHDSA_FWD_RESCALE
 // store_p_tile with factor 1 from the already packed RS fragments (pair p = frag[p / 4][p % 4], see
 // hw::acc_to_a_frag): no conversions. Reading the fragments while the RS wgmma that uses them is in
 // flight is allowed (only writing them is not).
@@ -270,6 +273,8 @@ __device__ __forceinline__ void store_p_frags(char* tile, const uint32_t (&frag)
 
 // P0 for consumer 1: rescaled to the pair max, or (FLASHDSA_FWD_RESCALE >= 1, all factors of the warp 1)
 // the packed fragments as they are.
+#endif
+
 __device__ __forceinline__ void store_p0(char* tile, const float (&s)[32], const uint32_t (&frag)[4][4],
                                          const float (&factor)[2], int row0, int quad) {
 #if FLASHDSA_FWD_RESCALE
