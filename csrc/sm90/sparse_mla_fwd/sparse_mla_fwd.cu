@@ -134,7 +134,8 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
 //   Also (>= 1): P tiles for the other consumer are stored from the packed RS fragments when their
 //   factor is 1 (always for P1; for P0 when the warp's pair max did not move): no FMUL / F2FP.
 //   1: exact running max; an O rescale is skipped when all factors of the warp's 16 rows are exactly 1
-//     (no max of the warp moved). Bitwise the same output as 0.
+//     (no max of the warp moved); a factor is set to 1 (not computed) when the max did not move, so
+//     the output equals that of 0 as long as ex2.approx(0) = 1.
 //   0: always rescale.
 #ifndef FLASHDSA_FWD_RESCALE
 #define FLASHDSA_FWD_RESCALE 2
@@ -270,11 +271,10 @@ __device__ __forceinline__ void store_p_frags(char* tile, const uint32_t (&frag)
     hw::st_shared_u32(tile + hw::sw128_offset(row, chunk) + 4 * quad, frag[p >> 2][p & 3]);
   }
 }
+#endif
 
 // P0 for consumer 1: rescaled to the pair max, or (FLASHDSA_FWD_RESCALE >= 1, all factors of the warp 1)
 // the packed fragments as they are.
-#endif
-
 __device__ __forceinline__ void store_p0(char* tile, const float (&s)[32], const uint32_t (&frag)[4][4],
                                          const float (&factor)[2], int row0, int quad) {
 #if FLASHDSA_FWD_RESCALE
@@ -344,8 +344,6 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
   return {t % 4, (t / 32) * 16 + (t % 32) / 4};
 }
 
-// Adds the peer's row sums, writes out = O / l (bf16) for this consumer's 256 columns and, from
-// consumer 0, lse. Rows beyond H (padding of H = 16 / 32) are never written.
 // Epilogue variants (FLASHDSA_FWD_EPILOGUE, for A/B builds):
 //   1 (default): O / l goes through shared memory: stmatrix into the Q region (free: both consumers
 //     passed the row-sum barrier after their last S), one 64 x 256 bf16 tile per consumer (rows of
@@ -540,10 +538,10 @@ template <bool kFusedScale>
 __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
                                              float (&partial_sum)[2]) {
   const ConsumerThread ct = consumer_thread();
-  const uint64_t q_desc = (hw::desc_k_major(sm.q, kHeadsPerCta, 0));
-  const uint64_t k1_desc = (hw::desc_k_major(sm.kv[1], kBlockKeys, 0));
-  const uint64_t v0_desc = (hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, kVTilesPerConsumer));
-  const uint64_t v1_desc = (hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, kVTilesPerConsumer));
+  const uint64_t q_desc = hw::desc_k_major(sm.q, kHeadsPerCta, 0);
+  const uint64_t k1_desc = hw::desc_k_major(sm.kv[1], kBlockKeys, 0);
+  const uint64_t v0_desc = hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, kVTilesPerConsumer);
+  const uint64_t v1_desc = hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, kVTilesPerConsumer);
   const uint64_t p0_desc =
       hw::desc_k_major(reinterpret_cast<char*>(sm.kv[0]) + kRopeTile * kTileBytes, kHeadsPerCta, 0);
   char* const p1_tile = reinterpret_cast<char*>(sm.p_wg1);
@@ -637,7 +635,6 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 #ifndef FLASHDSA_FWD_PRODUCER
 #define FLASHDSA_FWD_PRODUCER 1
 #endif
-
 
 // How the producer's 16-byte gathers are issued (FLASHDSA_FWD_GATHER, for A/B builds): 0 plain
 // cp.async, 1 with the 256-byte L2 prefetch size, 2 prefetch + L2 evict_last policy.
