@@ -28,8 +28,9 @@ declare -A FLAGS=(
   [no_epilogue]="-DFLASHDSA_FWD_EPILOGUE=0"
   [epilogue_cs]="-DFLASHDSA_FWD_EPILOGUE=2"
   [regs72]="-DFLASHDSA_FWD_REGS=1"
+  [regs72_nopf]="-DFLASHDSA_FWD_REGS=1 -DFLASHDSA_FWD_IDX_PREFETCH=0"
 )
-variants="base new no_producer no_desc no_softmax no_rescale rescale1 no_epilogue epilogue_cs regs72"
+variants="base new no_producer no_desc no_softmax no_rescale rescale1 no_epilogue epilogue_cs regs72 regs72_nopf"
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;

@@ -635,6 +635,14 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 #ifndef FLASHDSA_FWD_PRODUCER
 #define FLASHDSA_FWD_PRODUCER 1
 #endif
+// FLASHDSA_FWD_IDX_PREFETCH (FLASHDSA_FWD_PRODUCER = 1 only): 1 loads the next pair's key slots right
+// after the last gather of a pair, so their latency overlaps the wait for the consumers instead of
+// preceding the next pair's first gather; 0: loaded at the top of each pair. The 10 extra live
+// registers only fit the 72-register producer (FLASHDSA_FWD_REGS = 1: 0 spills; at 40 registers
+// ptxas spills 12 bytes), so it defaults to FLASHDSA_FWD_REGS.
+#ifndef FLASHDSA_FWD_IDX_PREFETCH
+#define FLASHDSA_FWD_IDX_PREFETCH FLASHDSA_FWD_REGS
+#endif
 
 // How the producer's 16-byte gathers are issued (FLASHDSA_FWD_GATHER, for A/B builds): 0 plain
 // cp.async, 1 with the 256-byte L2 prefetch size, 2 prefetch + L2 evict_last policy.
@@ -765,7 +773,34 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   const uint32_t thread_off = hw::sw128_offset(row_base, chunk);
   const uint32_t stage0 = hw::smem_u32(sm.kv[0]) + thread_off;
   const uint32_t stage1 = hw::smem_u32(sm.kv[1]) + thread_off;
+#if FLASHDSA_FWD_IDX_PREFETCH
+  // A pair's key slots: 4 rows of each block for the gathers, one slot per thread for the mask ballot.
+  struct PairKeys {
+    int32_t even[kRowsPerThread], odd[kRowsPerThread], mask_even, mask_odd;
+  };
+  const auto load_keys = [&](int i) {
+    PairKeys k;
+    const bool has_odd = 2 * i + 1 < a.num_blocks;
+    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
+    const int32_t* keys_odd = keys_even + kBlockKeys;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      k.even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
+      k.odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
+    }
+    k.mask_even = __ldg(keys_even + tid % kBlockKeys);
+    k.mask_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+    return k;
+  };
+  PairKeys next = load_keys(0);
+#endif
   for (int i = 0; i < num_pairs; ++i) {
+#if FLASHDSA_FWD_IDX_PREFETCH
+    const PairKeys cur = next;
+    const int32_t (&even)[kRowsPerThread] = cur.even;
+    const int32_t (&odd)[kRowsPerThread] = cur.odd;
+    const int32_t mask_key_even = cur.mask_even, mask_key_odd = cur.mask_odd;
+#else
     const bool has_odd = 2 * i + 1 < a.num_blocks;
     const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
     const int32_t* keys_odd = keys_even + kBlockKeys;
@@ -777,6 +812,7 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
     }
     const int32_t mask_key_even = __ldg(keys_even + tid % kBlockKeys);
     const int32_t mask_key_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+#endif
 
     // Refill order = the order in which the consumers release the halves of the previous pair. For
     // i = 0 the parity is 1: the phase before a fresh mbarrier's first one counts as complete.
@@ -800,11 +836,41 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
     hw::mbar_wait(&sm.kv_free[1][kLeft], free_parity);
     gather_block<0, kVTilesPerConsumer>(stage1, ro);
     hw::cp_async_arrive(&sm.kv_ready[1][kLeft]);
+#if FLASHDSA_FWD_IDX_PREFETCH
+    if (i + 1 < num_pairs) next = load_keys(i + 1);
+#endif
   }
 #else
   char* const stage0 = reinterpret_cast<char*>(sm.kv[0]);
   char* const stage1 = reinterpret_cast<char*>(sm.kv[1]);
+#if FLASHDSA_FWD_IDX_PREFETCH
+  // A pair's key slots: 4 rows of each block for the gathers, one slot per thread for the mask ballot.
+  struct PairKeys {
+    int32_t even[kRowsPerThread], odd[kRowsPerThread], mask_even, mask_odd;
+  };
+  const auto load_keys = [&](int i) {
+    PairKeys k;
+    const bool has_odd = 2 * i + 1 < a.num_blocks;
+    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
+    const int32_t* keys_odd = keys_even + kBlockKeys;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      k.even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
+      k.odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
+    }
+    k.mask_even = __ldg(keys_even + tid % kBlockKeys);
+    k.mask_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+    return k;
+  };
+  PairKeys next = load_keys(0);
+#endif
   for (int i = 0; i < num_pairs; ++i) {
+#if FLASHDSA_FWD_IDX_PREFETCH
+    const PairKeys cur = next;
+    const int32_t (&even)[kRowsPerThread] = cur.even;
+    const int32_t (&odd)[kRowsPerThread] = cur.odd;
+    const int32_t mask_key_even = cur.mask_even, mask_key_odd = cur.mask_odd;
+#else
     const bool has_odd = 2 * i + 1 < a.num_blocks;
     const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
     const int32_t* keys_odd = keys_even + kBlockKeys;
@@ -816,6 +882,7 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
     }
     const int32_t mask_key_even = __ldg(keys_even + tid % kBlockKeys);
     const int32_t mask_key_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+#endif
 
     // Refill order = the order in which the consumers release the halves of the previous pair.
     const uint32_t free_parity = (i - 1) & 1;
