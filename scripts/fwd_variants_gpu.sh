@@ -46,7 +46,7 @@ elapsed() { echo $(( $(date +%s) - t0 )); }
 summary=()
 
 # 1. builds
-NVCC=${NVCC:-nvcc}
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 srcs=(tests/cuda/sparse_mla_fwd_check.cu csrc/sm90/sparse_mla_fwd/sparse_mla_fwd.cu csrc/common/ranges.cpp
       csrc/common/status.cpp)
 for v in $variants; do
