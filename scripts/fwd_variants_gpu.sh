@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fwd_variants}; mkdir -p "$OUT"
 BIN=/tmp/fwd_variants_bin; mkdir -p "$BIN"
 rounds=2; build_only=0; run_check=1
-# name -> -D flags (all switches default to the new best guess; 0 = previous behaviour).
+# name -> -D flags (switches default to the new best guess, 0 = previous behaviour; spec_exp is opt-in).
 declare -A FLAGS=(
   [base]="-DFLASHDSA_FWD_PRODUCER=0 -DFLASHDSA_FWD_DESC=0 -DFLASHDSA_FWD_SOFTMAX=0 -DFLASHDSA_FWD_RESCALE=0 -DFLASHDSA_FWD_EPILOGUE=0"
   [new]=""
@@ -29,8 +29,9 @@ declare -A FLAGS=(
   [epilogue_cs]="-DFLASHDSA_FWD_EPILOGUE=2"
   [regs72]="-DFLASHDSA_FWD_REGS=1"
   [regs72_nopf]="-DFLASHDSA_FWD_REGS=1 -DFLASHDSA_FWD_IDX_PREFETCH=0"
+  [spec_exp]="-DFLASHDSA_FWD_SPEC_EXP=1"
 )
-variants="base new no_producer no_desc no_softmax no_rescale rescale1 no_epilogue epilogue_cs regs72 regs72_nopf"
+variants="base new no_producer no_desc no_softmax no_rescale rescale1 no_epilogue epilogue_cs regs72 regs72_nopf spec_exp"
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;

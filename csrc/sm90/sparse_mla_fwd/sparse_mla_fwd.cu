@@ -143,6 +143,18 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
 #if FLASHDSA_FWD_RESCALE == 2
 constexpr float kLazyMaxSlack = 8.f;
 #endif
+// FLASHDSA_FWD_SPEC_EXP (A/B builds; needs FLASHDSA_FWD_RESCALE = 2; default 0, opt-in): consumer 1
+// computes P1 = exp2(S1 - m) against its current running max m right after its own row max, when no
+// row of the warp has a block max above m + kLazyMaxSlack (so P1 <= 2^8), instead of waiting for WG0's
+// max first; once the pair max m' is known, P1 and its row sums are multiplied by exp2(m - m') like
+// O (skipped when every factor of the warp is 1, the common case with the lazy max). Takes the
+// 32 exp2 (MUFU) of consumer 1 off the path behind WG0's softmax.
+#ifndef FLASHDSA_FWD_SPEC_EXP
+#define FLASHDSA_FWD_SPEC_EXP 0
+#endif
+#if FLASHDSA_FWD_SPEC_EXP && FLASHDSA_FWD_RESCALE != 2
+#error "FLASHDSA_FWD_SPEC_EXP needs FLASHDSA_FWD_RESCALE = 2 (lazy running max)"
+#endif
 
 // The running max after seeing a candidate (a block's max, log2 domain; -inf: no valid key).
 __device__ __forceinline__ float next_max(float cur, float cand) {
@@ -553,6 +565,10 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
   for (int i = 0; i < num_pairs; ++i) {
     const bool has_odd = 2 * i + 1 < a.num_blocks;
     float blk_max[2] = {-INFINITY, -INFINITY};  // a missing odd block contributes nothing
+#if FLASHDSA_FWD_SPEC_EXP
+    bool spec = false;                  // P1 already in s, relative to the old running max
+    float spec_sum[2] = {0.f, 0.f};     // its row sums (0 unless spec)
+#endif
     if (has_odd) {
       // The producer fills stage 1's right half first.
       const uint32_t parity = i & 1;
@@ -568,6 +584,13 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       const float pending_scale = mask_logits<kFusedScale>(s, sm.valid_mask[1], a.scale_log2, ct.quad);
 #pragma unroll
       for (int h = 0; h < 2; ++h) blk_max[h] = row_max(s, h) * pending_scale;
+#if FLASHDSA_FWD_SPEC_EXP
+      // When no row max of the warp moves on this block's account, P1 is computed now, relative to
+      // the current running max, instead of after WG0's max arrives (see FLASHDSA_FWD_SPEC_EXP).
+      spec = __all_sync(0xffffffffu, !(blk_max[0] > run_max[0] + kLazyMaxSlack) &&
+                                         !(blk_max[1] > run_max[1] + kLazyMaxSlack));
+      if (spec) exp_rows<kFusedScale>(s, run_max, kFusedScale ? a.scale_log2 : 1.f, spec_sum);
+#endif
     }
 
     // Pair max = max(WG0's running max after block 2i, this block); publish it for WG0.
@@ -581,15 +604,24 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       rescale[h] = rescale_factor(run_max[h], pair_max[h]);
+#if FLASHDSA_FWD_SPEC_EXP
+      partial_sum[h] = (partial_sum[h] + spec_sum[h]) * rescale[h];  // a speculative P1 moves with O
+#else
       partial_sum[h] *= rescale[h];
+#endif
       run_max[h] = pair_max[h];
     }
     rescale_o(o, rescale);
 
     uint32_t p_frag[4][4];
     if (has_odd) {
-      float blk_sum[2];
-      exp_rows<kFusedScale>(s, pair_max, kFusedScale ? a.scale_log2 : 1.f, blk_sum);
+      float blk_sum[2] = {0.f, 0.f};
+#if FLASHDSA_FWD_SPEC_EXP
+      if (spec) {  // P1 relative to the old max -> relative to the pair max (rare: factor != 1)
+        if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) scale_rows(s, rescale);
+      } else
+#endif
+        exp_rows<kFusedScale>(s, pair_max, kFusedScale ? a.scale_log2 : 1.f, blk_sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) partial_sum[h] += blk_sum[h];
       pack_p(s, p_frag);
