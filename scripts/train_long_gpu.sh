@@ -59,7 +59,7 @@ for recipe in two-stage scratch; do
   t=$(date +%s)
   echo "==== $recipe" >>"$OUT/train_long.log"
   rm -f "$RUNS/long/$recipe.json" "$RUNS/long/compare.json"
-  timeout $(( minutes * 60 + 150 )) $PY examples/train_long.py --device cuda --recipe $recipe \
+  timeout "$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 + 150 }')" $PY examples/train_long.py --device cuda --recipe $recipe \
     --budget-minutes "$minutes" --memory-check --log-every 50 --out "$RUNS/long" $extra >>"$OUT/train_long.log" 2>&1
   rc=$?
   cp "$RUNS/long/$recipe.json" "$OUT/" 2>/dev/null
