@@ -130,6 +130,19 @@ inline KeyRanges cp_zigzag_ranges(const std::vector<int>& lengths, int cp, int r
   return r;
 }
 
+// ---- benchmark data on the device ---------------------------------------------------------------------
+// A 64 -> 32-bit mixing hash (the MurmurHash3 finalizer), for reproducible random data generated
+// on the GPU (a host generator would take seconds at T = 128K), and a uniform value in [0, 1) from it.
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+__device__ __forceinline__ float hash_unit(uint64_t x) { return (hash32(x) >> 8) * (1.f / 16777216.f); }
+
 // Median milliseconds (upper median) of `reps` event-timed runs of `body` after `warmup` untimed ones.
 template <class F>
 double median_ms(F&& body, int warmup, int reps) {

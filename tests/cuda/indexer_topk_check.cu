@@ -413,12 +413,6 @@ __global__ void fill_weights(float* x, int64_t n, uint64_t seed) {
     x[i] = 0.25f * (float(z >> 40) * (2.f / 16777216.f) - 0.4f);
   }
 }
-__global__ void causal_ranges(int32_t* ks, int32_t* ke, int64_t T) {
-  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < T; t += int64_t(gridDim.x) * blockDim.x) {
-    ks[t] = 0;
-    ke[t] = static_cast<int32_t>(t + 1);
-  }
-}
 
 template <typename T>
 std::vector<T> download(const void* src, size_t count) {
@@ -440,7 +434,9 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
       fill_bf16<<<1024, 256>>>(q.as<__nv_bfloat16>(), T * H * D, seed + 1);
       fill_bf16<<<1024, 256>>>(k.as<__nv_bfloat16>(), T * D, seed + 2);
       fill_weights<<<1024, 256>>>(w.as<float>(), T * H, seed + 3);
-      causal_ranges<<<256, 256>>>(ks.as<int32_t>(), ke.as<int32_t>(), T);
+      const flashdsa_check::KeyRanges causal = flashdsa_check::thd_causal_ranges({static_cast<int>(T)});  // one sequence
+      upload(ks, causal.k_start);
+      upload(ke, causal.k_end);
       FLASHDSA_CHECK_CUDA(cudaGetLastError());
       Problem shape;
       shape.T = shape.T_kv = T;

@@ -194,6 +194,20 @@ using flashdsa_check::attention_part;
 using flashdsa_check::indexer_part;
 using flashdsa_check::topk_part;
 
+// The attention-mass params of contiguous device tensors.
+flashdsa::AttnMassParams mass_params(const void* q, const void* kv, const int32_t* idx, const float* lse, float* mass,
+                                     int H, int K, double scale, int64_t T, int64_t T_kv) {
+  flashdsa::AttnMassParams p;
+  p.device = flashdsa::Device::kCUDA;
+  p.attn = attention_part(q, kv, H, scale);
+  p.topk = topk_part(idx, K);
+  p.lse = lse;
+  p.mass = mass;
+  p.T = T;
+  p.T_kv = T_kv;
+  return p;
+}
+
 void case_mass(const std::vector<int>& seqlens, int H, int K, std::mt19937_64& rng) {
   const Layout L = thd_causal(seqlens);
   const int64_t T = L.T, T_kv = L.T, empty_row = T / 2;
@@ -210,15 +224,8 @@ void case_mass(const std::vector<int>& seqlens, int H, int K, std::mt19937_64& r
   DevBuf<int32_t> didx(idx);
   DevBuf<float> dlse(lse), dmass(static_cast<size_t>(T) * K);
   dmass.fill_garbage();
-  flashdsa::AttnMassParams p;
-  p.device = flashdsa::Device::kCUDA;
-  p.attn = attention_part(dq.p, dkv.p, H, scale);
-  p.topk = topk_part(didx.p, K);
-  p.lse = dlse.p;
-  p.mass = dmass.p;
-  p.T = T;
-  p.T_kv = T_kv;
-  status_ok(flashdsa::sm90::attention_mass(p), "attention_mass");
+  status_ok(flashdsa::sm90::attention_mass(mass_params(dq.p, dkv.p, didx.p, dlse.p, dmass.p, H, K, scale, T, T_kv)),
+            "attention_mass");
   FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
   const std::vector<double> got = to_double(dmass.download());
   check("mass", want, got, kTolMass);
@@ -420,15 +427,8 @@ void run_correctness(bool small, std::mt19937_64& rng) {
 
 // ---- benchmark ---------------------------------------------------------------------------------------
 
-__device__ uint32_t hash32(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return static_cast<uint32_t>(x);
-}
-__device__ float hash_unit(uint64_t x) { return (hash32(x) >> 8) * (1.f / 16777216.f); }  // [0, 1)
+using flashdsa_check::hash32;
+using flashdsa_check::hash_unit;
 
 __global__ void fill_bf16_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float amp) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
@@ -492,14 +492,7 @@ void bench_sparse(int64_t T) {
   fill_causal_indices_kernel<<<4096, 256>>>(idx.p, T, K, 7);
   FLASHDSA_CHECK_CUDA(cudaGetLastError());
 
-  flashdsa::AttnMassParams mp;
-  mp.device = flashdsa::Device::kCUDA;
-  mp.attn = attention_part(q.p, kv.p, H, scale);
-  mp.topk = topk_part(idx.p, K);
-  mp.lse = lse.p;
-  mp.mass = mass.p;
-  mp.T = T;
-  mp.T_kv = T;
+  const flashdsa::AttnMassParams mp = mass_params(q.p, kv.p, idx.p, lse.p, mass.p, H, K, scale, T, T);
 
   flashdsa::SparseKlParams kp;
   kp.device = flashdsa::Device::kCUDA;
