@@ -114,16 +114,22 @@ void expect_bounded(size_t peak, int64_t T, int K, int H, int D, const char* op)
   EXPECT_GT(peak, 0u) << op;
 }
 
-TEST(Memory, SparseOpsAndIndexerPeakIsLinear) {
+// One sequence of `length` tokens, contiguous tensors, the given widths.
+Shape memory_shape(int32_t length, int H, int D_qk, int D_v, int H_I, int D_I) {
   Shape s;
-  s.lengths = {8192};
-  s.H = 4;
-  s.D_qk = 64;
-  s.D_v = 32;
-  s.H_I = 4;
-  s.D_I = 32;
-  s.K = 64;
+  s.lengths = {length};
+  s.H = H;
+  s.D_qk = D_qk;
+  s.D_v = D_v;
+  s.H_I = H_I;
+  s.D_I = D_I;
   s.pad = 0;
+  return s;
+}
+
+TEST(Memory, SparseOpsAndIndexerPeakIsLinear) {
+  Shape s = memory_shape(8192, 4, 64, 32, 4, 32);
+  s.K = 64;
   const Problem<bf16> pb(s);
   const int64_t T = pb.T;
   const int D = s.D_qk, H = s.H;
@@ -156,14 +162,7 @@ TEST(Memory, SparseOpsAndIndexerPeakIsLinear) {
 }
 
 TEST(Memory, DenseKlPeakIsLinear) {
-  Shape s;
-  s.lengths = {2048};
-  s.H = 2;
-  s.D_qk = 16;
-  s.D_v = 8;
-  s.H_I = 2;
-  s.D_I = 8;
-  s.pad = 0;
+  const Shape s = memory_shape(2048, 2, 16, 8, 2, 8);
   const Problem<float> pb(s);
   const int64_t T = pb.T;
   std::vector<float> loss_rows(T), dq_idx(T * s.H_I * s.D_I), dk_idx(T * s.D_I), dw(T * s.H_I);

@@ -34,11 +34,31 @@ class Validate : public ::testing::Test {
   std::vector<int32_t> indices_out = std::vector<int32_t>(pb.T * pb.shape.K);
   std::vector<float> stat_out = std::vector<float>(pb.T * 64 * 64);
   std::vector<float> act_out = std::vector<float>(pb.T * 64 * 128);
+
+  // The outputs of either KL formulation (SparseKlParams / DenseKlParams), in the fixture's buffers.
+  template <class P>
+  P with_kl_outputs(P p) {
+    p.loss_rows = stat_out.data();
+    p.dq_idx = act_out.data();
+    p.dk_idx = stat_out.data();
+    p.dweights = stat_out.data();
+    return p;
+  }
 };
 
 template <class P>
 std::function<Status(const P&)> validator() {
   return [](const P& p) { return flashdsa::validate(p); };
+}
+
+// The forward and backward validators of an op with both (the KL losses).
+template <class P>
+std::function<Status(const P&)> fwd_validator() {
+  return [](const P& p) { return flashdsa::validate_fwd(p); };
+}
+template <class P>
+std::function<Status(const P&)> bwd_validator() {
+  return [](const P& p) { return flashdsa::validate_bwd(p); };
 }
 
 TEST_F(Validate, IndexerTopk) {
@@ -219,13 +239,8 @@ TEST_F(Validate, AttentionMass) {
 
 TEST_F(Validate, SparseKl) {
   using P = flashdsa::SparseKlParams;
-  auto p = pb.sparse_kl(stat_out.data());
-  p.loss_rows = stat_out.data();
-  p.dq_idx = act_out.data();
-  p.dk_idx = stat_out.data();
-  p.dweights = stat_out.data();
-  const std::function<Status(const P&)> fwd = [](const P& x) { return flashdsa::validate_fwd(x); };
-  const std::function<Status(const P&)> bwd = [](const P& x) { return flashdsa::validate_bwd(x); };
+  const P p = with_kl_outputs(pb.sparse_kl(stat_out.data()));
+  const auto fwd = fwd_validator<P>(), bwd = bwd_validator<P>();
   ASSERT_TRUE(fwd(p).ok()) << fwd(p).to_string();
   ASSERT_TRUE(bwd(p).ok()) << bwd(p).to_string();
   expect_rejected<P>(p, fwd, "mass", [](P& x) { x.mass = nullptr; });
@@ -244,13 +259,8 @@ TEST_F(Validate, SparseKl) {
 
 TEST_F(Validate, DenseKl) {
   using P = flashdsa::DenseKlParams;
-  auto p = pb.dense_kl();
-  p.loss_rows = stat_out.data();
-  p.dq_idx = act_out.data();
-  p.dk_idx = stat_out.data();
-  p.dweights = stat_out.data();
-  const std::function<Status(const P&)> fwd = [](const P& x) { return flashdsa::validate_fwd(x); };
-  const std::function<Status(const P&)> bwd = [](const P& x) { return flashdsa::validate_bwd(x); };
+  const P p = with_kl_outputs(pb.dense_kl());
+  const auto fwd = fwd_validator<P>(), bwd = bwd_validator<P>();
   ASSERT_TRUE(fwd(p).ok()) << fwd(p).to_string();
   ASSERT_TRUE(bwd(p).ok()) << bwd(p).to_string();
   expect_rejected<P>(p, fwd, "q", [](P& x) { x.attn.q = nullptr; });
