@@ -122,8 +122,10 @@ struct IndexerTopkParams : CallContext {
   size_t workspace_bytes = 0;
 };
 
-// The default candidate count of the FP8 selection: K + max(K / 4, 256) (docs/spec.md §3).
-constexpr int fp8_selection_candidates(int K) { return K + (K / 4 > 256 ? K / 4 : 256); }
+// The default candidate count of the FP8 selection: K + max(64 * ceil(K / 256), 256), i.e. K plus a
+// quarter of K rounded up to a multiple of 64, at least 256 (docs/spec.md §3). A multiple of 64
+// whenever K is (the CUDA limit).
+constexpr int fp8_selection_candidates(int K) { return K + (64 * ((K + 255) / 256) > 256 ? 64 * ((K + 255) / 256) : 256); }
 
 // ---------------------------------------------------------------------------------------------
 // FP8 (e4m3) quantization of indexer rows (docs/spec.md §3 "FP8 selection"). For every row r of

@@ -219,7 +219,7 @@ def dsa_attention(
             q_idx, k_idx, weights requiring grad — else False (so ``torch.no_grad()`` evaluation
             still reports the loss from the forward).
         selection: the indexer's selection pass, ``"bf16"`` (exact, default) or ``"fp8"`` (e4m3
-            scores, then the exact re-score of ``topk + max(topk // 4, 256)`` candidates; see
+            scores, then the exact re-score of ``flashdsa.fp8_selection_candidates(topk)`` candidates; see
             :func:`flashdsa.indexer_topk`). The KL loss always uses the unquantized inputs.
 
     Returns:

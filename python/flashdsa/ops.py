@@ -375,8 +375,9 @@ SELECTIONS = ("bf16", "fp8")
 
 
 def fp8_selection_candidates(topk: int) -> int:
-    """The default candidate count of the FP8 selection: ``topk + max(topk // 4, 256)`` (docs/spec.md §3)."""
-    return topk + max(topk // 4, 256)
+    """The default candidate count of the FP8 selection (docs/spec.md §3): ``topk`` plus a quarter of it
+    rounded up to a multiple of 64, at least 256: ``topk + max(64 * ceil(topk / 256), 256)``."""
+    return topk + max(64 * ((topk + 255) // 256), 256)
 
 
 def check_selection(selection: str) -> str:
@@ -436,7 +437,8 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
         relu: the activation f.
         selection: "bf16" (exact, the default) or "fp8".
         fp8_candidates: fp8 only: the candidates re-scored per row, in [topk, 16384]; None =
-            :func:`fp8_selection_candidates` (topk + max(topk // 4, 256)).
+            :func:`fp8_selection_candidates` (topk + max(64 * ceil(topk / 256), 256); CUDA: a
+            multiple of 64).
     Returns:
         indices: [T, K] int32, unordered within a row; a row with fewer than K visible keys holds
             all of them followed by -1.
