@@ -432,7 +432,7 @@ std::vector<Problem> problems(bool small, std::mt19937_64& rng) {
   add("thd H64 D128 K128 linear", 64, 128, 128, false, thd_causal_ranges({1, 1500, 63, 65}));
   add("causal H32 D64 K256 relu", 32, 64, 256, true, thd_causal_ranges({3000}));
   add("causal H64 D64 K64 relu C=K", 64, 64, 64, true, thd_causal_ranges({2000}), 64);
-  add("causal H32 D128 K2048 relu", 32, 128, 2048, true, thd_causal_ranges({6000}));
+  add("causal H32 D128 K2048 relu", 32, 128, 2048, true, thd_causal_ranges({4500}));
   add("causal H64 D128 K128 relu C=1024", 64, 128, 128, true, thd_causal_ranges({3000}), 1024);
   add("cp2 H64 D64 K64 linear", 64, 64, 64, false, cp_zigzag_ranges({2048, 512}, 2, 1));
   add("cp4 H32 D128 K128 relu", 32, 128, 128, true, cp_zigzag_ranges({4096}, 4, 2));
