@@ -208,9 +208,9 @@ def test_fp8_selection_rejects_bad_options():
         flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, 64, fp8_candidates=100)
 
 
-def test_fp8_selection_cuda_matches_cpu(device):
-    """CUDA (sm90 FP8 kernel) vs the CPU FP8 selection: same quantization; the selected keys' exact
-    scores are the top-K of the candidates up to fp32 rounding at the boundary; recall ≥ 0.99."""
+def test_fp8_selection_cuda_recall_and_exact_scores(device):
+    """CUDA (sm90 FP8 kernel): recall of the CUDA bf16 top-K >= 0.99 on realistic data, and every
+    returned score is the exact score of its key (sampled rows)."""
     if device != "cuda":
         pytest.skip("the CPU path is checked against the contract above")
     T, topk = 4096, 256
