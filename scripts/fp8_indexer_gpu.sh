@@ -7,14 +7,14 @@
 # racecheck of the check program's --small cases when compute-sanitizer is there. Per-step timeouts;
 # logs under ${OUT:-/tmp/flashdsa_fp8}; a summary table last. Target: <= 8 minutes.
 #
-#   bash scripts/fp8_indexer_gpu.sh [--bench-H 32,64] [--no-sanitize]
+#   bash scripts/fp8_indexer_gpu.sh [--bench-H 32] [--no-sanitize]      (default --bench-H 32,64)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashdsa_fp8}; mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 BUILD=${FLASHDSA_BUILD_DIR:-build}
 SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
-bench_h=32; sanitize=1
+bench_h=32,64; sanitize=1
 while [ $# -gt 0 ]; do
   case $1 in
     --bench-H) bench_h=$2; shift 2 ;;
