@@ -263,7 +263,27 @@ struct RowResult {
   bool counted = false;
 };
 
-RowResult check_row(const Problem& p, const Run& r, int64_t t, double max_k_norm, double max_k8_norm) {
+// The keys as floats, decoded once per problem: kf = bf16 k_idx, k8f = e4m3 codes (unscaled).
+struct KeyFloats {
+  std::vector<float> kf, k8f;  // [T_kv, D]
+};
+
+KeyFloats key_floats(const Problem& p, const Run& r) {
+  KeyFloats k;
+  k.kf.resize(size_t(p.T_kv) * p.D);
+  k.k8f.resize(size_t(p.T_kv) * p.D);
+  float lut[256];
+  for (int c = 0; c < 256; ++c) lut[c] = e4m3(static_cast<uint8_t>(c));
+  for (int64_t s = 0; s < p.T_kv; ++s)
+    for (int d = 0; d < p.D; ++d) {
+      k.kf[s * p.D + d] = p.k_at(s, d);
+      k.k8f[s * p.D + d] = lut[r.k8[s * p.D + d]];
+    }
+  return k;
+}
+
+RowResult check_row(const Problem& p, const Run& r, const KeyFloats& keys, int64_t t, double max_k_norm,
+                    double max_k8_norm) {
   RowResult res;
   auto fail = [&res](const std::string& why) {
     if (res.ok) res.why = why;
@@ -293,12 +313,14 @@ RowResult check_row(const Problem& p, const Run& r, int64_t t, double max_k_norm
   const double tol = 4e-6 * bound, tol8 = 2e-4 * bound8;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = s0 + i;
+    const float* kf = &keys.kf[s * p.D];
+    const float* k8f = &keys.k8f[s * p.D];
     double e = 0, e8 = 0;
     for (int h = 0; h < p.H; ++h) {
       double dot = 0, dot8 = 0;
       for (int d = 0; d < p.D; ++d) {
-        dot += qf[h * p.D + d] * p.k_at(s, d);
-        dot8 += q8[h * p.D + d] * e4m3(r.k8[s * p.D + d]);
+        dot += qf[h * p.D + d] * kf[d];
+        dot8 += q8[h * p.D + d] * k8f[d];
       }
       e += double(p.w[t * p.H + h]) * (p.relu ? (dot > 0 || std::isnan(dot) ? dot : 0.0) : dot);
       e8 += w8[h] * (p.relu ? (dot8 > 0 || std::isnan(dot8) ? dot8 : 0.0) : dot8);
@@ -379,8 +401,9 @@ bool check_problem(const Problem& p) {
     return double(e4m3(r.k8[s * p.D + d])) * (std::isfinite(r.ks[s]) ? r.ks[s] : 0.0);
   });
   // kn8 bounds b[s] |k^_s|: scale the per-row FP8 bound by it (the key scale multiplies after the sum).
+  const KeyFloats keys = key_floats(p, r);
   std::vector<RowResult> rows(size_t(p.T));
-  parallel_for(p.T, [&](int64_t t) { rows[t] = check_row(p, r, t, kn, kn8); });
+  parallel_for(p.T, [&](int64_t t) { rows[t] = check_row(p, r, keys, t, kn, kn8); });
   int64_t bad = 0, first = -1, counted = 0;
   double recall_sum = 0, recall_min = 1;
   for (int64_t t = 0; t < p.T; ++t) {
