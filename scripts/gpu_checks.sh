@@ -27,7 +27,7 @@ t0=$(date +%s)
 if ! { cmake -S . -B "$OUT/build" -G Ninja -DFLASHDSA_WITH_CUDA=ON -DFLASHDSA_BUILD_TESTS=ON \
          -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 &&
        timeout 1800 cmake --build "$OUT/build" -j "$JOBS" --target "${programs[@]}" >"$OUT/build.log" 2>&1; }; then
-  tail -30 "$OUT/cmake.log" "$OUT/build.log"; echo "build: FAILED (logs in $OUT)"; exit 1
+  tail -n 30 "$OUT/cmake.log" "$OUT/build.log"; echo "build: FAILED (logs in $OUT)"; exit 1
 fi
 summary+=("$(printf '%-26s %-8s %6s s' build OK $(( $(date +%s) - t0 )))")
 status=0
