@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <thread>
 #include <vector>
 
 #include "../cpp/reference.h"
@@ -34,6 +36,17 @@ struct KeyRanges {
   std::vector<int32_t> k_start, k_end;  // [T]
   int64_t T = 0, T_kv = 0;
 };
+
+// The exit status of a check program that found no GPU (CTest's SKIP_RETURN_CODE).
+constexpr int kSkipped = 77;
+
+// Whether a CUDA device is present; prints the skip line when not (the caller returns kSkipped).
+inline bool have_gpu() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return true;
+  std::printf("no CUDA device: skipped\n");
+  return false;
+}
 
 // Aborts the check program (exit 1) with `what` and the message when a library call fails.
 inline void status_or_die(const flashdsa::Status& st, const char* what) {
@@ -128,6 +141,50 @@ inline KeyRanges cp_zigzag_ranges(const std::vector<int>& lengths, int cp, int r
   ranges_or_die(flashdsa::build_key_ranges_for_rows(cu.data(), B, rows.data(), r.T, r.k_start.data(),
                                                     r.k_end.data()));
   return r;
+}
+
+// ---- device buffers and host threads -----------------------------------------------------------------
+// An owning device allocation of `bytes` bytes (none for 0).
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (n > 0) FLASHDSA_CHECK_CUDA(cudaMalloc(&ptr, n));
+  }
+  ~DeviceBuffer() {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+// Copies a host vector to the start of a device buffer.
+template <typename T>
+void upload(DeviceBuffer& dst, const std::vector<T>& src) {
+  if (!src.empty()) FLASHDSA_CHECK_CUDA(cudaMemcpy(dst.ptr, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+// `count` elements of device memory at `src`, on the host.
+template <typename T>
+std::vector<T> download(const void* src, size_t count) {
+  std::vector<T> v(count);
+  if (count > 0) FLASHDSA_CHECK_CUDA(cudaMemcpy(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// Runs fn(i) for i in [0, n) on all host cores (host references of large problems).
+inline void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+  const int workers = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w)
+    pool.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += workers) fn(i);
+    });
+  for (auto& t : pool) t.join();
 }
 
 // ---- benchmark data on the device ---------------------------------------------------------------------

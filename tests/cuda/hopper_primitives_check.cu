@@ -189,11 +189,7 @@ static void report(const char* name, const std::vector<float>& got, const std::v
 }
 
 int main() {
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  if (!flashdsa_check::have_gpu()) return flashdsa_check::kSkipped;
   const int smem = 200 * 1024;
   FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_ss_kmajor<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   FLASHDSA_CHECK_CUDA(cudaFuncSetAttribute(k_ss_kmajor<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

@@ -45,39 +45,10 @@ namespace {
 using flashdsa::bf16;
 namespace impl = flashdsa::sm90::indexer_topk_impl;
 
-// Owning device allocation.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n > 0) FLASHDSA_CHECK_CUDA(cudaMalloc(&ptr, n));
-  }
-  ~DeviceBuffer() {
-    if (ptr != nullptr) cudaFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
-
-template <typename T>
-void upload(DeviceBuffer& dst, const std::vector<T>& src) {
-  if (!src.empty()) FLASHDSA_CHECK_CUDA(cudaMemcpy(dst.ptr, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-
-// Runs fn(i) for i in [0, n) on all host cores.
-void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
-  const int workers = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int w = 0; w < workers; ++w)
-    pool.emplace_back([&, w] {
-      for (int64_t i = w; i < n; i += workers) fn(i);
-    });
-  for (auto& t : pool) t.join();
-}
+using flashdsa_check::DeviceBuffer;
+using flashdsa_check::download;
+using flashdsa_check::parallel_for;
+using flashdsa_check::upload;
 
 // ---------------------------------------------------------------------------------------------
 // Problems: inputs on the host (strided like the kernel sees them) plus the key ranges.
@@ -414,12 +385,6 @@ __global__ void fill_weights(float* x, int64_t n, uint64_t seed) {
   }
 }
 
-template <typename T>
-std::vector<T> download(const void* src, size_t count) {
-  std::vector<T> v(count);
-  if (count > 0) FLASHDSA_CHECK_CUDA(cudaMemcpy(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 
 bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs) {
   const int D = 128, K = 2048;
@@ -504,11 +469,7 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
 }  // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  if (!flashdsa_check::have_gpu()) return flashdsa_check::kSkipped;
   bool small = false, bench = true, bench_only = false;
   uint64_t seed = std::random_device{}();
   std::vector<int64_t> bench_T = {32768, 65536, 131072};

@@ -47,51 +47,12 @@ namespace {
 
 using flashdsa::bf16;
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n > 0) FLASHDSA_CHECK_CUDA(cudaMalloc(&ptr, n));
-  }
-  ~DeviceBuffer() {
-    if (ptr != nullptr) cudaFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
+using flashdsa_check::DeviceBuffer;
+using flashdsa_check::download;
+using flashdsa_check::parallel_for;
+using flashdsa_check::upload;
 
-template <typename T>
-void upload(DeviceBuffer& dst, const std::vector<T>& src) {
-  if (!src.empty()) FLASHDSA_CHECK_CUDA(cudaMemcpy(dst.ptr, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-
-template <typename T>
-std::vector<T> download(const void* src, size_t count) {
-  std::vector<T> v(count);
-  if (count > 0) FLASHDSA_CHECK_CUDA(cudaMemcpy(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
-
-void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
-  const int workers = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int w = 0; w < workers; ++w)
-    pool.emplace_back([&, w] {
-      for (int64_t i = w; i < n; i += workers) fn(i);
-    });
-  for (auto& t : pool) t.join();
-}
-
-void check_status(const flashdsa::Status& st, const char* what) {
-  if (!st.ok()) {
-    std::printf("%s failed: %s\n", what, st.message().c_str());
-    std::exit(1);
-  }
-}
+void check_status(const flashdsa::Status& st, const char* what) { flashdsa_check::status_or_die(st, what); }
 
 // ---------------------------------------------------------------------------------------------
 // Problems (contiguous inputs; `pad` adds unused elements to every row stride)
@@ -488,12 +449,6 @@ __global__ void fill_weights(float* x, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = 0.25f * (hash_uniform(i, seed * 7 + 1) + 0.6f);
 }
-__global__ void causal_ranges(int32_t* ks, int32_t* ke, int64_t T) {
-  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < T; t += int64_t(gridDim.x) * blockDim.x) {
-    ks[t] = 0;
-    ke[t] = static_cast<int32_t>(t + 1);
-  }
-}
 
 bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs, bool spread) {
   const int D = 128, K = 2048;
@@ -510,7 +465,9 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
       fill_rows<<<1024, 256>>>(q.as<__nv_bfloat16>(), T * H, D, seed + 1, spread);
       fill_rows<<<1024, 256>>>(k.as<__nv_bfloat16>(), T, D, seed + 2, spread);
       fill_weights<<<1024, 256>>>(w.as<float>(), T * H, seed + 3);
-      causal_ranges<<<256, 256>>>(kb.as<int32_t>(), ke.as<int32_t>(), T);
+      const flashdsa_check::KeyRanges causal = flashdsa_check::thd_causal_ranges({static_cast<int>(T)});  // one sequence
+      upload(kb, causal.k_start);
+      upload(ke, causal.k_end);
       FLASHDSA_CHECK_CUDA(cudaGetLastError());
 
       flashdsa::IndexerTopkParams bf = fp8_params(T, T, H, D, K, 0, true, nullptr, nullptr, nullptr, nullptr, q.ptr,
@@ -570,11 +527,7 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
 }  // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  if (!flashdsa_check::have_gpu()) return flashdsa_check::kSkipped;
   bool small = false, bench = true, bench_only = false, spread = true;
   uint64_t seed = std::random_device{}();
   std::vector<int64_t> bench_T = {8192, 32768, 131072};

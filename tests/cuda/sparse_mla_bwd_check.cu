@@ -548,11 +548,7 @@ int main(int argc, char** argv) {
         bench_T.push_back(std::atoll(tok));
     }
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  if (!flashdsa_check::have_gpu()) return flashdsa_check::kSkipped;
 
   std::vector<Case> cases;
   if (correctness && small) {

@@ -376,11 +376,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--no-bench")) bench = false;
     if (!std::strcmp(argv[i], "--bench-only")) check = false;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  if (!flashdsa_check::have_gpu()) return flashdsa_check::kSkipped;
   cudaDeviceProp prop;
   FLASHDSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
