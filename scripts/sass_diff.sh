@@ -13,7 +13,8 @@
 #
 # Environment: NVCC (default nvcc), CUOBJDUMP (default: cuobjdump on PATH, else triton's copy),
 # JOBS (parallel nvcc processes, default 2), SASS_CACHE (default ${TMPDIR:-/tmp}/flashdsa_sass;
-# the base revision's dumps are cached there by commit), NVCC_EXTRA (extra nvcc flags, e.g. -D...).
+# the base revision's dumps are cached there by commit and flags), NVCC_EXTRA (extra nvcc flags for
+# both sides, e.g. -DFLASHDSA_BWD_V2=1 to compare a compile-time variant).
 # Exit: 0 no kernel changed, 1 a kernel changed / appeared / vanished or a spill, 2 a build failed.
 set -euo pipefail
 
@@ -57,7 +58,9 @@ dump() {
   return $failed
 }
 
-BASE_DIR=$CACHE/$BASE_SHA
+# The cache key: the base commit and the flags (NVCC_EXTRA builds a variant, e.g. -DFLASHDSA_BWD_V2=1).
+FLAGS_KEY=$(printf '%s ' "$NVCC" "${FLAGS[@]}" | sha1sum | cut -c1-12)
+BASE_DIR=$CACHE/$BASE_SHA-$FLAGS_KEY
 if [[ ! -f "$BASE_DIR/done" ]]; then
   echo "sass_diff: building base $BASE_REV ($BASE_SHA)"
   rm -rf "$BASE_DIR"; mkdir -p "$BASE_DIR/src"
