@@ -442,6 +442,7 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
     }
   }
 
+  hw::cp_async_wait<0>();  // an empty row never waited for its Q / dO copies: none may outlive the CTA
   store_dq<kFrontDqBlocks>(dq, p.dq + (w.token * p.H + h0) * int64_t(kQkCols), w.heads, 0, r0, q4);
 }
 
