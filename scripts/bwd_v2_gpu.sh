@@ -9,7 +9,10 @@
 #   3. A/B, fast mode, v1 / v2 alternated for 2 rounds: --bench-only --fast-only --T 4096,8192,32768,131072;
 #   4. deterministic mode at 32K, v1 then v2 (--bench-only --T 32768: fast, det, det 3 runs bitwise);
 #   5. compute-sanitizer memcheck and racecheck of v2 --small --no-bench.
-# Prints a summary table last. Exit status 0 when every step passed.
+# Prints a summary table last. Exit status 0 when every step passed. The whole run is bounded by
+# BUDGET seconds (default 470): each step's timeout is cut to what is left, a step with < 15 s left is
+# skipped. NO_REDS=1 adds a third build (v2 without any dkv write: the compute-path floor, wrong dkv)
+# and one --bench-only --fast-only --T 4096,32768 run of it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bwd_v2_gpu}; mkdir -p "$OUT"
@@ -20,9 +23,14 @@ T_BENCH=${T_BENCH:-4096,8192,32768,131072}
 flags=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Xptxas -v -Iinclude -Icsrc)
 srcs=(tests/cuda/sparse_mla_bwd_check.cu csrc/sm90/sparse_mla_bwd/*.cu)
 status=()  # "step|result" lines for the table
+START=$(date +%s); BUDGET=${BUDGET:-470}
+left() { echo $((BUDGET - ($(date +%s) - START))); }
 
 step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, output to LOG (and the console)
   local name=$1 limit=$2 log=$3; shift 3
+  local rest; rest=$(left)
+  [ "$rest" -lt "$limit" ] && limit=$rest
+  if [ "$limit" -lt 15 ]; then echo "=== $name: SKIPPED (time budget)"; echo "SKIPPED (time budget)" > "$log"; return 125; fi
   echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s)"
   timeout "$limit" "$@" > "$log" 2>&1
   local rc=$?
@@ -33,12 +41,19 @@ step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, output to LOG
 
 # 1. builds
 echo "=== build v1 and v2 ($(date -u +%H:%M:%S))"
-timeout 420 "$NVCC" "${flags[@]}" -o "$BIN/bwd_v1" "${srcs[@]}" > "$OUT/build_v1.log" 2>&1 &
+timeout 300 "$NVCC" "${flags[@]}" -o "$BIN/bwd_v1" "${srcs[@]}" > "$OUT/build_v1.log" 2>&1 &
 pid1=$!
-timeout 420 "$NVCC" "${flags[@]}" -DFLASHDSA_BWD_V2=1 -o "$BIN/bwd_v2" "${srcs[@]}" > "$OUT/build_v2.log" 2>&1 &
+timeout 300 "$NVCC" "${flags[@]}" -DFLASHDSA_BWD_V2=1 -o "$BIN/bwd_v2" "${srcs[@]}" > "$OUT/build_v2.log" 2>&1 &
 pid2=$!
+if [ "${NO_REDS:-0}" = 1 ]; then
+  timeout 300 "$NVCC" "${flags[@]}" -DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_V2_NO_DKV=1 -o "$BIN/bwd_v2_nodkv" "${srcs[@]}" \
+    > "$OUT/build_v2_nodkv.log" 2>&1 &
+  pid3=$!
+fi
 wait $pid1; rc1=$?
 wait $pid2; rc2=$?
+[ "${NO_REDS:-0}" = 1 ] && wait $pid3
+echo "  builds done after $(( $(date +%s) - START )) s"
 for v in v1 v2; do
   spills=$(grep -A1 "Function properties for .*main_kernel" "$OUT/build_$v.log" | grep -o "[0-9]* bytes spill stores" | sort -u | tr '\n' ' ')
   echo "  $v main kernel: ${spills:-?}"
@@ -69,11 +84,17 @@ for v in v1 v2; do
   step "$v det --T 32768" 150 "$OUT/bench_det_$v.log" "$BIN/bwd_$v" --bench-only --T 32768
 done
 
+# 4b. optional: the compute-path floor (no dkv writes at all; its dkv is wrong by design)
+if [ "${NO_REDS:-0}" = 1 ] && [ -x "$BIN/bwd_v2_nodkv" ]; then
+  step "v2 without dkv writes --T 4096,32768" 90 "$OUT/bench_fast_v2_nodkv.log" "$BIN/bwd_v2_nodkv" --bench-only --fast-only --T 4096,32768
+  status+=("v2 no-dkv floor|$(awk -F'|' '$1 + 0 > 0 && NF >= 5 { split($2, a, " "); printf "T=%d %s ms (%s TFLOP/s); ", $1, a[1], a[2] }' "$OUT/bench_fast_v2_nodkv.log")")
+fi
+
 # 5. sanitizers on v2 --small
 if [ -x "$SAN" ]; then
-  step "v2 memcheck --small" 240 "$OUT/v2_memcheck.log" "$SAN" --tool memcheck "$BIN/bwd_v2" --small --no-bench
+  step "v2 memcheck --small" 150 "$OUT/v2_memcheck.log" "$SAN" --tool memcheck "$BIN/bwd_v2" --small --no-bench
   status+=("v2 memcheck --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$OUT/v2_memcheck.log" | tail -1)")
-  step "v2 racecheck --small" 300 "$OUT/v2_racecheck.log" "$SAN" --tool racecheck "$BIN/bwd_v2" --small --no-bench
+  step "v2 racecheck --small" 240 "$OUT/v2_racecheck.log" "$SAN" --tool racecheck "$BIN/bwd_v2" --small --no-bench
   status+=("v2 racecheck --small|rc=$?; $(grep -o 'RACECHECK SUMMARY: .*' "$OUT/v2_racecheck.log" | tail -1)")
 else
   status+=("sanitizers|compute-sanitizer not found")

@@ -154,6 +154,9 @@ template <bool kDeterministic>
 __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRowsV2& rows, int lane) {
   using mla_bwd::detail::put_dkv;
   using mla_bwd::detail::shfl_xor4;
+#if FLASHDSA_BWD_V2_NO_DKV  // measurement build only (scripts/bwd_v2_gpu.sh NO_REDS=1): no dkv writes, wrong dkv
+  return;
+#endif
   const bool odd = (lane >> 2) & 1;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
