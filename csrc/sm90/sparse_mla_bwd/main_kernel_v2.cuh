@@ -74,11 +74,6 @@ using hw::desc_mn_major;
 using mla_bwd::detail::key_valid;
 using mla_bwd::detail::Work;
 
-__device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-
 // The 16-byte copies of one thread: tile rows rsub + 16 r (r < 4), chunk `chunk` of every 64-column
 // block (8 threads cover one 128-byte row segment). The swizzled chunk depends on rsub % 8 only.
 struct Copier {
@@ -92,7 +87,7 @@ struct Copier {
     const __nv_bfloat16* src = src_row + 8 * chunk;
     asm("" : "+l"(src));  // one pointer, immediate offsets per block
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) cp_async_16(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
+    for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
   }
 };
 
