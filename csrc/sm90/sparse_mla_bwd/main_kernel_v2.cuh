@@ -47,6 +47,25 @@ __host__ __device__ constexpr int v2_dkv_pos(int col) {
   return (col & ~15) | ((col & 6) << 1) | ((col & 8) >> 2) | (col & 1);
 }
 
+// The emission contract: quad member q's accumulator pairs of n-groups 2m and 2m + 1 land on the four
+// consecutive positions 16m + 4q .. +3, and the map is a permutation inside each 16-column group.
+constexpr bool v2_dkv_pos_ok() {
+  bool seen[16] = {};
+  for (int c = 0; c < 16; ++c) {
+    const int pos = v2_dkv_pos(c);
+    if (pos < 0 || pos >= 16 || seen[pos]) return false;
+    seen[pos] = true;
+  }
+  for (int m = 0; m < kQkCols / 16; ++m)
+    for (int q = 0; q < 4; ++q)
+      for (int e = 0; e < 2; ++e)
+        if (v2_dkv_pos(16 * m + 2 * q + e) != 16 * m + 4 * q + e ||
+            v2_dkv_pos(16 * m + 8 + 2 * q + e) != 16 * m + 4 * q + 2 + e)
+          return false;
+  return true;
+}
+static_assert(v2_dkv_pos_ok(), "v2 dkv column order");
+
 struct alignas(1024) SmemPlanV2 {
   __nv_bfloat16 q[kQkBlocks * kHeadsPerCta * kColsPerBlock];    // [64 h][9 blocks] SW128      73728 B
   __nv_bfloat16 dout[kVBlocks * kHeadsPerCta * kColsPerBlock];  // [64 h][8 blocks] SW128      65536 B
