@@ -12,7 +12,7 @@
 # Prints a summary table last. Exit status 0 when every step passed. The whole run is bounded by
 # BUDGET seconds (default 470): each step's timeout is cut to what is left, a step with < 15 s left is
 # skipped. NO_REDS=1 adds a third build (v2 without any dkv write: the compute-path floor, wrong dkv)
-# and one --bench-only --fast-only --T 4096,32768 run of it.
+# and one --bench-only --fast-only --T 4096,32768 run of it. BUILD_ONLY=1 stops after the builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bwd_v2_gpu}; mkdir -p "$OUT"
@@ -21,7 +21,6 @@ SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/
 BIN=${BIN:-/tmp/bwd_v2_gpu_bin}; mkdir -p "$BIN"
 T_BENCH=${T_BENCH:-4096,8192,32768,131072}
 flags=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Xptxas -v -Iinclude -Icsrc)
-srcs=(tests/cuda/sparse_mla_bwd_check.cu csrc/sm90/sparse_mla_bwd/*.cu)
 status=()  # "step|result" lines for the table
 START=$(date +%s); BUDGET=${BUDGET:-470}
 left() { echo $((BUDGET - ($(date +%s) - START))); }
@@ -39,29 +38,34 @@ step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, output to LOG
   return $rc
 }
 
-# 1. builds
+# 1. builds: the check program's translation unit once, sparse_mla_bwd.cu per variant, all in parallel
 echo "=== build v1 and v2 ($(date -u +%H:%M:%S))"
-timeout 300 "$NVCC" "${flags[@]}" -o "$BIN/bwd_v1" "${srcs[@]}" > "$OUT/build_v1.log" 2>&1 &
-pid1=$!
-timeout 300 "$NVCC" "${flags[@]}" -DFLASHDSA_BWD_V2=1 -o "$BIN/bwd_v2" "${srcs[@]}" > "$OUT/build_v2.log" 2>&1 &
-pid2=$!
-if [ "${NO_REDS:-0}" = 1 ]; then
-  timeout 300 "$NVCC" "${flags[@]}" -DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_V2_NO_DKV=1 -o "$BIN/bwd_v2_nodkv" "${srcs[@]}" \
-    > "$OUT/build_v2_nodkv.log" 2>&1 &
-  pid3=$!
-fi
-wait $pid1; rc1=$?
-wait $pid2; rc2=$?
-[ "${NO_REDS:-0}" = 1 ] && wait $pid3
+variants=(v1 v2)
+declare -A vflags=([v1]="" [v2]="-DFLASHDSA_BWD_V2=1" [v2_nodkv]="-DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_V2_NO_DKV=1")
+[ "${NO_REDS:-0}" = 1 ] && variants+=(v2_nodkv)
+timeout 300 "$NVCC" "${flags[@]}" -c -o "$BIN/check.o" tests/cuda/sparse_mla_bwd_check.cu > "$OUT/build_check.log" 2>&1 &
+pids=($!)
+for v in "${variants[@]}"; do
+  # shellcheck disable=SC2086
+  timeout 300 "$NVCC" "${flags[@]}" ${vflags[$v]} -c -o "$BIN/bwd_$v.o" csrc/sm90/sparse_mla_bwd/sparse_mla_bwd.cu \
+    > "$OUT/build_$v.log" 2>&1 &
+  pids+=($!)
+done
+build_rc=0
+for pid in "${pids[@]}"; do wait "$pid" || build_rc=1; done
+for v in "${variants[@]}"; do
+  [ $build_rc -eq 0 ] && { "$NVCC" "${flags[@]}" -o "$BIN/bwd_$v" "$BIN/check.o" "$BIN/bwd_$v.o" >> "$OUT/build_$v.log" 2>&1 || build_rc=1; }
+done
 echo "  builds done after $(( $(date +%s) - START )) s"
 for v in v1 v2; do
   spills=$(grep -A1 "Function properties for .*main_kernel" "$OUT/build_$v.log" | grep -o "[0-9]* bytes spill stores" | sort -u | tr '\n' ' ')
   echo "  $v main kernel: ${spills:-?}"
 done
-if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then
-  echo "build failed (v1 rc=$rc1, v2 rc=$rc2)"; tail -20 "$OUT/build_v1.log" "$OUT/build_v2.log"; exit 2
+if [ $build_rc -ne 0 ]; then
+  echo "build failed"; tail -20 "$OUT"/build_*.log; exit 2
 fi
 status+=("build v1 / v2|ok")
+[ "${BUILD_ONLY:-0}" = 1 ] && { echo "BUILD_ONLY=1: builds in $BIN, stopping"; exit 0; }
 
 # 2. v2 correctness
 step "v2 correctness (38 cases + scale check)" 300 "$OUT/v2_correctness.log" "$BIN/bwd_v2" --no-bench
