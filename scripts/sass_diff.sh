@@ -14,7 +14,8 @@
 # Environment: NVCC (default nvcc), CUOBJDUMP (default: cuobjdump on PATH, else triton's copy),
 # JOBS (parallel nvcc processes, default 2), SASS_CACHE (default ${TMPDIR:-/tmp}/flashdsa_sass;
 # the base revision's dumps are cached there by commit and flags), NVCC_EXTRA (extra nvcc flags for
-# both sides, e.g. -DFLASHDSA_BWD_V2=1 to compare a compile-time variant).
+# both sides, e.g. -DFLASHDSA_BWD_V2=1 to compare a compile-time variant), ONLY (an extended
+# regular expression: only the translation units whose path matches, e.g. ONLY=sparse_mla_bwd).
 # Exit: 0 no kernel changed, 1 a kernel changed / appeared / vanished or a spill, 2 a build failed.
 set -euo pipefail
 
@@ -43,7 +44,7 @@ dump() {
   local src=$1 out=$2
   mkdir -p "$out"
   local tus
-  tus=$(cd "$src" && find csrc/sm90 tests/cuda -name '*.cu' 2>/dev/null | sort)
+  tus=$(cd "$src" && find csrc/sm90 tests/cuda -name '*.cu' 2>/dev/null | sort | grep -E "${ONLY:-.}")
   printf '%s\n' $tus > "$out/tus.txt"
   local failed=0
   # shellcheck disable=SC2016
@@ -59,7 +60,7 @@ dump() {
 }
 
 # The cache key: the base commit and the flags (NVCC_EXTRA builds a variant, e.g. -DFLASHDSA_BWD_V2=1).
-FLAGS_KEY=$(printf '%s ' "$NVCC" "${FLAGS[@]}" | sha1sum | cut -c1-12)
+FLAGS_KEY=$(printf '%s ' "$NVCC" "${FLAGS[@]}" "${ONLY:-.}" | sha1sum | cut -c1-12)
 BASE_DIR=$CACHE/$BASE_SHA-$FLAGS_KEY
 if [[ ! -f "$BASE_DIR/done" ]]; then
   echo "sass_diff: building base $BASE_REV ($BASE_SHA)"
