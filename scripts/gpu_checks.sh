@@ -21,7 +21,9 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1"; exit 2 ;;
   esac
 done
-programs=(hopper_primitives_check indexer_topk_check sparse_mla_fwd_check sparse_mla_bwd_check kl_loss_check)
+programs=(hopper_primitives_check indexer_topk_check indexer_topk_fp8_check sparse_mla_fwd_check sparse_mla_bwd_check
+          kl_loss_check)
+export FLASHDSA_EXPERIMENTAL_FP8=1  # the FP8 selection is gated until validated on a GPU
 summary=()
 t0=$(date +%s)
 if ! { cmake -S . -B "$OUT/build" -G Ninja -DFLASHDSA_WITH_CUDA=ON -DFLASHDSA_BUILD_TESTS=ON \
