@@ -18,13 +18,15 @@
 #              tools/util/include/ at the commit FlashMLA's csrc/cutlass submodule pins
 #
 # Slim (the default) keeps every file that the code paths we run load, import or include, and
-# makes the sets 29% smaller (119.6 -> 85.2 MiB: cudnn 53.5, tilelang 30.6, flashmla 1.1 MiB) (docs/benchmarks.md, "Bringing the peers to the GPU machine"):
+# makes the sets 29% smaller (119.6 -> 85.2 MiB: cudnn 53.5, tilelang 30.6, flashmla 1.1 MiB;
+# docs/benchmarks.md, "Bringing the peers to the GPU machine"):
 #   - removes files no run of ours needs (slim_cudnn / slim_tilelang below: each with its reason);
 #   - identical large files become hard links (tar stores the data once and recreates the link);
 #   - strips the static symbol table of libz3 only (its dynamic symbols and dynamic section are
 #     checked unchanged; the CuTe DSL binaries are never touched: cutlass checks their sha256);
 #   - one solid xz stream per set with the x86 branch filter and a 256 MiB dictionary
-#     (PEERS_XZ overrides the xz options; preset 9; about 20-25 minutes per set on 2 busy cores, 2.7 GiB memory).
+#     (preset 9; PEERS_XZ overrides the xz options; about 20-25 minutes per set on 2 busy cores,
+#     2.7 GiB of memory).
 # Then it verifies the slim tree statically (verify_slim): every ELF file's NEEDED libraries are in
 # the set or are system / CUDA / torch libraries, and no remaining Python file imports a removed
 # module. PEERS_WORK (/tmp/peers_stage) holds the installed trees; PEERS_REUSE=1 re-uses an
