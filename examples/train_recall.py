@@ -72,6 +72,7 @@ class Config:
     topk_freq: int = 2  # IndexShare: one full layer every topk_freq layers
     mlp_mult: int = 2
     loss_coeff: float = 1.0  # indexer KL loss coefficient of the full layers
+    selection: str = "bf16"  # the indexer's selection pass: "bf16" (exact) or "fp8" (fused core only)
     # training
     steps: int = 1500
     lr: float = 3e-3
@@ -453,8 +454,13 @@ class MLAttention(nn.Module):
         # MLA's softmax scale: the un-absorbed q·k has d_nope + 64 dims.
         self.scale = (d_nope_scale := (cfg.d_nope + ROPE_DIM) ** -0.5)
         self.topk, self.loss_coeff = cfg.topk, cfg.loss_coeff
+        # The FP8 selection pass is an option of the fused core (flashdsa.DSAAttention) only.
+        selection = {} if cfg.selection == "bf16" else {"selection": cfg.selection}
+        if selection and core is not flashdsa.DSAAttention:
+            raise ValueError(f"--selection {cfg.selection} needs the fused backend")
+        self.selection = cfg.selection
         self.core = core(cfg.topk, d_nope_scale, index_share=mode,
-                         loss_coeff=cfg.loss_coeff if full else None, layer_id=layer_id)
+                         loss_coeff=cfg.loss_coeff if full else None, layer_id=layer_id, **selection)
         # How the main attention runs (see set_attention): "sparse" = the DSA core over the top-k;
         # "dense" = causal attention over every visible key (torch SDPA), the indexer trained by the
         # fused dense KL loss when dense_kl is set (examples/train_long.py, the dense warm-up).
@@ -507,7 +513,8 @@ class MLAttention(nn.Module):
             q_idx, k_idx, weights = idx
             k_start, k_end = flashdsa.build_key_ranges(cu_seqlens, device=q_d.device)
             with torch.no_grad():
-                indices, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, self.topk)
+                indices, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, self.topk,
+                                                   selection=self.selection)
             if self.dense_kl:
                 with torch.no_grad():
                     q, kv = self._absorbed(q_nope, q_pe, c_kv, k_pe, act_dtype)

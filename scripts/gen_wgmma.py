@@ -69,6 +69,30 @@ def emit_ss_overwrite(n):
 
 OVERWRITE_NS = [128]
 
+# Dense FP8 wrappers (the indexer's FP8 selection pass): m64nNk32, e4m3 x e4m3 -> f32, SS only. FP8
+# wgmma has no transpose immediates: both operands must be K-major. Appended after the bf16 wrappers,
+# which stay byte-identical.
+FP8_NS = [128]
+
+FP8_HEADER = """// wgmma.mma_async m64nNk32, e4m3 x e4m3 -> f32, both operands K-major in shared memory (SS; FP8
+// wgmma takes no transpose flags). One k-step covers 32 e4m3 values = 32 bytes of a SW128 row, so
+// the descriptors advance exactly as for a bf16 k16 step. _overwrite: scale-d = 0, d output-only."""
+
+
+def emit_fp8(n, overwrite):
+    nacc = n // 2
+    acc = "{" + regs(nacc, 0) + "}"
+    suffix = "_overwrite" if overwrite else ""
+    args = "float (&d)[{}], uint64_t desc_a, uint64_t desc_b{}".format(nacc, "" if overwrite else ", bool accumulate")
+    out = [f"__device__ __forceinline__ void wgmma_ss_m64n{n}k32_e4m3{suffix}({args}) {{",
+           "  asm volatile(",
+           f'      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nacc + 2}, 0;\\n"',
+           f'      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {acc}, %{nacc}, %{nacc + 1}, p, 1, 1;\\n}}\\n"',
+           "      : " + ", ".join(f'"{"=" if overwrite else "+"}f"(d[{i}])' for i in range(nacc)),
+           '      : "l"(desc_a), "l"(desc_b), "r"({}));'.format("0" if overwrite else "static_cast<int>(accumulate)"),
+           "}"]
+    return "\n".join(out)
+
 
 def main():
     print(HEADER)
@@ -80,6 +104,13 @@ def main():
         if n in OVERWRITE_NS:
             print(emit_ss_overwrite(n))
             print()
+    print(FP8_HEADER)
+    print()
+    for n in FP8_NS:
+        print(emit_fp8(n, overwrite=False))
+        print()
+        print(emit_fp8(n, overwrite=True))
+        print()
     print("}  // namespace flashdsa::sm90::hw")
 
 

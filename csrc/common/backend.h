@@ -34,6 +34,7 @@ struct Backend {
   OpEntry<SparseKlParams> sparse_kl_bwd;
   OpEntry<DenseKlParams> dense_kl_fwd;
   OpEntry<DenseKlParams> dense_kl_bwd;
+  OpEntry<QuantizeFp8Params> quantize_fp8;  // the FP8 indexer's quantization (nullptr run: not implemented)
 };
 
 // The backend that runs calls on ctx.device. kNotSupported (message prefixed by `op`) when this

@@ -31,6 +31,7 @@ const Op<SparseKlParams> kSparseKlFwd{"sparse_kl_fwd", &Backend::sparse_kl_fwd, 
 const Op<SparseKlParams> kSparseKlBwd{"sparse_kl_bwd", &Backend::sparse_kl_bwd, &detail::check_generic_bwd};
 const Op<DenseKlParams> kDenseKlFwd{"dense_kl_fwd", &Backend::dense_kl_fwd, &detail::check_generic_fwd};
 const Op<DenseKlParams> kDenseKlBwd{"dense_kl_bwd", &Backend::dense_kl_bwd, &detail::check_generic_bwd};
+const Op<QuantizeFp8Params> kQuantizeFp8{"quantize_fp8", &Backend::quantize_fp8, &detail::check_generic};
 
 // The backend entry of a call, or why there is none.
 template <class P>
@@ -107,6 +108,7 @@ Status validate_fwd(const SparseKlParams& p) { return validate_call(kSparseKlFwd
 Status validate_bwd(const SparseKlParams& p) { return validate_call(kSparseKlBwd, p); }
 Status validate_fwd(const DenseKlParams& p) { return validate_call(kDenseKlFwd, p); }
 Status validate_bwd(const DenseKlParams& p) { return validate_call(kDenseKlBwd, p); }
+Status validate(const QuantizeFp8Params& p) { return validate_call(kQuantizeFp8, p); }
 
 Status validate_workspace(const IndexerTopkParams& p) {
   return check_workspace_of(kIndexerTopk, p, indexer_topk_workspace_size(p));
@@ -123,6 +125,7 @@ Status run_sparse_kl_fwd(const SparseKlParams& p) { return run_op(kSparseKlFwd, 
 Status run_sparse_kl_bwd(const SparseKlParams& p) { return run_op(kSparseKlBwd, p); }
 Status run_dense_kl_fwd(const DenseKlParams& p) { return run_op(kDenseKlFwd, p); }
 Status run_dense_kl_bwd(const DenseKlParams& p) { return run_op(kDenseKlBwd, p); }
+Status run_quantize_fp8(const QuantizeFp8Params& p) { return run_op(kQuantizeFp8, p); }
 
 size_t indexer_topk_workspace_size(const IndexerTopkParams& p) { return workspace_of(kIndexerTopk, p); }
 size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) { return workspace_of(kSparseMlaBwd, p); }

@@ -8,6 +8,7 @@ const char* dtype_name(DType t) {
     case DType::kBF16: return "bf16";
     case DType::kFP32: return "fp32";
     case DType::kFP64: return "fp64";
+    case DType::kFP8E4M3: return "fp8_e4m3";
   }
   return "unknown dtype";
 }

@@ -101,9 +101,21 @@ Status check_attention(const Check& c, const AttentionTensors& a, int64_t T, int
 }
 
 // The IndexerTensors part: q_idx [T, H_I, D_I], k_idx [T_kv, D_I], weights [T, H_I], the dtype.
-// The optional scales are the backends' concern (neither implements them yet).
-Status check_indexer(const Check& c, const IndexerTensors& in, int64_t T, int64_t T_kv) {
-  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, in.dtype));
+// kFP8E4M3 only where `fp8_ok` (indexer_topk's selection pass); then both scales are required,
+// otherwise both must be null.
+Status check_indexer(const Check& c, const IndexerTensors& in, int64_t T, int64_t T_kv, bool fp8_ok = false) {
+  if (fp8_ok && in.dtype == DType::kFP8E4M3) {
+    FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q_idx_scale (required for kFP8E4M3)", in.q_idx_scale, T * in.H_I));
+    FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "k_idx_scale (required for kFP8E4M3)", in.k_idx_scale, T_kv));
+  } else {
+    if (in.dtype == DType::kFP8E4M3) {
+      return c.fail("dtype", dtype_name(in.dtype), "kFP8E4M3 is only an indexer_topk selection dtype");
+    }
+    FLASHDSA_RETURN_IF_ERROR(check_dtype(c, in.dtype));
+    if (in.q_idx_scale != nullptr || in.k_idx_scale != nullptr) {
+      return c.fail("q_idx_scale / k_idx_scale", "non-null", "the scales belong to a kFP8E4M3 indexer only");
+    }
+  }
   FLASHDSA_RETURN_IF_ERROR(check_positive(c, "H_I", in.H_I));
   FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D_I", in.D_I));
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "q_idx", in.q_idx, T * in.H_I * in.D_I));
@@ -193,8 +205,21 @@ namespace detail {
 Status check_generic(const IndexerTopkParams& p) {
   const Check c{"indexer_topk"};
   FLASHDSA_RETURN_IF_ERROR(check_sizes(c, p.T, p.T_kv));
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer, p.T, p.T_kv));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer, p.T, p.T_kv, /*fp8_ok=*/true));
   FLASHDSA_RETURN_IF_ERROR(check_positive(c, "K", p.K));
+  if (p.indexer.dtype == DType::kFP8E4M3) {
+    // The FP8 selection re-scores its candidates from the unquantized tensors.
+    const Check r{"indexer_topk (rescore)"};
+    FLASHDSA_RETURN_IF_ERROR(check_indexer(r, p.rescore, p.T, p.T_kv));
+    if (p.rescore.H_I != p.indexer.H_I || p.rescore.D_I != p.indexer.D_I || p.rescore.relu != p.indexer.relu) {
+      return c.fail("rescore", "H_I " + std::to_string(p.rescore.H_I) + ", D_I " + std::to_string(p.rescore.D_I),
+                    "must have the H_I, D_I and relu of the fp8 indexer (H_I " + std::to_string(p.indexer.H_I) +
+                        ", D_I " + std::to_string(p.indexer.D_I) + ")");
+    }
+    if (p.candidates != 0 && (p.candidates < p.K || p.candidates > 2 * kMaxTopK)) {
+      return c.fail("candidates", p.candidates, "must be 0 (default) or in [K, 16384]");
+    }
+  }
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", p.indices, p.T * p.K));
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
 }
@@ -254,6 +279,19 @@ Status check_generic_bwd(const DenseKlParams& p) {
   FLASHDSA_RETURN_IF_ERROR(check_dense_kl_inputs(c, p));
   FLASHDSA_RETURN_IF_ERROR(check_kl_grads(c, p));
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
+}
+
+Status check_generic(const QuantizeFp8Params& p) {
+  const Check c{"quantize_fp8"};
+  FLASHDSA_RETURN_IF_ERROR(check_dtype(c, p.dtype));
+  FLASHDSA_RETURN_IF_ERROR(check_rows(c, "N0", p.N0));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "N1", p.N1));
+  FLASHDSA_RETURN_IF_ERROR(check_positive(c, "D", p.D));
+  const int64_t rows = p.N0 * p.N1;
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "x", p.x, rows * p.D));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "out", p.out, rows * p.D));
+  FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "scale", p.scale, rows));
+  return check_strides_3d(c, "x", p.stride0, p.stride1, p.N0, p.N1, p.D);
 }
 
 Status check_workspace(const char* op, size_t needed, const void* workspace, size_t bytes) {

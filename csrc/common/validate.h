@@ -16,6 +16,7 @@ Status check_generic_fwd(const SparseKlParams& p);
 Status check_generic_bwd(const SparseKlParams& p);
 Status check_generic_fwd(const DenseKlParams& p);
 Status check_generic_bwd(const DenseKlParams& p);
+Status check_generic(const QuantizeFp8Params& p);
 
 // kInvalidArgument unless `workspace` is non-null and holds `needed` bytes (nothing needed: OK).
 Status check_workspace(const char* op, size_t needed, const void* workspace, size_t bytes);

@@ -1,7 +1,7 @@
 // The CPU backend's table and its limits. The CPU backend takes the production shapes and small
 // ones, so tests and references can run at tiny sizes:
 //   H, H_I in [1, 128];  D_I a multiple of 8 in [8, 256];  D_qk a multiple of 8 in [8, 1024];
-//   K in [1, 8192];  dtype bf16, fp32 or fp64;  any alignment.
+//   K in [1, 8192];  dtype bf16, fp32 or fp64 (indexer_topk also takes a kFP8E4M3 indexer);  any alignment.
 // (D_v in [1, D_qk] and the rest are generic checks, csrc/common/validate.cpp.)
 #include "cpu/backend.h"
 
@@ -42,10 +42,11 @@ Status check_attention(const Check& c, int H, int D_qk) {
   return check_dim(c, "D_qk", D_qk, kMaxDqk);
 }
 
-// The indexer part. Dequantization scales (a future fp8 indexer) are not implemented on the CPU.
-Status check_indexer(const Check& c, const IndexerTensors& in) {
-  if (in.q_idx_scale != nullptr || in.k_idx_scale != nullptr) {
-    return c.unsupported("indexer q_idx_scale / k_idx_scale are not supported on the CPU (leave them null)");
+// The indexer part. Dequantization scales belong to the fp8 indexer of indexer_topk only.
+Status check_indexer(const Check& c, const IndexerTensors& in, bool fp8_ok = false) {
+  if (!(fp8_ok && in.dtype == DType::kFP8E4M3) && (in.q_idx_scale != nullptr || in.k_idx_scale != nullptr)) {
+    return c.unsupported("indexer q_idx_scale / k_idx_scale are only read by indexer_topk with a kFP8E4M3 "
+                         "indexer (leave them null)");
   }
   FLASHDSA_RETURN_IF_ERROR(check_heads(c, "H_I", in.H_I));
   return check_dim(c, "D_I", in.D_I, kMaxIndexerDim);
@@ -55,7 +56,8 @@ Status check_indexer(const Check& c, const IndexerTensors& in) {
 // indexer_topk; sparse_kl_fwd, sparse_kl_bwd.
 Status supports_indexer_topk(const IndexerTopkParams& p, const char* op) {
   const Check c{op};
-  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer));
+  FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer, /*fp8_ok=*/true));
+  if (p.indexer.dtype == DType::kFP8E4M3) FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.rescore));
   return check_topk(c, p.K);
 }
 
@@ -89,6 +91,7 @@ const detail::Backend kBackend = {
     {&supports_sparse_kl, &sparse_kl_bwd, nullptr},
     {&supports_dense_kl, &dense_kl_fwd, nullptr},
     {&supports_dense_kl, &dense_kl_bwd, nullptr},
+    {nullptr, &quantize_fp8, nullptr},
 };
 
 }  // namespace

@@ -82,6 +82,7 @@ Status indexer_topk_impl(const IndexerTopkParams& p) {
 }  // namespace
 
 Status indexer_topk(const IndexerTopkParams& p) {
+  if (p.indexer.dtype == DType::kFP8E4M3) return indexer_topk_fp8(p);  // indexer_fp8.cpp
   return dispatch_act(p.indexer.dtype, [&](auto tag) { return indexer_topk_impl<decltype(tag)>(p); });
 }
 

@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "common/status_macros.h"
+#include "sm90/indexer_topk/fp8.h"
 
 namespace flashdsa::sm90 {
 namespace {
@@ -77,6 +78,7 @@ Status check_aligned_output(const Check& c, const char* field, const void* ptr) 
 }
 
 Status supports_indexer_topk(const IndexerTopkParams& p, const char* op) {
+  if (p.indexer.dtype == DType::kFP8E4M3) return indexer_topk_fp8_impl::supports(p, op);  // FP8 selection
   const Check c{op};
   FLASHDSA_RETURN_IF_ERROR(check_indexer(c, p.indexer));
   FLASHDSA_RETURN_IF_ERROR(check_topk(c, p.K));
@@ -160,9 +162,17 @@ Status supports_dense_kl(const DenseKlParams& p, const char* op) {
   return Status::OK();
 }
 
+// indexer_topk with an e4m3 indexer runs the FP8 selection pass (csrc/sm90/indexer_topk/fp8.h).
+Status indexer_topk_any(const IndexerTopkParams& p) {
+  return p.indexer.dtype == DType::kFP8E4M3 ? indexer_topk_fp8_impl::run(p) : sm90::indexer_topk(p);
+}
+size_t indexer_topk_any_workspace_size(const IndexerTopkParams& p) {
+  return p.indexer.dtype == DType::kFP8E4M3 ? indexer_topk_fp8_impl::workspace_size(p) : sm90::indexer_topk_workspace_size(p);
+}
+
 const detail::Backend kBackend = {
     "sm90",
-    {&supports_indexer_topk, &indexer_topk, &indexer_topk_workspace_size},
+    {&supports_indexer_topk, &indexer_topk_any, &indexer_topk_any_workspace_size},
     {&supports_sparse_mla_fwd, &sparse_mla_fwd, nullptr},
     {&supports_sparse_mla_bwd, &sparse_mla_bwd, &sparse_mla_bwd_workspace_size},
     {&supports_attention_mass, &attention_mass, nullptr},
@@ -170,6 +180,7 @@ const detail::Backend kBackend = {
     {&supports_sparse_kl<true>, &sparse_kl_bwd, nullptr},
     {&supports_dense_kl, &dense_kl_fwd, nullptr},
     {&supports_dense_kl, &dense_kl_bwd, nullptr},
+    {&indexer_topk_fp8_impl::supports_quantize, &indexer_topk_fp8_impl::run_quantize, nullptr},
 };
 
 }  // namespace

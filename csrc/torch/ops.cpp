@@ -56,6 +56,90 @@ std::tuple<Tensor, Tensor> indexer_topk(const Tensor& q_idx, const Tensor& k_idx
   return {indices, scores};
 }
 
+// FP8 (e4m3) quantization of indexer rows: x [N, D] or [N0, N1, D] -> (e4m3 of x's shape, fp32 scales
+// of x's shape without D). docs/spec.md §3 "FP8 selection".
+std::tuple<Tensor, Tensor> quantize_fp8(const Tensor& x) {
+  TORCH_CHECK_VALUE(x.dim() == 2 || x.dim() == 3, "x must have 2 or 3 dimensions ([N, D] or [N0, N1, D]), got ",
+                    x.dim());
+  const DType dtype = activation_dtype(x, "x");
+  const Tensor x3 = strided_rows(x.dim() == 2 ? x.unsqueeze(1) : x);
+  const CallScope scope(x);
+  QuantizeFp8Params p;
+  scope.fill(p);
+  p.dtype = dtype;
+  p.x = x3.data_ptr();
+  p.N0 = x3.size(0);
+  p.N1 = to_int(x3.size(1), "x.size(1)");
+  p.D = to_int(x3.size(2), "D (x.size(-1))");
+  p.stride0 = x3.stride(0);
+  p.stride1 = x3.stride(1);
+  Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  std::vector<int64_t> scale_sizes(x.sizes().begin(), x.sizes().end() - 1);
+  Tensor scale = at::empty(scale_sizes, x.options().dtype(at::kFloat));
+  p.out = out.data_ptr();
+  p.scale = scale.data_ptr<float>();
+  throw_if_error(run_quantize_fp8(p), "quantize_fp8");
+  return {out, scale};
+}
+
+// The FP8 selection pass of indexer_topk (docs/spec.md §3): q8 [T, H_I, D_I] / k8 [T_kv, D_I] e4m3 with
+// their scales [T, H_I] / [T_kv] (fp32) select `candidates` keys, re-scored from the unquantized
+// q_idx / k_idx / weights (bf16; fp32/fp64 on the CPU). Returns what indexer_topk returns for those.
+std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, const Tensor& q_scale,
+                                            const Tensor& k_scale, const Tensor& q_idx, const Tensor& k_idx,
+                                            const Tensor& weights, const Tensor& k_start, const Tensor& k_end,
+                                            int64_t topk, bool relu, int64_t candidates) {
+  const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
+  check_same_device(q8, q_idx, "q8");
+  check_same_device(k8, q_idx, "k8");
+  check_dtype(q8, at::kFloat8_e4m3fn, "q8");
+  check_dtype(k8, at::kFloat8_e4m3fn, "k8");
+  check_shape(q8, {in.T, in.H_I, in.D_I}, "q8 (the shape of q_idx)");
+  check_shape(k8, {in.T_kv, in.D_I}, "k8 (the shape of k_idx)");
+  const Tensor qs = stat_tensor(q_scale, q_idx, DType::kFP32, {in.T, in.H_I}, "q_scale");
+  const Tensor kscale = stat_tensor(k_scale, q_idx, DType::kFP32, {in.T_kv}, "k_scale");
+  const Tensor q8_rows = strided_rows(q8);
+  const Tensor k8_rows = strided_rows(k8);
+  // The selection pass reads fp32 weights (the stat dtype of fp8).
+  const Tensor w8 = in.dtype == DType::kFP64 ? in.weights.to(at::kFloat) : in.weights;
+  const Tensor starts = key_range(k_start, q_idx, in.T, "k_start");
+  const Tensor ends = key_range(k_end, q_idx, in.T, "k_end");
+  const int K = to_int(topk, "topk");
+  const CallScope scope(q_idx);
+
+  Tensor indices = at::empty({in.T, K}, q_idx.options().dtype(at::kInt));
+  Tensor scores = at::empty({in.T, K}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
+  IndexerTopkParams p;
+  scope.fill(p);
+  p.rescore = indexer_tensors(in, relu);
+  p.indexer = p.rescore;
+  p.indexer.dtype = DType::kFP8E4M3;
+  p.indexer.q_idx = q8_rows.data_ptr();
+  p.indexer.k_idx = k8_rows.data_ptr();
+  p.indexer.q_idx_stride_t = q8_rows.stride(0);
+  p.indexer.q_idx_stride_h = q8_rows.stride(1);
+  p.indexer.k_idx_stride_t = k8_rows.stride(0);
+  p.indexer.weights = w8.data_ptr();
+  p.indexer.weights_stride_t = w8.stride(0);
+  p.indexer.q_idx_scale = qs.data_ptr<float>();
+  p.indexer.k_idx_scale = kscale.data_ptr<float>();
+  p.candidates = to_int(candidates, "candidates");
+  p.T = in.T;
+  p.T_kv = in.T_kv;
+  p.k_start = starts.data_ptr<int32_t>();
+  p.k_end = ends.data_ptr<int32_t>();
+  p.indices = indices.data_ptr<int32_t>();
+  p.scores = scores.data_ptr();
+  p.K = K;
+  throw_if_error(validate(p), "indexer_topk_fp8");
+  p.check_ranges = false;
+  const Tensor workspace = scope.workspace(indexer_topk_workspace_size(p));
+  p.workspace = workspace.data_ptr();
+  p.workspace_bytes = static_cast<size_t>(workspace.numel());
+  throw_if_error(run_indexer_topk(p), "indexer_topk_fp8");
+  return {indices, scores};
+}
+
 std::tuple<Tensor, Tensor> sparse_mla_fwd(const Tensor& q, const Tensor& kv, const Tensor& indices, double scale) {
   const AttentionInputs a = attention_inputs(q, kv);
   const Tensor idx = topk_indices(indices, q, a.T);
@@ -272,6 +356,8 @@ bool set_range_checks_op(bool enabled) { return set_range_checks(enabled); }
 // The same kernels serve every device: the backend is chosen from the inputs' device.
 void register_kernels(torch::Library& m) {
   m.impl("indexer_topk", TORCH_FN(indexer_topk));
+  m.impl("indexer_topk_fp8", TORCH_FN(indexer_topk_fp8));
+  m.impl("quantize_fp8", TORCH_FN(quantize_fp8));
   m.impl("sparse_mla_fwd", TORCH_FN(sparse_mla_fwd));
   m.impl("sparse_mla_bwd", TORCH_FN(sparse_mla_bwd));
   m.impl("sparse_mla_bwd_mass", TORCH_FN(sparse_mla_bwd_mass));
@@ -294,6 +380,11 @@ TORCH_LIBRARY(flashdsa, m) {
   m.def("indexer_topk(Tensor q_idx, Tensor k_idx, Tensor weights, Tensor k_start, Tensor k_end, int topk, "
         "bool relu) -> (Tensor indices, Tensor scores)",
         traceable);
+  m.def("indexer_topk_fp8(Tensor q8, Tensor k8, Tensor q_scale, Tensor k_scale, Tensor q_idx, Tensor k_idx, "
+        "Tensor weights, Tensor k_start, Tensor k_end, int topk, bool relu, int candidates) "
+        "-> (Tensor indices, Tensor scores)",
+        traceable);
+  m.def("quantize_fp8(Tensor x) -> (Tensor out, Tensor scale)", traceable);
   m.def("sparse_mla_fwd(Tensor q, Tensor kv, Tensor indices, float scale) -> (Tensor out, Tensor lse)", traceable);
   m.def("sparse_mla_bwd(Tensor q, Tensor kv, Tensor indices, float scale, Tensor out, Tensor lse, Tensor dout, "
         "bool deterministic) -> (Tensor dq, Tensor dkv)",

@@ -45,6 +45,7 @@ at::ScalarType scalar_type_of(DType dtype) {
     case DType::kBF16: return at::kBFloat16;
     case DType::kFP32: return at::kFloat;
     case DType::kFP64: return at::kDouble;
+    case DType::kFP8E4M3: return at::kFloat8_e4m3fn;
   }
   TORCH_CHECK(false, "flashdsa: unknown dtype");
 }

@@ -68,17 +68,17 @@ struct AttentionTensors {
 
 // Lightning-indexer inputs: q_idx [T, H_I, D_I], k_idx [T_kv, D_I], weights [T, H_I] (stat dtype
 // of `dtype`), and the score activation f (relu or identity).
-// The indexer has its own dtype and optional dequantization scales so that a low-precision (fp8)
-// indexer fits this struct: q_idx_scale [T, H_I] and k_idx_scale [T_kv] (fp32, contiguous) would
-// multiply q_idx[t,h] . k_idx[s]. null = none. No backend implements scales yet: both return
-// kNotSupported for non-null scales (and the sm90 backend for any dtype but kBF16).
+// The indexer has its own dtype and dequantization scales so that the fp8 selection pass fits this
+// struct: with dtype kFP8E4M3 (indexer_topk only), q_idx / k_idx hold e4m3 values (from
+// run_quantize_fp8) and q_idx_scale [T, H_I] and k_idx_scale [T_kv] (fp32, contiguous, > 0 or NaN)
+// multiply q_idx[t,h] . k_idx[s]; both are required then, and must be null for any other dtype.
 struct IndexerTensors {
   DType dtype = DType::kBF16;    // of q_idx, k_idx (and dq_idx)
   const void* q_idx = nullptr;   // [T, H_I, D_I] act; strides q_idx_stride_t, q_idx_stride_h
   const void* k_idx = nullptr;   // [T_kv, D_I] act; stride k_idx_stride_t
   const void* weights = nullptr; // [T, H_I] stat; stride weights_stride_t
-  const float* q_idx_scale = nullptr;  // [T, H_I], optional (future fp8 indexer; not supported yet)
-  const float* k_idx_scale = nullptr;  // [T_kv], optional (future fp8 indexer; not supported yet)
+  const float* q_idx_scale = nullptr;  // [T, H_I] fp32, contiguous: kFP8E4M3 only (required then)
+  const float* k_idx_scale = nullptr;  // [T_kv] fp32, contiguous: kFP8E4M3 only (required then)
   int H_I = 0, D_I = 0;
   bool relu = true;
   int64_t q_idx_stride_t = 0, q_idx_stride_h = 0, k_idx_stride_t = 0, weights_stride_t = 0;
@@ -97,8 +97,21 @@ struct TopkIndices {
 // for s in [k_start[t], k_end[t]); keeps the K largest. Order inside a row is unspecified;
 // rows with fewer than K visible keys hold all of them followed by -1 (score -inf).
 // (The CPU backend writes the selected keys in increasing key order; ties prefer the smaller key.)
+//
+// FP8 selection (indexer.dtype == kFP8E4M3; docs/spec.md §3 "FP8 selection"): the selection pass
+// scores every visible key from the quantized inputs,
+//   score8(t, s) = k_idx_scale[s] * sum_h weights[t,h] * q_idx_scale[t,h] * f(q^[t,h] . k^[s]),
+// keeps the C = min(candidates, visible) best keys by score8 (NaN first, then larger, then smaller
+// key), re-scores those C keys exactly from `rescore` (the unquantized tensors: the §3 score in
+// the stat dtype of rescore.dtype) and returns the K best of them, with their exact scores, as the
+// op returns them for `rescore` alone. `indices`/`scores` are then those of rescore.dtype.
 struct IndexerTopkParams : CallContext {
   IndexerTensors indexer;
+  // FP8 selection only (ignored otherwise): the unquantized indexer tensors (bf16; the CPU also
+  // takes fp32/fp64) with the same H_I, D_I and relu as `indexer`, and the candidate count
+  // (0 = fp8_selection_candidates(K); else in [K, 16384]).
+  IndexerTensors rescore;
+  int candidates = 0;
   const int32_t* k_start = nullptr;  // [T]
   const int32_t* k_end = nullptr;    // [T]
   int32_t* indices = nullptr;    // [T, K] out, contiguous
@@ -107,6 +120,29 @@ struct IndexerTopkParams : CallContext {
   int K = 0;
   void* workspace = nullptr;     // CUDA only: indexer_topk_workspace_size() bytes
   size_t workspace_bytes = 0;
+};
+
+// The default candidate count of the FP8 selection: K + max(64 * ceil(K / 256), 256), i.e. K plus a
+// quarter of K rounded up to a multiple of 64, at least 256 (docs/spec.md §3). A multiple of 64
+// whenever K is (the CUDA limit).
+constexpr int fp8_selection_candidates(int K) { return K + (64 * ((K + 255) / 256) > 256 ? 64 * ((K + 255) / 256) : 256); }
+
+// ---------------------------------------------------------------------------------------------
+// FP8 (e4m3) quantization of indexer rows (docs/spec.md §3 "FP8 selection"). For every row r of
+// D elements of x [N0, N1, D] (strides stride0, stride1; k_idx is [T_kv, 1, D]):
+//   amax = max_i |fp32(x[r, i])|;  scale[r] = amax / 448 (fp32), or 1 when amax == 0;
+//   out[r, i] = e4m3(fp32(x[r, i]) / scale[r])   (round to nearest even, fp32 division)
+// A row with a NaN or +-Inf element (after the conversion to fp32) gets scale NaN and all-NaN
+// codes (0x7f), so every score it enters is NaN (docs/reliability.md). A scale that underflows
+// fp32 (fp64 inputs only) is treated as a zero row.
+struct QuantizeFp8Params : CallContext {
+  DType dtype = DType::kBF16;  // of x (bf16 on CUDA; the CPU also takes fp32 / fp64)
+  const void* x = nullptr;     // [N0, N1, D]; strides stride0, stride1 (last dimension contiguous)
+  int64_t N0 = 0;
+  int N1 = 1, D = 0;
+  int64_t stride0 = 0, stride1 = 0;
+  void* out = nullptr;         // [N0, N1, D] e4m3 out, contiguous
+  float* scale = nullptr;      // [N0, N1] fp32 out, contiguous
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -221,6 +257,7 @@ Status validate_fwd(const DenseKlParams& p);
 Status validate_bwd(const DenseKlParams& p);
 Status validate_workspace(const IndexerTopkParams& p);
 Status validate_workspace(const SparseMlaBwdParams& p);
+Status validate(const QuantizeFp8Params& p);
 
 // Entry points.
 Status run_indexer_topk(const IndexerTopkParams& p);
@@ -231,6 +268,7 @@ Status run_sparse_kl_fwd(const SparseKlParams& p);
 Status run_sparse_kl_bwd(const SparseKlParams& p);
 Status run_dense_kl_fwd(const DenseKlParams& p);
 Status run_dense_kl_bwd(const DenseKlParams& p);
+Status run_quantize_fp8(const QuantizeFp8Params& p);
 
 // Workspace (bytes) a CUDA call needs; 0 on the CPU.
 size_t indexer_topk_workspace_size(const IndexerTopkParams& p);

@@ -181,6 +181,7 @@ def dsa_attention(
     deterministic: bool = False,
     cp_group: Optional[dist.ProcessGroup] = None,
     indexer_loss_in_backward: Optional[bool] = None,
+    selection: str = "bf16",
 ) -> DSAAttentionOutput:
     """DSA attention core on a packed (THD) batch, optionally context-parallel.
 
@@ -217,6 +218,9 @@ def dsa_attention(
             ``loss_coeff`` set, ``loss_formulation="sparse"``, grad mode enabled and one of
             q_idx, k_idx, weights requiring grad — else False (so ``torch.no_grad()`` evaluation
             still reports the loss from the forward).
+        selection: the indexer's selection pass, ``"bf16"`` (exact, default) or ``"fp8"`` (e4m3
+            scores, then the exact re-score of ``flashdsa.fp8_selection_candidates(topk)`` candidates; see
+            :func:`flashdsa.indexer_topk`). The KL loss always uses the unquantized inputs.
 
     Returns:
         :class:`DSAAttentionOutput` ``(out [T, H, D_v], indices [T, K] int32, indexer_loss)``.
@@ -232,6 +236,7 @@ def dsa_attention(
     """
     if loss_formulation not in _FORMULATIONS:
         raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
+    _ops.check_selection(selection)
     needs_indexer_inputs = indices is None or loss_coeff is not None
     if needs_indexer_inputs and (q_idx is None or k_idx is None or weights is None):
         why = "indices is None (the indexer must run)" if indices is None else "loss_coeff is set"
@@ -254,7 +259,8 @@ def dsa_attention(
 
     if indices is None:
         with torch.no_grad():
-            indices, _ = _ops.indexer_topk(q_idx, k_idx_all, weights, geo.k_start, geo.k_end, topk, relu)
+            indices, _ = _ops.indexer_topk(q_idx, k_idx_all, weights, geo.k_start, geo.k_end, topk, relu,
+                                           selection=selection)
     elif indices.dim() != 2 or indices.shape[0] != q.shape[0] or indices.dtype != torch.int32:
         raise ValueError(
             f"indices must be int32 [T={q.shape[0]}, K], got {indices.dtype} {tuple(indices.shape)}"
@@ -352,8 +358,9 @@ class DSAAttention(torch.nn.Module):
         topk: ``K``.
         scale: softmax scale of the main attention.
         index_share: ``"full"`` or ``"shared"``.
-        relu, loss_coeff, loss_formulation, deterministic, cp_group, indexer_loss_in_backward: as
-            in :func:`dsa_attention` (``loss_coeff`` must be None for a shared layer).
+        relu, loss_coeff, loss_formulation, deterministic, cp_group, indexer_loss_in_backward,
+            selection: as in :func:`dsa_attention` (``loss_coeff`` must be None for a shared layer;
+            ``selection`` is ``"bf16"`` or ``"fp8"``, the indexer's selection pass).
         layer_id: name used in error messages (e.g. the layer number).
 
     Attributes:
@@ -376,8 +383,10 @@ class DSAAttention(torch.nn.Module):
         cp_group: Optional[dist.ProcessGroup] = None,
         layer_id: Optional[object] = None,
         indexer_loss_in_backward: Optional[bool] = None,
+        selection: str = "bf16",
     ) -> None:
         super().__init__()
+        _ops.check_selection(selection)
         if index_share not in (FULL, SHARED):
             raise ValueError(f"index_share must be 'full' or 'shared', got {index_share!r}")
         if index_share == SHARED and loss_coeff is not None:
@@ -397,6 +406,7 @@ class DSAAttention(torch.nn.Module):
         self.cp_group = cp_group
         self.layer_id = layer_id
         self.indexer_loss_in_backward = indexer_loss_in_backward
+        self.selection = selection
         self.last_indexer_loss: Optional[torch.Tensor] = None
 
     def forward(
@@ -426,7 +436,7 @@ class DSAAttention(torch.nn.Module):
             q, kv, q_idx, k_idx, weights, cu_seqlens, self.topk, self.scale,
             relu=self.relu, loss_coeff=self.loss_coeff, loss_formulation=self.loss_formulation,
             indices=indices, deterministic=self.deterministic, cp_group=self.cp_group,
-            indexer_loss_in_backward=self.indexer_loss_in_backward,
+            indexer_loss_in_backward=self.indexer_loss_in_backward, selection=self.selection,
         )
         if self.index_share == FULL and index_share_ctx is not None:
             index_share_ctx.publish(result.indices, layer=self.layer_id)
@@ -439,6 +449,6 @@ class DSAAttention(torch.nn.Module):
     def extra_repr(self) -> str:
         return (
             f"topk={self.topk}, scale={self.scale:g}, index_share={self.index_share!r}, relu={self.relu}, "
-            f"loss_coeff={self.loss_coeff}, loss_formulation={self.loss_formulation!r}, "
+            f"loss_coeff={self.loss_coeff}, loss_formulation={self.loss_formulation!r}, selection={self.selection!r}, "
             f"cp={'off' if self.cp_group is None else dist.get_world_size(self.cp_group)}"
         )

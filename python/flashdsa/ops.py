@@ -30,6 +30,8 @@ __all__ = [
     "indexer_kl_loss",
     "indexer_kl_loss_rows",
     "indexer_topk",
+    "fp8_selection_candidates",
+    "quantize_indexer_fp8",
     "set_range_checks",
     "sparse_mla",
     "sparse_mla_with_indexer_loss",
@@ -40,6 +42,8 @@ _ops = torch.ops.flashdsa
 # Raw op names (torch.ops.flashdsa.<name>).
 OP_NAMES = (
     "indexer_topk",
+    "indexer_topk_fp8",
+    "quantize_fp8",
     "sparse_mla_fwd",
     "sparse_mla_bwd",
     "sparse_mla_bwd_mass",
@@ -142,6 +146,20 @@ def _indexer_topk_fake(q_idx, k_idx, weights, k_start, k_end, topk, relu):
     T = q_idx.shape[0]
     return (q_idx.new_empty((T, topk), dtype=torch.int32),
             q_idx.new_empty((T, topk), dtype=_stat_dtype(q_idx.dtype)))
+
+
+@torch.library.register_fake("flashdsa::indexer_topk_fp8")
+def _indexer_topk_fp8_fake(q8, k8, q_scale, k_scale, q_idx, k_idx, weights, k_start, k_end, topk, relu, candidates):
+    _check_same_device("indexer_topk_fp8", q8=q8, k8=k8, q_scale=q_scale, k_scale=k_scale, q_idx=q_idx, k_idx=k_idx,
+                       weights=weights, k_start=k_start, k_end=k_end)
+    T = q_idx.shape[0]
+    return (q_idx.new_empty((T, topk), dtype=torch.int32),
+            q_idx.new_empty((T, topk), dtype=_stat_dtype(q_idx.dtype)))
+
+
+@torch.library.register_fake("flashdsa::quantize_fp8")
+def _quantize_fp8_fake(x):
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.register_fake("flashdsa::sparse_mla_fwd")
@@ -353,12 +371,62 @@ class _DenseKlRows(torch.autograd.Function):
 # Public functions
 
 
+SELECTIONS = ("bf16", "fp8")
+
+
+def fp8_selection_candidates(topk: int) -> int:
+    """The default candidate count of the FP8 selection (docs/spec.md §3): ``topk`` plus a quarter of it
+    rounded up to a multiple of 64, at least 256: ``topk + max(64 * ceil(topk / 256), 256)``."""
+    return topk + max(64 * ((topk + 255) // 256), 256)
+
+
+def check_selection(selection: str) -> str:
+    """Returns `selection` if it names an indexer selection pass ("bf16" or "fp8"), else raises ValueError."""
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    return selection
+
+
+def quantize_indexer_fp8(q_idx: torch.Tensor, k_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                             torch.Tensor, torch.Tensor]:
+    """Quantizes the indexer inputs to fp8 e4m3 with per-row scales (docs/spec.md §3, "FP8 selection").
+
+    Every row of D_I elements (q_idx per (token, head), k_idx per token) is scaled by
+    ``scale = amax / 448`` (fp32; 1 for an all-zero row) and rounded to nearest even:
+    ``x ~= e4m3 * scale``. A row holding a NaN or +-Inf gets scale NaN and NaN codes, so every score
+    it enters is NaN (docs/reliability.md).
+
+    Args:
+        q_idx: [T, H_I, D_I] bf16 (fp32 / fp64 on the CPU); any row strides.
+        k_idx: [T_kv, D_I], same dtype and device.
+    Returns:
+        (q8, q_scale, k8, k_scale): q8 [T, H_I, D_I] and k8 [T_kv, D_I] torch.float8_e4m3fn,
+        q_scale [T, H_I] and k_scale [T_kv] float32. No gradient.
+    """
+    _check_same_device("quantize_indexer_fp8", q_idx=q_idx, k_idx=k_idx)
+    if q_idx.dim() != 3 or k_idx.dim() != 2:
+        raise ValueError(f"q_idx must be [T, H_I, D_I] and k_idx [T_kv, D_I], got {tuple(q_idx.shape)} and "
+                         f"{tuple(k_idx.shape)}")
+    if q_idx.dtype != k_idx.dtype:
+        raise ValueError(f"k_idx must have the dtype of q_idx ({q_idx.dtype}), got {k_idx.dtype}")
+    q8, q_scale = _ops.quantize_fp8(q_idx.detach())
+    k8, k_scale = _ops.quantize_fp8(k_idx.detach())
+    return q8, q_scale, k8, k_scale
+
+
 def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, k_start: torch.Tensor,
-                 k_end: torch.Tensor, topk: int, relu: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 k_end: torch.Tensor, topk: int, relu: bool = True, *, selection: str = "bf16",
+                 fp8_candidates: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Lightning indexer scores and fused top-k selection (no gradient).
 
     score(t, s) = sum_h weights[t, h] * f(q_idx[t, h] . k_idx[s]), f = relu if `relu` else identity,
     for the visible keys k_start[t] <= s < k_end[t]; row t keeps the `topk` largest.
+
+    With ``selection="fp8"`` the O(T^2) selection pass runs on fp8 e4m3 copies of q_idx / k_idx
+    (:func:`quantize_indexer_fp8`): it keeps the ``fp8_candidates`` best keys of each row by the
+    quantized score, re-scores them exactly from q_idx / k_idx, and returns the `topk` best of those
+    with their exact scores (docs/spec.md §3 "FP8 selection"). The result equals the bf16 selection
+    whenever the candidates hold the exact top-k (recall measured in docs/kernels/indexer_topk.md).
 
     Args:
         q_idx: [T, H_I, D_I] act.
@@ -366,6 +434,11 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
         weights: [T, H_I] float (cast to stat), all scale factors folded in.
         k_start, k_end: [T] int32 key ranges.
         topk: K, a multiple of 64, at most 8192.
+        relu: the activation f.
+        selection: "bf16" (exact, the default) or "fp8".
+        fp8_candidates: fp8 only: the candidates re-scored per row, in [topk, 16384]; None =
+            :func:`fp8_selection_candidates` (topk + max(64 * ceil(topk / 256), 256); CUDA: a
+            multiple of 64).
     Returns:
         indices: [T, K] int32, unordered within a row; a row with fewer than K visible keys holds
             all of them followed by -1.
@@ -373,7 +446,14 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
     """
     _check_same_device("indexer_topk", q_idx=q_idx, k_idx=k_idx, weights=weights, k_start=k_start, k_end=k_end)
     weights = weights.detach().to(_stat_dtype(q_idx.dtype))
-    return _ops.indexer_topk(q_idx.detach(), k_idx.detach(), weights, k_start, k_end, topk, relu)
+    if check_selection(selection) == "bf16":
+        if fp8_candidates is not None:
+            raise ValueError("fp8_candidates is only read with selection='fp8'")
+        return _ops.indexer_topk(q_idx.detach(), k_idx.detach(), weights, k_start, k_end, topk, relu)
+    candidates = 0 if fp8_candidates is None else int(fp8_candidates)
+    q8, q_scale, k8, k_scale = quantize_indexer_fp8(q_idx, k_idx)
+    return _ops.indexer_topk_fp8(q8, k8, q_scale, k_scale, q_idx.detach(), k_idx.detach(), weights, k_start, k_end,
+                                 topk, relu, candidates)
 
 
 def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, *,

@@ -35,6 +35,10 @@ __all__ = [
     "kl_target",
     "indexer_logits",
     "indexer_scores",
+    "FP8_E4M3_MAX",
+    "quantize_fp8",
+    "fp8_selection_scores",
+    "fp8_candidates",
     "sparse_mla",
     "sparse_mla_probs",
     "attention_mass",
@@ -118,6 +122,67 @@ def indexer_scores(q_idx, k_idx, weights, k_start, k_end, relu: bool) -> torch.T
     k_rows = k_idx.double()[None].expand(T, -1, -1)
     scores = indexer_logits(q_idx, k_rows, weights, relu)
     return scores.masked_fill(~range_mask(k_start, k_end, k_idx.shape[0]), NEG_INF)
+
+
+# ---------------------------------------------------------------------------------------------
+# §3 FP8 selection (the contract of docs/spec.md §3 "FP8 selection", bitwise where it says exact)
+
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row e4m3 quantization of ``x [..., D]`` with torch's own float8 cast.
+
+    ``scale = amax / 448`` in fp32 (1 for a zero row), codes = ``e4m3(fp32(x) / scale)`` (round to
+    nearest even); a row with a NaN or +-Inf gets scale NaN and NaN codes. Returns
+    ``(codes float8_e4m3fn [..., D], scale float32 [...])``.
+    """
+    xf = x.detach().float()
+    finite = torch.isfinite(xf).all(dim=-1)
+    amax = xf.abs().amax(dim=-1) if xf.shape[-1] else torch.zeros(xf.shape[:-1])
+    scale = amax / FP8_E4M3_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
+    # |x / scale| <= 448 up to one rounding of the division, which the cast rounds back to 448.
+    codes = (xf / scale[..., None]).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def fp8_selection_scores(q_idx, k_idx, weights, k_start, k_end, relu: bool) -> torch.Tensor:
+    """The FP8 selection scores ``[T, T_kv]`` float64 (-inf outside ``[k_start, k_end)``):
+    ``k_scale[s] · Σ_h (w[t,h]·q_scale[t,h]) · f(q^[t,h] · k^[s])``, the head sum in increasing h,
+    the dot products exact; bitwise what the CPU backend computes."""
+    q8, qs = quantize_fp8(q_idx)
+    k8, ks = quantize_fp8(k_idx)
+    dots = torch.einsum("thd,sd->ths", q8.double(), k8.double())  # exact: e4m3 products fit a double
+    if relu:
+        dots = torch.where(dots <= 0, torch.zeros_like(dots), dots)  # keeps NaN
+    wq = weights.float().double() * qs.double()
+    acc = torch.zeros(dots.shape[0], dots.shape[2], dtype=torch.float64)
+    for h in range(dots.shape[1]):
+        acc = acc + wq[:, h, None] * dots[:, h, :]
+    acc = acc * ks.double()[None, :]
+    return acc.masked_fill(~range_mask(k_start, k_end, k_idx.shape[0]), NEG_INF)
+
+
+def fp8_candidates(q_idx, k_idx, weights, k_start, k_end, relu: bool, candidates: int) -> list[torch.Tensor]:
+    """Per row, the sorted int64 keys the FP8 selection re-scores: every visible key when at most
+    ``candidates`` are visible, else the ``candidates`` best by :func:`fp8_selection_scores` (NaN
+    first, then the larger score, then the smaller key)."""
+    scores = fp8_selection_scores(q_idx, k_idx, weights, k_start, k_end, relu)
+    out = []
+    for t in range(scores.shape[0]):
+        lo, hi = int(k_start[t]), int(k_end[t])
+        keys = torch.arange(lo, hi)
+        if hi - lo > candidates:
+            row = scores[t, lo:hi]
+            nan = torch.isnan(row)
+            # lexicographic (NaN first, larger score, smaller key) with stable sorts, last key first
+            order = torch.sort(torch.where(nan, torch.zeros_like(row), row), descending=True, stable=True).indices
+            order = order[torch.sort(nan[order].to(torch.int8), descending=True, stable=True).indices]
+            keys = keys[order[:candidates]].sort().values
+        out.append(keys)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def _reset_loss_scale():
     set_indexer_loss_scale(1.0)
 
 
-def run_layer_and_reference(inputs, *, relu, loss_coeff, formulation, topk=TOPK, seed=1):
+def run_layer_and_reference(inputs, *, relu, loss_coeff, formulation, topk=TOPK, seed=1, selection="bf16"):
     """Runs the layer and the reference, back-propagates ``Σ out·probe`` through both.
 
     The reference adds the KL loss to the model loss (auto-scaler with scale 1). Returns
@@ -35,7 +35,7 @@ def run_layer_and_reference(inputs, *, relu, loss_coeff, formulation, topk=TOPK,
     x = ref.with_grad(inputs)
     scale = x.q.shape[-1] ** -0.5
     res = dsa_attention(x.q, x.kv, x.q_idx, x.k_idx, x.weights, x.cu_seqlens, topk, scale,
-                        relu=relu, loss_coeff=loss_coeff, loss_formulation=formulation)
+                        relu=relu, loss_coeff=loss_coeff, loss_formulation=formulation, selection=selection)
     gen = torch.Generator().manual_seed(seed)
     probe = torch.randn(res.out.shape, generator=gen, dtype=torch.float64)
     (res.out.double() * probe.to(res.out.device)).sum().backward()
@@ -68,6 +68,34 @@ def test_layer_matches_reference(device, formulation, relu):
         ref.assert_close(res.indexer_loss, expected.loss, tol, f"{tag} KL loss")
         for name, g, e in zip(GRAD_NAMES, grads, ref_grads):
             ref.assert_close(g, e, tol, f"{tag} {name}")
+
+
+@pytest.mark.kernels(*LAYER_OPS, "indexer_topk_fp8", "quantize_fp8")
+@pytest.mark.parametrize("formulation", ["sparse", "dense"])
+def test_layer_with_fp8_selection(device, formulation):
+    """selection="fp8": the layer uses the FP8 selection's indices (rows longer than the 320 default
+    candidates, so the quantization decides candidates) and the loss, the output and the gradients
+    are the reference's for those indices (the KL loss recomputes from the unquantized inputs)."""
+    dtype = torch.bfloat16
+    lengths = [700, 150]
+    inputs = ref.make_inputs(lengths, dtype=dtype, device=device, seed=5)
+    res, expected, grads, ref_grads = run_layer_and_reference(inputs, relu=True, loss_coeff=0.3,
+                                                              formulation=formulation, selection="fp8")
+    k_start, k_end = flashdsa.build_key_ranges(inputs.cu_seqlens, device=device)
+    want, _ = flashdsa.indexer_topk(inputs.q_idx, inputs.k_idx, inputs.weights, k_start, k_end, TOPK, selection="fp8")
+    assert torch.equal(res.indices.sort(dim=1).values, want.sort(dim=1).values)
+    exact, _ = flashdsa.indexer_topk(inputs.q_idx, inputs.k_idx, inputs.weights, k_start, k_end, TOPK)
+    same = (res.indices.sort(dim=1).values == exact.sort(dim=1).values).float().mean().item()
+    assert same > 0.95, f"the FP8 selection should mostly agree with the exact one ({same:.3f})"
+    tol = DTYPE_TOL[dtype]
+    ref.assert_close(res.out, expected.out, tol, "out")
+    ref.assert_close(res.indexer_loss, expected.loss, tol, "KL loss")
+    for name, g, e in zip(GRAD_NAMES, grads, ref_grads):
+        ref.assert_close(g, e, tol, name)
+    layer = DSAAttention(TOPK, 0.1, loss_coeff=0.3, selection="fp8")
+    assert "selection='fp8'" in repr(layer)
+    with pytest.raises(ValueError, match="selection"):
+        DSAAttention(TOPK, 0.1, selection="int8")
 
 
 @pytest.mark.kernels(*LAYER_OPS)

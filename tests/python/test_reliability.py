@@ -272,6 +272,9 @@ def _device_cases(c):
         ("attention_mass", False, lambda kv, ki: flashdsa.attention_mass(c["q"], kv, c["indices"], lse, 1.0)),
         ("indexer_topk", False, lambda kv, ki: flashdsa.indexer_topk(c["q_idx"], ki, c["weights"], c["k_start"],
                                                                      c["k_end"], K)),
+        ("indexer_topk", False, lambda kv, ki: flashdsa.indexer_topk(c["q_idx"], ki, c["weights"], c["k_start"],
+                                                                     c["k_end"], K, selection="fp8")),
+        ("quantize_indexer_fp8", False, lambda kv, ki: flashdsa.quantize_indexer_fp8(c["q_idx"], ki)),
         ("indexer_kl_loss", False, lambda kv, ki: flashdsa.indexer_kl_loss(c["q_idx"], ki, c["weights"],
                                                                            indices=c["indices"], mass=c["mass"])),
         ("indexer_kl_loss", False, lambda kv, ki: flashdsa.indexer_kl_loss(

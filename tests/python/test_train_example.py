@@ -126,6 +126,18 @@ def test_training_smoke_learns_and_writes_the_plot(example, tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["summary"]["steps"] == 12
 
 
+def test_training_with_fp8_selection(example, tmp_path):
+    """The small task trains with the FP8 selection pass of the indexer (CPU): finite, decreasing LM
+    loss, finite KL loss (computed from the unquantized inputs)."""
+    result = example.main(TINY + ["--steps", "8", "--selection", "fp8", "--out", str(tmp_path)])
+    losses = result["history"]["lm_loss"]
+    assert len(losses) == 8 and all(math.isfinite(v) for v in losses)
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.3, f"the LM loss did not decrease: {losses}"
+    assert all(math.isfinite(v) and v >= 0 for step in result["history"]["kl_loss"] for v in step)
+    with pytest.raises(ValueError, match="fused"):
+        example.main(TINY + ["--steps", "1", "--selection", "fp8", "--backend", "reference", "--out", str(tmp_path)])
+
+
 def test_parity_mode_agrees(example, tmp_path):
     result = example.main(TINY + ["--parity", "--steps", "8", "--out", str(tmp_path)])
     report = result["parity"]

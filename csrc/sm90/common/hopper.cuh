@@ -197,3 +197,44 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 }
 
 }  // namespace flashdsa::sm90::hw
+
+// ---- additions for the sparse MLA forward variants (2026-12-02) ------------------------------------
+namespace flashdsa::sm90::hw {
+
+// cp_async_16 with the destination given as a shared-window address (smem_u32), so that callers can
+// add compile-time offsets to one base register (ptxas folds them into the instruction's immediate).
+__device__ __forceinline__ void cp_async_16_u32(uint32_t smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// stmatrix .x4 (bf16): stores four 8x8 matrices; lane l gives the shared address of row l % 8 of
+// matrix l / 8, and r[m] is this lane's fragment of matrix m (row lane / 4, columns 2 (lane % 4) + {0, 1}),
+// the same layout as a wgmma accumulator's 8-column chunk converted with pack_bf16.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t smem_addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr)
+               : "memory");
+  return v;
+}
+
+// 16-byte global store; kStreaming adds the .cs (evict-first, "used once") cache hint.
+template <bool kStreaming = false>
+__device__ __forceinline__ void st_global_v4(void* gmem, uint4 v) {
+  if constexpr (kStreaming)
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  else
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+}  // namespace flashdsa::sm90::hw

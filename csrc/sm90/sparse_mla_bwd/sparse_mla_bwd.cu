@@ -22,6 +22,9 @@
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/backend.h"
 #include "sm90/sparse_mla_bwd/main_kernel.cuh"
+#if FLASHDSA_BWD_V2  // compile-time variant: main_kernel_v2.cuh (docs/kernels/sparse_mla_bwd.md, "v2")
+#include "sm90/sparse_mla_bwd/main_kernel_v2.cuh"
+#endif
 
 namespace flashdsa::sm90 {
 namespace mla_bwd {
@@ -214,10 +217,19 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
 
 template <bool kDeterministic>
 Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, cudaStream_t stream) {
+#if FLASHDSA_BWD_V2
+  // v2 writes dkv (and the deterministic partials) in the v2_dkv_pos column order; sparse_mla_bwd()
+  // restores the natural order after the last reduction.
+  auto* kernel = v2::sparse_mla_bwd_main_kernel_v2<kDeterministic>;
+  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v2::kSmemBytes)));
+  kernel<<<dim3(static_cast<unsigned>(tokens), num_head_groups), v2::kThreads, v2::kSmemBytes, stream>>>(mp);
+  FLASHDSA_CHECK_LAUNCH("sparse_mla_bwd_main_kernel_v2");
+#else
   auto* kernel = sparse_mla_bwd_main_kernel<kDeterministic>;
   FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
   kernel<<<dim3(static_cast<unsigned>(tokens), num_head_groups), kThreads, kSmemBytes, stream>>>(mp);
   FLASHDSA_CHECK_LAUNCH("sparse_mla_bwd_main_kernel");
+#endif
   return Status::OK();
 }
 
@@ -234,7 +246,12 @@ size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) {
   return plan.total;
 }
 
+#if FLASHDSA_BWD_V2
+// The v1 host flow with the v2 main kernel; sparse_mla_bwd() below adds the column un-permutation.
+static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p) {
+#else
 Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
+#endif
   using namespace mla_bwd;
   // Limits (bf16, production shapes, aligned rows): supports_sparse_mla_bwd in backend.cpp.
   Plan pl;
@@ -358,5 +375,18 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   }
   return Status::OK();
 }
+
+#if FLASHDSA_BWD_V2
+Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
+  const Status st = sparse_mla_bwd_flow(p);
+  if (!st.ok() || p.T == 0 || p.T_kv == 0) return st;
+  // Every atomic / reduction into dkv of this call precedes this launch on the stream.
+  const int64_t groups = p.T_kv * (mla_bwd::kQkCols / 16);
+  mla_bwd::v2::v2_unpermute_kernel<<<mla_bwd::grid_for(groups, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
+      static_cast<float*>(p.dkv), p.T_kv);
+  FLASHDSA_CHECK_LAUNCH("v2_unpermute_kernel");
+  return Status::OK();
+}
+#endif
 
 }  // namespace flashdsa::sm90

@@ -42,8 +42,12 @@ constexpr int kProducerWarpgroup = kNumConsumers;
 // gives 168 registers per thread (65536 / 384 rounded down to a multiple of 8). A larger split (e.g. a
 // 48-register producer) makes the consumers' setmaxnreg.inc wait forever.
 constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;  // 168
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
+// FLASHDSA_FWD_REGS (A/B builds): 0 (default) 40 / 232; 1: 72 / 216 (FlashMLA's split).
+#ifndef FLASHDSA_FWD_REGS
+#define FLASHDSA_FWD_REGS 0
+#endif
+constexpr int kProducerRegs = FLASHDSA_FWD_REGS ? 72 : 40;
+constexpr int kConsumerRegs = FLASHDSA_FWD_REGS ? 216 : 232;
 static_assert(kWarpgroupThreads * (kProducerRegs + kNumConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs,
               "register split exceeds the launch allocation");
 
@@ -73,6 +77,9 @@ enum Exchange : int {
 
 // Named barrier (0 is __syncthreads): both consumers, once, for the row-sum exchange.
 constexpr int kRowSumExchange = 5;
+// Named barriers 6 (consumer 0), 7 (consumer 1): the warpgroup's O tile is in shared memory
+// (FLASHDSA_FWD_EPILOGUE >= 1; the tiles reuse the Q region, 2 x 64 x 512 B).
+constexpr int kOutTileBarrier = 6;
 
 // Dynamic shared memory (the kernel aligns its base to 1024 bytes; every tile offset below is a
 // multiple of 1024, as SW128 atoms require). sizeof + alignment slack = the launch size.
@@ -90,6 +97,7 @@ struct SmemPlan {
   uint64_t exchange[kNumExchanges];
 };
 
+static_assert(kNumConsumers * kHeadsPerCta * kDv / 2 * 2 <= sizeof(SmemPlan::q), "O tiles must fit the Q region");
 static_assert(offsetof(SmemPlan, kv) % 1024 == 0 && offsetof(SmemPlan, p_wg1) % 1024 == 0, "SW128 tiles");
 
 constexpr int kSmemAlignSlack = 1024;  // dynamic smem base is only guaranteed 16-byte aligned

@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -38,6 +39,8 @@ struct KernelArgs {
   int H;
   int num_blocks;    // K / 64
   float scale_log2;  // scale * log2(e): softmax runs in the log2 domain with exp2
+  uint64_t kv_stride_bytes;  // kv_stride_t * 2
+  uint32_t t_kv_clamped;     // min(T_kv, 2^31): key (int32) valid <=> uint32(key) < t_kv_clamped
 };
 
 constexpr float kLn2 = 0.693147180559945309f;
@@ -75,7 +78,27 @@ __device__ __forceinline__ void fence_frags(uint32_t (&f)[4][4]) {
 
 // A descriptor's start address field is address >> 4 and never overflows inside shared memory, so
 // moving a descriptor by a byte offset is an add.
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+// FLASHDSA_FWD_DESC (A/B builds): 1 (default): consumer 0 adds to the low 32-bit word only and
+// re-pairs it with the unchanged high word (no carry is possible: the 14-bit address field stays
+// below 2^14). ptxas (CUDA 13.0) moved consumer 0's descriptors with 32-bit halves and a carry
+// (UIADD3 + UIADD3.X + UMOV of the constant high word) but consumer 1's with one UIADD3.64 each;
+// the explicit low-word add saves ~90 uniform instructions per pair in consumer 0 and costs ~80 in
+// consumer 1, so consumer 1 keeps the 64-bit add. 0: the 64-bit add everywhere.
+#ifndef FLASHDSA_FWD_DESC
+#define FLASHDSA_FWD_DESC 0
+#endif
+template <bool kLowWord = false>
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  if constexpr (kLowWord && FLASHDSA_FWD_DESC) {
+    uint64_t r;
+    asm("mov.b64 %0, {%1, %2};\n"
+        : "=l"(r)
+        : "r"(static_cast<uint32_t>(desc) + (bytes >> 4)), "r"(static_cast<uint32_t>(desc >> 32)));
+    return r;
+  } else {
+    return desc + (bytes >> 4);
+  }
+}
 
 // Which (query token, first head) this CTA computes. blockIdx is re-read through volatile asm where
 // needed, so that the compiler does not keep these values alive across the consumer main loop
@@ -101,6 +124,63 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
   for (int i = 0; i < N; ++i) acc[i] *= factor[(i >> 1) & 1];
 }
 
+// O rescaling variants (FLASHDSA_FWD_RESCALE, for A/B builds):
+//   2 (default): lazy running max. A row's max (log2 domain) only moves when a block's max exceeds it
+//     by more than kLazyMaxSlack = 8, so P = exp2(s - m) <= 2^8 (exact in fp32, same relative precision
+//     in bf16); l and O are kept relative to the same stale m, so out = O / l and lse = (m + log2 l) ln 2
+//     are unchanged mathematically. Once a row has seen its first blocks its max practically never
+//     moves, every rescale factor is exactly 1, and the 128-FMUL O rescales are skipped (below), i.e.
+//     consumer 0 skips 256 and consumer 1 128 FMULs per pair, all on the path from S to the PV issue.
+//   Also (>= 1): P tiles for the other consumer are stored from the packed RS fragments when their
+//   factor is 1 (always for P1; for P0 when the warp's pair max did not move): no FMUL / F2FP.
+//   1: exact running max; an O rescale is skipped when all factors of the warp's 16 rows are exactly 1
+//     (no max of the warp moved); a factor is set to 1 (not computed) when the max did not move, so
+//     the output equals that of 0 as long as ex2.approx(0) = 1.
+//   0: always rescale.
+#ifndef FLASHDSA_FWD_RESCALE
+#define FLASHDSA_FWD_RESCALE 0
+#endif
+#if FLASHDSA_FWD_RESCALE == 2
+constexpr float kLazyMaxSlack = 8.f;
+#endif
+// FLASHDSA_FWD_SPEC_EXP (A/B builds; needs FLASHDSA_FWD_RESCALE = 2; default 0, opt-in): consumer 1
+// computes P1 = exp2(S1 - m) against its current running max m right after its own row max, when no
+// row of the warp has a block max above m + kLazyMaxSlack (so P1 <= 2^8), instead of waiting for WG0's
+// max first; once the pair max m' is known, P1 and its row sums are multiplied by exp2(m - m') like
+// O (skipped when every factor of the warp is 1, the common case with the lazy max). Takes the
+// 32 exp2 (MUFU) of consumer 1 off the path behind WG0's softmax.
+#ifndef FLASHDSA_FWD_SPEC_EXP
+#define FLASHDSA_FWD_SPEC_EXP 0
+#endif
+#if FLASHDSA_FWD_SPEC_EXP && FLASHDSA_FWD_RESCALE != 2
+#error "FLASHDSA_FWD_SPEC_EXP needs FLASHDSA_FWD_RESCALE = 2 (lazy running max)"
+#endif
+
+// The running max after seeing a candidate (a block's max, log2 domain; -inf: no valid key).
+__device__ __forceinline__ float next_max(float cur, float cand) {
+#if FLASHDSA_FWD_RESCALE == 2
+  return cand > cur + kLazyMaxSlack ? cand : cur;  // cur = -inf: any valid candidate is taken
+#else
+  return fmaxf(cur, cand);
+#endif
+}
+
+// Factor that moves values kept relative to old_max to new_max (exactly 1 when the max did not move).
+__device__ __forceinline__ float rescale_factor(float old_max, float new_max) {
+#if FLASHDSA_FWD_RESCALE
+  return old_max == new_max ? 1.f : fast_exp2(old_max - finite_or_zero(new_max));
+#else
+  return fast_exp2(old_max - finite_or_zero(new_max));
+#endif
+}
+
+__device__ __forceinline__ void rescale_o(float (&o)[128], const float (&factor)[2]) {
+#if FLASHDSA_FWD_RESCALE
+  if (!__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) return;
+#endif
+  scale_rows(o, factor);
+}
+
 // S tile [64 heads x 64 keys]: invalid keys -> -inf, valid logits -> log2 domain.
 // valid_words: bit k of word w = key 32w + k of the block is valid. This thread holds keys 8j + 2q + e.
 __device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* valid_words, float scale_log2,
@@ -114,6 +194,39 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* v
   }
 }
 
+// Softmax variants (FLASHDSA_FWD_SOFTMAX, for A/B builds). 1 (default): when scale > 0 (the kernel
+// instance kFusedScale, chosen on the host), S is only masked (FSEL to -inf) and stays unscaled: the
+// row max is taken on raw logits and scaled once per row (x -> x * scale is monotonic for scale > 0,
+// so max(s) * scale = max(s * scale) exactly), and the exponent is one FFMA, exp2(s * scale - m). Other
+// scales (0, negative, NaN) use the kernel instance without it. 0: always scale every logit (FMUL)
+// before the max, then exp2(s - m).
+#ifndef FLASHDSA_FWD_SOFTMAX
+#define FLASHDSA_FWD_SOFTMAX 0
+#endif
+
+// mask_and_scale of the fused-scale path: invalid keys -> -inf, logits unscaled.
+__device__ __forceinline__ void mask_only(float (&s)[32], const uint32_t* valid_words, int quad) {
+  const uint32_t words[2] = {hw::ld_shared_u32(valid_words) >> (2 * quad), hw::ld_shared_u32(valid_words + 1) >> (2 * quad)};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int j = i >> 2, e = i & 1;
+    const bool valid = (words[j >> 2] >> (8 * (j & 3) + e)) & 1u;
+    s[i] = valid ? s[i] : -INFINITY;
+  }
+}
+
+// Masks S; returns the scale that still has to be applied to it (1 when mask_and_scale applied it).
+template <bool kFusedScale>
+__device__ __forceinline__ float mask_logits(float (&s)[32], const uint32_t* valid_words, float scale_log2, int quad) {
+  if constexpr (kFusedScale) {
+    mask_only(s, valid_words, quad);
+    return scale_log2;
+  } else {
+    mask_and_scale(s, valid_words, scale_log2, quad);
+    return 1.f;
+  }
+}
+
 __device__ __forceinline__ float row_max(const float (&s)[32], int half) {
   float m = -INFINITY;
 #pragma unroll
@@ -121,14 +234,20 @@ __device__ __forceinline__ float row_max(const float (&s)[32], int half) {
   return quad_max(m);
 }
 
-// s <- exp2(s - max) per row; returns this thread's partial row sums (its 16 keys of each row).
-__device__ __forceinline__ void exp_rows(float (&s)[32], const float (&max)[2], float (&partial_sum)[2]) {
+// s <- exp2(s * pending_scale - max) per row (pending_scale: see mask_logits; 1 -> exp2(s - max));
+// returns this thread's partial row sums (its 16 keys of each row).
+template <bool kFusedScale>
+__device__ __forceinline__ void exp_rows(float (&s)[32], const float (&max)[2], float pending_scale,
+                                         float (&partial_sum)[2]) {
   const float offset[2] = {finite_or_zero(max[0]), finite_or_zero(max[1])};
   partial_sum[0] = partial_sum[1] = 0.f;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int half = (i >> 1) & 1;
-    s[i] = fast_exp2(s[i] - offset[half]);
+    if constexpr (kFusedScale)
+      s[i] = fast_exp2(fmaf(s[i], pending_scale, -offset[half]));
+    else
+      s[i] = fast_exp2(s[i] - offset[half]);
     partial_sum[half] += s[i];
   }
 }
@@ -153,6 +272,32 @@ __device__ __forceinline__ void store_p_tile(char* tile, const float (&s)[32], c
   }
 }
 
+#if FLASHDSA_FWD_RESCALE
+// store_p_tile with factor 1 from the already packed RS fragments (pair p = frag[p / 4][p % 4], see
+// hw::acc_to_a_frag): no conversions. Reading the fragments while the RS wgmma that uses them is in
+// flight is allowed (only writing them is not).
+__device__ __forceinline__ void store_p_frags(char* tile, const uint32_t (&frag)[4][4], int row0, int quad) {
+#pragma unroll
+  for (int p = 0; p < 16; ++p) {
+    const int row = row0 + 8 * (p & 1), chunk = p >> 1;
+    hw::st_shared_u32(tile + hw::sw128_offset(row, chunk) + 4 * quad, frag[p >> 2][p & 3]);
+  }
+}
+#endif
+
+// P0 for consumer 1: rescaled to the pair max, or (FLASHDSA_FWD_RESCALE >= 1, all factors of the warp 1)
+// the packed fragments as they are.
+__device__ __forceinline__ void store_p0(char* tile, const float (&s)[32], const uint32_t (&frag)[4][4],
+                                         const float (&factor)[2], int row0, int quad) {
+#if FLASHDSA_FWD_RESCALE
+  if (__all_sync(0xffffffffu, factor[0] == 1.f && factor[1] == 1.f)) {
+    store_p_frags(tile, frag, row0, quad);
+    return;
+  }
+#endif
+  store_p_tile(tile, s, factor, row0, quad);
+}
+
 __device__ __forceinline__ void publish_rows(float* dst, const float (&v)[2], int row0, int quad) {
   if (quad == 0) {
     hw::st_shared_f32(dst + row0, v[0]);
@@ -163,30 +308,33 @@ __device__ __forceinline__ void publish_rows(float* dst, const float (&v)[2], in
 // ---- wgmma issue ----------------------------------------------------------------------------------
 
 // s (+)= Q[:, tiles] K[:, tiles]^T over 64-column tiles [kBegin, kEnd) (4 k-steps each).
-template <int kBegin, int kEnd>
+template <int kBegin, int kEnd, bool kLowWord = false>
 __device__ __forceinline__ void issue_qk(float (&s)[32], uint64_t q_desc, uint64_t k_desc, bool overwrite) {
 #pragma unroll
   for (int t = kBegin; t < kEnd; ++t)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t off = t * kTileBytes + k * 32;
-      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_advance(q_desc, off), desc_advance(k_desc, off),
+      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_advance<kLowWord>(q_desc, off), desc_advance<kLowWord>(k_desc, off),
                                    !(overwrite && t == kBegin && k == 0));
     }
 }
 
 // o += P V: P [64 x 64 keys] from registers, V = 64 kv rows x 256 columns read MN-major.
+template <bool kLowWord = false>
 __device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], uint64_t v_desc) {
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    hw::wgmma_rs_m64n256k16<1>(o, p[k], desc_advance(v_desc, k * 16 * hw::kSw128RowBytes), true);
+    hw::wgmma_rs_m64n256k16<1>(o, p[k], desc_advance<kLowWord>(v_desc, k * 16 * hw::kSw128RowBytes), true);
 }
 
 // o += P V with P read from a SW128 tile (K-major).
+template <bool kLowWord = false>
 __device__ __forceinline__ void issue_pv_ss(float (&o)[128], uint64_t p_desc, uint64_t v_desc) {
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    hw::wgmma_ss_m64n256k16<0, 1>(o, desc_advance(p_desc, k * 32), desc_advance(v_desc, k * 16 * hw::kSw128RowBytes),
+    hw::wgmma_ss_m64n256k16<0, 1>(o, desc_advance<kLowWord>(p_desc, k * 32),
+                                  desc_advance<kLowWord>(v_desc, k * 16 * hw::kSw128RowBytes),
                                   true);
 }
 
@@ -208,6 +356,19 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
   return {t % 4, (t / 32) * 16 + (t % 32) / 4};
 }
 
+// Epilogue variants (FLASHDSA_FWD_EPILOGUE, for A/B builds):
+//   1 (default): O / l goes through shared memory: stmatrix into the Q region (free: both consumers
+//     passed the row-sum barrier after their last S), one 64 x 256 bf16 tile per consumer (rows of
+//     512 B, 16-byte chunk c of row r stored at chunk c ^ (r % 8): conflict-free stmatrix and reads),
+//     then each warp stores whole 512-byte row segments with 16-byte st.global: every L2 sector is
+//     written once and fully (the bf16x2 stores of version 0 wrote each 32-byte sector in two halves).
+//   2: as 1 with the .cs (evict-first) hint on the output stores, so the 64 KB of output per CTA
+//     does not push kv rows out of L2.
+//   0: bf16x2 stores straight from the accumulators.
+#ifndef FLASHDSA_FWD_EPILOGUE
+#define FLASHDSA_FWD_EPILOGUE 0
+#endif
+
 // Adds the peer's row sums, writes out = O / l (bf16) for this consumer's 256 columns and, from
 // consumer 0, lse. Rows beyond H (padding of H = 16 / 32) are never written.
 __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, int consumer, const float (&o)[128],
@@ -219,6 +380,56 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
   for (int h = 0; h < 2; ++h) sum[h] = quad_sum(partial_sum[h]);
   publish_rows(sm.row_sum[consumer], sum, ct.row0, ct.quad);
   hw::named_bar_sync(kRowSumExchange, kNumConsumers * kWarpgroupThreads);
+#if FLASHDSA_FWD_EPILOGUE
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = ct.row0 + 8 * h;
+    const float total = sum[h] + hw::ld_shared_f32(&sm.row_sum[consumer ^ 1][row]);
+    inv[h] = total > 0.f ? 1.f / total : 0.f;  // empty row: O is 0 and stays 0
+    // total is 0 only for a row without valid keys (lse -inf). A NaN score makes total NaN (fmaxf drops
+    // it from max, exp2 does not): lse is then NaN too, never -inf (docs/reliability.md).
+    const int head = work.head0 + row;
+    if (consumer == 0 && ct.quad == 0 && head < a.H)
+      a.lse[work.token * a.H + head] = total == 0.f ? -INFINITY : (max[h] + log2f(total)) * kLn2;
+  }
+
+  // R -> S. stmatrix j covers 8-column chunks j, j + 1 (j even) of the warp's 16 rows: matrix m =
+  // rows 8 (m & 1) + 0..7, chunk j + (m >> 1); lane l addresses row l % 8 of matrix l / 8.
+  constexpr int kRowBytes = kDv / 2 * 2;  // 512
+  const uint32_t tile = hw::smem_u32(sm.q) + consumer * (kHeadsPerCta * kRowBytes);
+  const int lane = threadIdx.x % 32;
+  const int st_row = (threadIdx.x % kWarpgroupThreads) / 32 * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const int x = (lane >> 4) ^ (st_row & 7);  // chunk j + (lane >> 4), j even: (j ^ x) inside its group of 8
+  uint32_t st_addr[4];
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) st_addr[jj] = tile + st_row * kRowBytes + (((2 * jj) ^ x) << 4);
+#pragma unroll
+  for (int j = 0; j < 32; j += 2)
+    hw::stmatrix_x4(st_addr[(j >> 1) & 3] + (j >> 3) * 128,
+                    hw::pack_bf16(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]),
+                    hw::pack_bf16(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]),
+                    hw::pack_bf16(o[4 * j + 4] * inv[0], o[4 * j + 5] * inv[0]),
+                    hw::pack_bf16(o[4 * j + 6] * inv[1], o[4 * j + 7] * inv[1]));
+  if (consumer == 0)  // compile-time barrier ids (a computed id makes ptxas reserve all 16)
+    hw::named_bar_sync(kOutTileBarrier, kWarpgroupThreads);
+  else
+    hw::named_bar_sync(kOutTileBarrier + 1, kWarpgroupThreads);
+
+  // S -> G: warp w stores rows w, w + 4, ...; lane c the 16-byte chunk c of the row's 512 bytes.
+  const int t = threadIdx.x % kWarpgroupThreads;
+  const int c = t % 32, r0 = t / 32;
+  char* const dst = reinterpret_cast<char*>(a.out) + ((work.token * a.H + work.head0 + r0) * kDv) * 2 +
+                    consumer * kRowBytes + c * 16;
+  const int rows = min(kHeadsPerCta, a.H - work.head0);  // 16, 32 or 64
+#pragma unroll
+  for (int k = 0; k < kHeadsPerCta / 4; ++k) {
+    const int row = r0 + 4 * k;
+    if (row >= rows) break;
+    const uint4 v = hw::ld_shared_v4(tile + row * kRowBytes + ((c ^ (row & 7)) << 4));
+    hw::st_global_v4<FLASHDSA_FWD_EPILOGUE == 2>(dst + static_cast<int64_t>(4 * k) * kDv * 2, v);
+  }
+#else
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = ct.row0 + 8 * h;
@@ -236,9 +447,11 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
     // it from max, exp2 does not): lse is then NaN too, never -inf (docs/reliability.md).
     if (consumer == 0 && ct.quad == 0) a.lse[out_row] = total == 0.f ? -INFINITY : (max[h] + log2f(total)) * kLn2;
   }
+#endif
 }
 
 // Consumer 0: even key blocks (stage 0) and output columns [0, 256).
+template <bool kFusedScale>
 __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
                                               float (&partial_sum)[2]) {
   const ConsumerThread ct = consumer_thread();
@@ -258,7 +471,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
   const auto issue_odd_pv = [&](int odd_pair) {  // the odd block of pair `odd_pair`
     hw::mbar_wait(&sm.exchange[kPFromWg1], (odd_pair & 1));
     hw::wgmma_fence();
-    issue_pv_ss(o, p1_desc, v1_desc);
+    issue_pv_ss<true>(o, p1_desc, v1_desc);
     hw::wgmma_commit();
   };
   const auto run_pair = [&](auto prev_odd, int i) {
@@ -267,7 +480,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     if constexpr (kPrevOdd) issue_odd_pv(i - 1);
     hw::mbar_wait(&sm.kv_ready[0][kLeft], parity);
     hw::wgmma_fence();
-    issue_qk<0, kVTilesPerConsumer>(s, q_desc, k0_desc, true);
+    issue_qk<0, kVTilesPerConsumer, true>(s, q_desc, k0_desc, true);
     hw::wgmma_commit();
     if constexpr (kPrevOdd) {
       hw::wgmma_wait<1>();
@@ -275,38 +488,38 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     }
     hw::mbar_wait(&sm.kv_ready[0][kRight], parity);
     hw::wgmma_fence();  // explicit: otherwise ptxas injects one after the wait loop and serializes wgmma
-    issue_qk<kVTilesPerConsumer, kQkTiles>(s, q_desc, k0_desc, false);
+    issue_qk<kVTilesPerConsumer, kQkTiles, true>(s, q_desc, k0_desc, false);
     hw::wgmma_commit();
     hw::wgmma_wait<0>();
     hw::fence_regs(s);
     hw::fence_regs(o);
 
     // Softmax of block 2i against the running max; publish its max for WG1.
-    mask_and_scale(s, sm.valid_mask[0], a.scale_log2, ct.quad);
+    const float pending_scale = mask_logits<kFusedScale>(s, sm.valid_mask[0], a.scale_log2, ct.quad);
     float blk_max[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) blk_max[h] = fmaxf(run_max[h], row_max(s, h));
+    for (int h = 0; h < 2; ++h) blk_max[h] = next_max(run_max[h], row_max(s, h) * pending_scale);
     publish_rows(sm.max_wg0, blk_max, ct.row0, ct.quad);
     hw::mbar_arrive(&sm.exchange[kMaxFromWg0]);
     float rescale[2], blk_sum[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(run_max[h] - finite_or_zero(blk_max[h]));
-    exp_rows(s, blk_max, blk_sum);
+    for (int h = 0; h < 2; ++h) rescale[h] = rescale_factor(run_max[h], blk_max[h]);
+    exp_rows<kFusedScale>(s, blk_max, pending_scale, blk_sum);
 #pragma unroll
     for (int h = 0; h < 2; ++h) partial_sum[h] = partial_sum[h] * rescale[h] + blk_sum[h];
-    scale_rows(o, rescale);
+    rescale_o(o, rescale);
     uint32_t p_frag[4][4];
     pack_p(s, p_frag);
     hw::wgmma_fence();
-    issue_pv_rs(o, p_frag, v0_desc);
+    issue_pv_rs<true>(o, p_frag, v0_desc);
     hw::wgmma_commit();
 
     // Pair max from WG1: hand P0, rescaled to it, to WG1.
     hw::mbar_wait(&sm.exchange[kMaxFromWg1], parity);
     const float pair_max[2] = {hw::ld_shared_f32(&sm.max_wg1[ct.row0]), hw::ld_shared_f32(&sm.max_wg1[ct.row0 + 8])};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) rescale[h] = fast_exp2(blk_max[h] - finite_or_zero(pair_max[h]));
-    store_p_tile(p0_tile, s, rescale, ct.row0, ct.quad);
+    for (int h = 0; h < 2; ++h) rescale[h] = rescale_factor(blk_max[h], pair_max[h]);
+    store_p0(p0_tile, s, p_frag, rescale, ct.row0, ct.quad);
     hw::fence_proxy_async();
     hw::mbar_arrive(&sm.exchange[kPFromWg0]);
 
@@ -314,7 +527,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     hw::fence_regs(o);
     fence_frags(p_frag);
     release(&sm.kv_free[0][kLeft]);
-    scale_rows(o, rescale);
+    rescale_o(o, rescale);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       partial_sum[h] *= rescale[h];
@@ -333,6 +546,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
 }
 
 // Consumer 1: odd key blocks (stage 1) and output columns [256, 512).
+template <bool kFusedScale>
 __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
                                              float (&partial_sum)[2]) {
   const ConsumerThread ct = consumer_thread();
@@ -351,6 +565,10 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
   for (int i = 0; i < num_pairs; ++i) {
     const bool has_odd = 2 * i + 1 < a.num_blocks;
     float blk_max[2] = {-INFINITY, -INFINITY};  // a missing odd block contributes nothing
+#if FLASHDSA_FWD_SPEC_EXP
+    bool spec = false;                  // P1 already in s, relative to the old running max
+    float spec_sum[2] = {0.f, 0.f};     // its row sums (0 unless spec)
+#endif
     if (has_odd) {
       // The producer fills stage 1's right half first.
       const uint32_t parity = i & 1;
@@ -363,39 +581,59 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       hw::wgmma_commit();
       hw::wgmma_wait<0>();
       hw::fence_regs(s);
-      mask_and_scale(s, sm.valid_mask[1], a.scale_log2, ct.quad);
+      const float pending_scale = mask_logits<kFusedScale>(s, sm.valid_mask[1], a.scale_log2, ct.quad);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) blk_max[h] = row_max(s, h);
+      for (int h = 0; h < 2; ++h) blk_max[h] = row_max(s, h) * pending_scale;
+#if FLASHDSA_FWD_SPEC_EXP
+      // When no row max of the warp moves on this block's account, P1 is computed now, relative to
+      // the current running max, instead of after WG0's max arrives (see FLASHDSA_FWD_SPEC_EXP).
+      spec = __all_sync(0xffffffffu, !(blk_max[0] > run_max[0] + kLazyMaxSlack) &&
+                                         !(blk_max[1] > run_max[1] + kLazyMaxSlack));
+      if (spec) exp_rows<kFusedScale>(s, run_max, kFusedScale ? a.scale_log2 : 1.f, spec_sum);
+#endif
     }
 
     // Pair max = max(WG0's running max after block 2i, this block); publish it for WG0.
     hw::mbar_wait(&sm.exchange[kMaxFromWg0], i & 1);
     float pair_max[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) pair_max[h] = fmaxf(hw::ld_shared_f32(&sm.max_wg0[ct.row0 + 8 * h]), blk_max[h]);
+    for (int h = 0; h < 2; ++h) pair_max[h] = next_max(hw::ld_shared_f32(&sm.max_wg0[ct.row0 + 8 * h]), blk_max[h]);
     publish_rows(sm.max_wg1, pair_max, ct.row0, ct.quad);
     hw::mbar_arrive(&sm.exchange[kMaxFromWg1]);
     float rescale[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      rescale[h] = fast_exp2(run_max[h] - finite_or_zero(pair_max[h]));
+      rescale[h] = rescale_factor(run_max[h], pair_max[h]);
+#if FLASHDSA_FWD_SPEC_EXP
+      partial_sum[h] = (partial_sum[h] + spec_sum[h]) * rescale[h];  // a speculative P1 moves with O
+#else
       partial_sum[h] *= rescale[h];
+#endif
       run_max[h] = pair_max[h];
     }
-    scale_rows(o, rescale);
+    rescale_o(o, rescale);
 
     uint32_t p_frag[4][4];
     if (has_odd) {
-      float blk_sum[2];
-      exp_rows(s, pair_max, blk_sum);
+      float blk_sum[2] = {0.f, 0.f};
+#if FLASHDSA_FWD_SPEC_EXP
+      if (spec) {  // P1 relative to the old max -> relative to the pair max (rare: factor != 1)
+        if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) scale_rows(s, rescale);
+      } else
+#endif
+        exp_rows<kFusedScale>(s, pair_max, kFusedScale ? a.scale_log2 : 1.f, blk_sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) partial_sum[h] += blk_sum[h];
       pack_p(s, p_frag);
       hw::wgmma_fence();
       issue_pv_rs(o, p_frag, v1_desc);
       hw::wgmma_commit();
+#if FLASHDSA_FWD_RESCALE
+      store_p_frags(p1_tile, p_frag, ct.row0, ct.quad);
+#else
       const float unscaled[2] = {1.f, 1.f};
       store_p_tile(p1_tile, s, unscaled, ct.row0, ct.quad);
+#endif
     }
 
     hw::mbar_wait(&sm.exchange[kPFromWg0], i & 1);
@@ -416,6 +654,27 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 }
 
 // ---- producer ---------------------------------------------------------------------------------------
+
+// Producer variants (FLASHDSA_FWD_PRODUCER, for A/B builds):
+//   1 (default): each thread turns each of its 4 key slots into one byte pointer
+//     (kv row + its 16-byte chunk) once per block, so every copy of the 9 tiles addresses
+//     [pointer + 128 t] and [smem base + 8192 t + 2048 j] with immediate offsets; validity is one
+//     unsigned compare (T_kv clamped to 2^31, keys are int32); the free-barrier waits of the first
+//     pair rely on a fresh mbarrier's "previous phase" (parity 1) being complete instead of a branch;
+//     a missing odd block (K/64 odd, last pair) is gathered as a block of empty slots (zero-fill,
+//     nothing read; nobody waits for it), so the loop body has no data-dependent branches.
+//   0: the previous version (64-bit element offsets per copy, branches per pair).
+#ifndef FLASHDSA_FWD_PRODUCER
+#define FLASHDSA_FWD_PRODUCER 0
+#endif
+// FLASHDSA_FWD_IDX_PREFETCH (FLASHDSA_FWD_PRODUCER = 1 only): 1 loads the next pair's key slots right
+// after the last gather of a pair, so their latency overlaps the wait for the consumers instead of
+// preceding the next pair's first gather; 0: loaded at the top of each pair. The 10 extra live
+// registers only fit the 72-register producer (FLASHDSA_FWD_REGS = 1: 0 spills; at 40 registers
+// ptxas spills 12 bytes), so it defaults to FLASHDSA_FWD_REGS.
+#ifndef FLASHDSA_FWD_IDX_PREFETCH
+#define FLASHDSA_FWD_IDX_PREFETCH FLASHDSA_FWD_REGS
+#endif
 
 // How the producer's 16-byte gathers are issued (FLASHDSA_FWD_GATHER, for A/B builds): 0 plain
 // cp.async, 1 with the 256-byte L2 prefetch size, 2 prefetch + L2 evict_last policy.
@@ -467,13 +726,53 @@ __host__ __device__ constexpr int mask_half(int stage) { return stage == 0 ? kLe
 // Warps 0 and 1 publish the 32-key validity word of a block, then arrive on the half's barrier.
 __device__ __forceinline__ void publish_valid_mask(const KernelArgs& a, SmemPlan& sm, int stage, int32_t key,
                                                    int warp) {
+#if FLASHDSA_FWD_PRODUCER
+  // Every producer warp votes (no divergent branch around the ballot); warps 0 and 1 publish.
+  const uint32_t bits = __ballot_sync(0xffffffffu, static_cast<uint32_t>(key) < a.t_kv_clamped);
+  if (warp < kMaskWriters && threadIdx.x % 32 == 0) {
+#else
   if (warp >= kMaskWriters) return;
   const uint32_t bits = __ballot_sync(0xffffffffu, key >= 0 && key < a.T_kv);
   if (threadIdx.x % 32 == 0) {
+#endif
     hw::st_shared_u32(&sm.valid_mask[stage][warp], bits);
     hw::mbar_arrive(&sm.kv_ready[stage][mask_half(stage)]);
   }
 }
+
+#if FLASHDSA_FWD_PRODUCER
+// Byte pointers of this thread's chunk of the 4 kv rows of one block (row_base + 16 j) and their
+// validity. An empty slot points at kv itself (never read: src-size 0 zero-fills).
+struct RowPtrs {
+  const char* src[kRowsPerThread];
+  bool valid[kRowsPerThread];
+};
+
+// base = kv + 16 * chunk (bytes).
+__device__ __forceinline__ RowPtrs row_ptrs(const KernelArgs& a, const int32_t (&keys)[kRowsPerThread],
+                                            const char* base) {
+  RowPtrs r;
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    r.valid[j] = static_cast<uint32_t>(keys[j]) < a.t_kv_clamped;  // negative keys wrap to >= 2^31
+    const uint32_t row = r.valid[j] ? static_cast<uint32_t>(keys[j]) : 0u;
+    r.src[j] = base + row * a.kv_stride_bytes;  // one wide multiply-add per row
+  }
+  return r;
+}
+
+// Tiles [kBegin, kEnd) of the 4 rows; dst = stage + sw128_offset(row_base, chunk) (rows 16 apart share
+// the swizzle phase, so row j is at + 2048 j).
+template <int kBegin, int kEnd>
+__device__ __forceinline__ void gather_block(uint32_t dst, const RowPtrs& r) {
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j)
+#pragma unroll
+    for (int t = kBegin; t < kEnd; ++t)
+      hw::cp_async_16_u32(dst + t * kTileBytes + j * kRowsPerPass * hw::kSw128RowBytes,
+                          r.src[j] + t * kTileCols * 2, r.valid[j]);
+}
+#endif
 
 __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   const CtaWork work = cta_work(a.H);
@@ -500,10 +799,40 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   // the same instruction passes in tests/cuda/hopper_primitives_check.cu: a ptxas code-generation
   // issue, see docs/kernels/sparse_mla_fwd.md ("No L2 cache-policy hint").
   const int32_t* token_keys = a.indices + work.token * a.indices_stride_t;
-  char* const stage0 = reinterpret_cast<char*>(sm.kv[0]);
-  char* const stage1 = reinterpret_cast<char*>(sm.kv[1]);
   const int num_pairs = (a.num_blocks + 1) / 2;
+#if FLASHDSA_FWD_PRODUCER
+  const char* const kv_base = reinterpret_cast<const char*>(a.kv) + chunk * 16;
+  const uint32_t thread_off = hw::sw128_offset(row_base, chunk);
+  const uint32_t stage0 = hw::smem_u32(sm.kv[0]) + thread_off;
+  const uint32_t stage1 = hw::smem_u32(sm.kv[1]) + thread_off;
+#if FLASHDSA_FWD_IDX_PREFETCH
+  // A pair's key slots: 4 rows of each block for the gathers, one slot per thread for the mask ballot.
+  struct PairKeys {
+    int32_t even[kRowsPerThread], odd[kRowsPerThread], mask_even, mask_odd;
+  };
+  const auto load_keys = [&](int i) {
+    PairKeys k;
+    const bool has_odd = 2 * i + 1 < a.num_blocks;
+    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
+    const int32_t* keys_odd = keys_even + kBlockKeys;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      k.even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
+      k.odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
+    }
+    k.mask_even = __ldg(keys_even + tid % kBlockKeys);
+    k.mask_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+    return k;
+  };
+  PairKeys next = load_keys(0);
+#endif
   for (int i = 0; i < num_pairs; ++i) {
+#if FLASHDSA_FWD_IDX_PREFETCH
+    const PairKeys cur = next;
+    const int32_t (&even)[kRowsPerThread] = cur.even;
+    const int32_t (&odd)[kRowsPerThread] = cur.odd;
+    const int32_t mask_key_even = cur.mask_even, mask_key_odd = cur.mask_odd;
+#else
     const bool has_odd = 2 * i + 1 < a.num_blocks;
     const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
     const int32_t* keys_odd = keys_even + kBlockKeys;
@@ -515,6 +844,77 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
     }
     const int32_t mask_key_even = __ldg(keys_even + tid % kBlockKeys);
     const int32_t mask_key_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+#endif
+
+    // Refill order = the order in which the consumers release the halves of the previous pair. For
+    // i = 0 the parity is 1: the phase before a fresh mbarrier's first one counts as complete.
+    const uint32_t free_parity = (i & 1) ^ 1;
+    const RowPtrs re = row_ptrs(a, even, kv_base);
+    hw::mbar_wait(&sm.kv_free[0][kLeft], free_parity);
+    gather_block<0, kVTilesPerConsumer>(stage0, re);
+    hw::cp_async_arrive(&sm.kv_ready[0][kLeft]);
+    publish_valid_mask(a, sm, 0, mask_key_even, warp);
+
+    const RowPtrs ro = row_ptrs(a, odd, kv_base);
+    hw::mbar_wait(&sm.kv_free[1][kRight], free_parity);
+    gather_block<kVTilesPerConsumer, kQkTiles>(stage1, ro);
+    hw::cp_async_arrive(&sm.kv_ready[1][kRight]);
+    publish_valid_mask(a, sm, 1, mask_key_odd, warp);
+
+    hw::mbar_wait(&sm.kv_free[0][kRight], free_parity);
+    gather_block<kVTilesPerConsumer, kQkTiles>(stage0, re);
+    hw::cp_async_arrive(&sm.kv_ready[0][kRight]);
+
+    hw::mbar_wait(&sm.kv_free[1][kLeft], free_parity);
+    gather_block<0, kVTilesPerConsumer>(stage1, ro);
+    hw::cp_async_arrive(&sm.kv_ready[1][kLeft]);
+#if FLASHDSA_FWD_IDX_PREFETCH
+    if (i + 1 < num_pairs) next = load_keys(i + 1);
+#endif
+  }
+#else
+  char* const stage0 = reinterpret_cast<char*>(sm.kv[0]);
+  char* const stage1 = reinterpret_cast<char*>(sm.kv[1]);
+#if FLASHDSA_FWD_IDX_PREFETCH
+  // A pair's key slots: 4 rows of each block for the gathers, one slot per thread for the mask ballot.
+  struct PairKeys {
+    int32_t even[kRowsPerThread], odd[kRowsPerThread], mask_even, mask_odd;
+  };
+  const auto load_keys = [&](int i) {
+    PairKeys k;
+    const bool has_odd = 2 * i + 1 < a.num_blocks;
+    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
+    const int32_t* keys_odd = keys_even + kBlockKeys;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      k.even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
+      k.odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
+    }
+    k.mask_even = __ldg(keys_even + tid % kBlockKeys);
+    k.mask_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+    return k;
+  };
+  PairKeys next = load_keys(0);
+#endif
+  for (int i = 0; i < num_pairs; ++i) {
+#if FLASHDSA_FWD_IDX_PREFETCH
+    const PairKeys cur = next;
+    const int32_t (&even)[kRowsPerThread] = cur.even;
+    const int32_t (&odd)[kRowsPerThread] = cur.odd;
+    const int32_t mask_key_even = cur.mask_even, mask_key_odd = cur.mask_odd;
+#else
+    const bool has_odd = 2 * i + 1 < a.num_blocks;
+    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
+    const int32_t* keys_odd = keys_even + kBlockKeys;
+    int32_t even[kRowsPerThread], odd[kRowsPerThread];
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
+      odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
+    }
+    const int32_t mask_key_even = __ldg(keys_even + tid % kBlockKeys);
+    const int32_t mask_key_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
+#endif
 
     // Refill order = the order in which the consumers release the halves of the previous pair.
     const uint32_t free_parity = (i - 1) & 1;
@@ -540,9 +940,12 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
       hw::cp_async_arrive(&sm.kv_ready[1][kLeft]);
     }
   }
+#endif
   hw::cp_async_wait<0>();
 }
 
+// kFusedScale: scale > 0, softmax with the scale fused into the exponent's FFMA (FLASHDSA_FWD_SOFTMAX).
+template <bool kFusedScale>
 __global__ void __launch_bounds__(kNumThreads, 1) sparse_mla_fwd_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uintptr_t base =
@@ -579,9 +982,9 @@ __global__ void __launch_bounds__(kNumThreads, 1) sparse_mla_fwd_kernel(const __
     float run_max[2] = {-INFINITY, -INFINITY};
     float partial_sum[2] = {0.f, 0.f};
     if (warpgroup == 0)
-      consumer_even(a, sm, o, run_max, partial_sum);
+      consumer_even<kFusedScale>(a, sm, o, run_max, partial_sum);
     else
-      consumer_odd(a, sm, o, run_max, partial_sum);
+      consumer_odd<kFusedScale>(a, sm, o, run_max, partial_sum);
     write_output(a, sm, warpgroup, o, partial_sum, run_max);
   }
 }
@@ -609,10 +1012,17 @@ Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
   args.H = p.attn.H;
   args.num_blocks = p.topk.K / kBlockKeys;
   args.scale_log2 = p.attn.scale * kLog2e;
+  args.kv_stride_bytes = static_cast<uint64_t>(p.attn.kv_stride_t) * sizeof(__nv_bfloat16);
+  args.t_kv_clamped = static_cast<uint32_t>(std::min<int64_t>(p.T_kv, int64_t(1) << 31));
 
-  FLASHDSA_CUDA_TRY(
-      cudaFuncSetAttribute(sparse_mla_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  sparse_mla_fwd_kernel<<<static_cast<unsigned>(ctas), kNumThreads, kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
+  // The fused-scale softmax needs scale > 0 (false for 0, negative and NaN scales).
+#if FLASHDSA_FWD_SOFTMAX
+  const auto kernel = args.scale_log2 > 0.f ? sparse_mla_fwd_kernel<true> : sparse_mla_fwd_kernel<false>;
+#else
+  const auto kernel = sparse_mla_fwd_kernel<false>;
+#endif
+  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  kernel<<<static_cast<unsigned>(ctas), kNumThreads, kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
       args);
   FLASHDSA_CHECK_LAUNCH("sparse_mla_fwd");
   return Status::OK();

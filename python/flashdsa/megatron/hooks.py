@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import os
 import warnings
 from collections import Counter
 from typing import Any, Callable, Optional
@@ -43,6 +44,20 @@ stats: Counter = Counter()
 
 _ROPE_WIDTH = 64  # FlashDSA's D_v = D_qk - 64 (the value is the first D_v latent columns)
 _warned: set = set()
+
+
+#: Environment variable that picks the indexer's selection pass in every hook: "bf16" (default) or
+#: "fp8" (e4m3 scores + exact re-score of the candidates; docs/spec.md §3). Read at each call.
+SELECTION_ENV = "FLASHDSA_INDEXER_SELECTION"
+
+
+def indexer_selection() -> str:
+    """The selection pass the hooks use: ``$FLASHDSA_INDEXER_SELECTION`` ("bf16" when unset).
+
+    Raises:
+        ValueError: the variable holds anything but "bf16" or "fp8".
+    """
+    return _ops.check_selection(os.environ.get(SELECTION_ENV, "bf16").strip().lower() or "bf16")
 
 
 def reset_stats() -> None:
@@ -319,7 +334,8 @@ def run_fused_qk_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, i
     sq, b = q.shape[:2]
     skv = k.shape[0]
     k_start, k_end = _flat_ranges(starts, ends, b, skv)
-    indices, _ = _ops.indexer_topk(_rows(q), _rows(k), _rows(weights), k_start, k_end, index_topk, relu=use_relu)
+    indices, _ = _ops.indexer_topk(_rows(q), _rows(k), _rows(weights), k_start, k_end, index_topk, relu=use_relu,
+                                   selection=indexer_selection())
     stats["run_fused_qk_topk"] += 1
     return _indices_to_megatron(indices, b, sq, skv), None
 
@@ -360,7 +376,8 @@ def run_fused_qk_topk_with_loss(q: torch.Tensor, k: torch.Tensor, weights: torch
     skv = k.shape[0]
     k_start, k_end = _flat_ranges(starts, ends, b, skv)
     q_i, k_i, w_i = _rows(q), _rows(k), _rows(weights)
-    indices, _ = _ops.indexer_topk(q_i, k_i, w_i, k_start, k_end, index_topk, relu=use_relu)
+    indices, _ = _ops.indexer_topk(q_i, k_i, w_i, k_start, k_end, index_topk, relu=use_relu,
+                                   selection=indexer_selection())
     loss = _indexer_loss(q_i=q_i, k_i=k_i, w_i=w_i, indices=indices, q_main=_rows(query).detach(),
                          kv_main=_rows(key.squeeze(2)).detach(), lse=None, scale=float(softmax_scale),
                          coeff=float(loss_coeff), sparse=True, relu=use_relu,
@@ -456,7 +473,8 @@ def run_fused_dsa_attention(*, config: Any, query: torch.Tensor, key: torch.Tens
     skv = key.shape[0]
     k_start, k_end = _flat_ranges(varlen_starts, varlen_ends, b, skv)
     q_i, k_i, w_i = _rows(q_indexer), _rows(k_indexer), _rows(indexer_weights)
-    indices, _ = _ops.indexer_topk(q_i, k_i, w_i, k_start, k_end, indexer_topk, relu=use_relu)
+    indices, _ = _ops.indexer_topk(q_i, k_i, w_i, k_start, k_end, indexer_topk, relu=use_relu,
+                                   selection=indexer_selection())
     if options is not None and options.topk_holder is not None:
         options.topk_holder[options.layer_number] = _indices_to_megatron(indices, b, sq, skv)
 

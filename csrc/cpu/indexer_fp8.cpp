@@ -1,0 +1,175 @@
+// CPU FP8 (e4m3) indexer: the quantization of indexer rows and the FP8 selection pass of
+// indexer_topk with its exact re-score (docs/spec.md §3 "FP8 selection").
+//
+// Selection pass: the products of two e4m3 values have at most 8 significant bits and lie in
+// [2^-18, 448^2], so a dot product of up to 256 of them is exact in double; the head sum and the
+// scales are applied in double. Candidates are ranked like the exact selection (NaN first, then
+// larger score, then smaller key), re-scored with the same code as the unquantized op (bitwise the
+// scores that op computes), and the K best of them are written in increasing key order.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/parallel.h"
+#include "cpu/backend.h"
+#include "cpu/op_inputs.h"
+
+namespace flashdsa::cpu {
+namespace {
+
+constexpr int kKeyTile = 256;
+
+template <class Acc>
+struct Candidate {
+  Acc score;
+  int32_t key;
+};
+
+// "a is selected before b": NaN first, then the larger score, then the smaller key (as indexer_topk.cpp).
+template <class Acc>
+bool ranks_before(const Candidate<Acc>& a, const Candidate<Acc>& b) {
+  const bool a_nan = std::isnan(a.score), b_nan = std::isnan(b.score);
+  if (a_nan != b_nan) return a_nan;
+  if (!a_nan && a.score != b.score) return a.score > b.score;
+  return a.key < b.key;
+}
+
+float to_float(bf16 v) { return bf16_to_float(v); }
+float to_float(float v) { return v; }
+float to_float(double v) { return static_cast<float>(v); }
+
+template <class Act>
+Status quantize_impl(const QuantizeFp8Params& p) {
+  const Act* x = static_cast<const Act*>(p.x);
+  fp8_e4m3* out = static_cast<fp8_e4m3*>(p.out);
+  const int64_t rows = p.N0 * p.N1;
+  const int D = p.D;
+  detail::parallel_for(rows, 256, [&](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const Act* src = x + (r / p.N1) * p.stride0 + (r % p.N1) * p.stride1;
+      fp8_e4m3* dst = out + r * D;
+      float amax = 0.f;
+      bool finite = true;
+      for (int i = 0; i < D; ++i) {
+        const float v = to_float(src[i]);
+        finite = finite && std::isfinite(v);
+        amax = std::max(amax, std::fabs(v));
+      }
+      float scale = finite ? amax / kFp8E4M3Max : std::numeric_limits<float>::quiet_NaN();
+      if (finite && !(scale > 0.f)) scale = 1.f;  // a zero row (or a scale below the fp32 range)
+      p.scale[r] = scale;
+      for (int i = 0; i < D; ++i) {
+        dst[i] = finite ? float_to_fp8_e4m3(to_float(src[i]) / scale) : fp8_e4m3{0x7f};
+      }
+    }
+  });
+  return Status::OK();
+}
+
+// The FP8 selection pass, re-scored from p.rescore (activation type Act).
+template <class Act>
+Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
+  using Acc = AccOf<Act>;
+  const IndexerInputs<Act> exact(p.rescore, p.T_kv);
+  const IndexerTensors& in8 = p.indexer;
+  const int H = in8.H_I, D = in8.D_I, K = p.K;
+  const int cand_max = p.candidates ? p.candidates : fp8_selection_candidates(K);
+  Acc* scores_out = static_cast<Acc*>(p.scores);
+
+  // The quantized keys as doubles (exact), contiguous [T_kv, D].
+  Buffer<double> k8(static_cast<size_t>(p.T_kv) * D);
+  const fp8_e4m3* k_src = static_cast<const fp8_e4m3*>(in8.k_idx);
+  detail::parallel_for(p.T_kv, 256, [&](int64_t begin, int64_t end, int) {
+    for (int64_t s = begin; s < end; ++s) {
+      for (int i = 0; i < D; ++i) k8[s * D + i] = fp8_e4m3_to_float(k_src[s * in8.k_idx_stride_t + i]);
+    }
+  });
+  const fp8_e4m3* q_src = static_cast<const fp8_e4m3*>(in8.q_idx);
+  const float* w8 = static_cast<const float*>(in8.weights);
+
+  const int workers = detail::num_threads();
+  WorkerScratch<double> q_scratch(workers, H * D);
+  WorkerScratch<double> w_scratch(workers, H);
+  WorkerScratch<double> qk8_scratch(workers, H * kKeyTile);
+  WorkerScratch<const double*> rows8_scratch(workers, kKeyTile);
+  WorkerScratch<double> score8_scratch(workers, p.T_kv);
+  WorkerScratch<Candidate<double>> cand8_scratch(workers, p.T_kv);
+  WorkerScratch<Acc> qx_scratch(workers, H * D);
+  WorkerScratch<Acc> qk_scratch(workers, H * kKeyTile);
+  WorkerScratch<const Acc*> rows_scratch(workers, kKeyTile);
+  WorkerScratch<Acc> score_scratch(workers, kKeyTile);
+  WorkerScratch<Candidate<Acc>> cand_scratch(workers, std::min<int64_t>(p.T_kv, cand_max));
+
+  detail::parallel_for(p.T, row_grain(p.T), [&](int64_t begin, int64_t end, int worker) {
+    double* q = q_scratch(worker);
+    double* w = w_scratch(worker);
+    double* qk8 = qk8_scratch(worker);
+    const double** rows8 = rows8_scratch(worker);
+    double* score8 = score8_scratch(worker);
+    Candidate<double>* cand8 = cand8_scratch(worker);
+    Acc* qx = qx_scratch(worker);
+    Acc* qk = qk_scratch(worker);
+    const Acc** rows = rows_scratch(worker);
+    Acc* score = score_scratch(worker);
+    Candidate<Acc>* cand = cand_scratch(worker);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t ks = p.k_start[t];
+      const int n = static_cast<int>(p.k_end[t] - ks);
+      const int C = std::min(n, cand_max);
+
+      // 1. The candidates: every visible key when n <= C, else the C best by the FP8 score.
+      if (n > C) {
+        for (int h = 0; h < H; ++h) {
+          const fp8_e4m3* qh = q_src + t * in8.q_idx_stride_t + h * in8.q_idx_stride_h;
+          for (int i = 0; i < D; ++i) q[h * D + i] = fp8_e4m3_to_float(qh[i]);
+          w[h] = static_cast<double>(w8[t * in8.weights_stride_t + h]) * static_cast<double>(in8.q_idx_scale[t * H + h]);
+        }
+        for (int i0 = 0; i0 < n; i0 += kKeyTile) {
+          const int c = std::min(kKeyTile, n - i0);
+          for (int i = 0; i < c; ++i) rows8[i] = k8.data() + (ks + i0 + i) * D;
+          dot_rows(q, D, H, rows8, c, D, 1.0, qk8, kKeyTile);
+          weighted_head_sum(qk8, kKeyTile, w, H, c, in8.relu, score8 + i0);
+          for (int i = 0; i < c; ++i) score8[i0 + i] *= static_cast<double>(in8.k_idx_scale[ks + i0 + i]);
+        }
+        for (int i = 0; i < n; ++i) cand8[i] = {score8[i], static_cast<int32_t>(ks + i)};
+        std::nth_element(cand8, cand8 + C, cand8 + n, ranks_before<double>);
+        for (int i = 0; i < C; ++i) cand[i].key = cand8[i].key;
+      } else {
+        for (int i = 0; i < C; ++i) cand[i].key = static_cast<int32_t>(ks + i);
+      }
+
+      // 2. The exact re-score of the candidates (the unquantized op's arithmetic).
+      exact.load_q(t, qx);
+      for (int i0 = 0; i0 < C; i0 += kKeyTile) {
+        const int c = std::min(kKeyTile, C - i0);
+        for (int i = 0; i < c; ++i) rows[i] = exact.key_row(cand[i0 + i].key);
+        exact.scores(qx, exact.w(t), rows, c, qk, kKeyTile, score);
+        for (int i = 0; i < c; ++i) cand[i0 + i].score = score[i];
+      }
+
+      // 3. The K best of the candidates, in increasing key order.
+      const int kept = std::min(C, K);
+      if (C > K) std::nth_element(cand, cand + K, cand + C, ranks_before<Acc>);
+      std::sort(cand, cand + kept, [](const Candidate<Acc>& a, const Candidate<Acc>& b) { return a.key < b.key; });
+      int32_t* idx_out = p.indices + t * K;
+      Acc* sc_out = scores_out ? scores_out + t * K : nullptr;
+      for (int j = 0; j < K; ++j) {
+        idx_out[j] = j < kept ? cand[j].key : -1;
+        if (sc_out) sc_out[j] = j < kept ? cand[j].score : neg_inf<Acc>();
+      }
+    }
+  });
+  return Status::OK();
+}
+
+}  // namespace
+
+Status quantize_fp8(const QuantizeFp8Params& p) {
+  return dispatch_act(p.dtype, [&](auto tag) { return quantize_impl<decltype(tag)>(p); });
+}
+
+Status indexer_topk_fp8(const IndexerTopkParams& p) {
+  return dispatch_act(p.rescore.dtype, [&](auto tag) { return indexer_topk_fp8_impl<decltype(tag)>(p); });
+}
+
+}  // namespace flashdsa::cpu

@@ -1,0 +1,440 @@
+// Internal: the device side of the FP8 (e4m3) selection pass of the fused Hopper indexer + top-k
+// (docs/spec.md §3 "FP8 selection"; design: docs/kernels/indexer_topk.md, "FP8 selection").
+// Host side: indexer_topk_fp8.cu. The bf16 kernel (kernel.cuh) is not touched: this file reuses its
+// configuration constants, its epilogue helpers (activation, partial_head_sums, quad_reduce_scatter)
+// and the selection of select.cuh.
+//
+// Differences from the bf16 kernel:
+//  - q̂ / k̂ are e4m3, one SW128 row of 128 bytes per (token, head) / key (D_I = 64 fills its first
+//    64 bytes); the score MMA is wgmma m64n128k32 e4m3 x e4m3 -> f32 (D_I / 32 k-steps per half);
+//  - the query scale is folded into the block's weights when they are staged (w' = w · a), the key
+//    scale multiplies the head sums after the quad reduce-scatter (score8 = b[s] · Σ_h w'·f(dot));
+//  - the lists are selected to the C candidates (not K), and at the end of the walk each row's C
+//    candidates are re-scored exactly from the bf16 q_idx / k_idx / weights (mma.sync m16n8k16 over
+//    the gathered key rows) before the final top-K select.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "sm90/common/hopper.cuh"
+#include "sm90/indexer_topk/kernel.cuh"
+#include "sm90/indexer_topk/select.cuh"
+
+namespace flashdsa::sm90::indexer_topk_impl {
+
+constexpr int kFp8RowBytes = 128;  // one SW128 row per (token, head) / key: D_I <= 128 e4m3 values
+constexpr int kFp8Stages = 4;      // key-tile ring depth (8 KB tiles)
+constexpr int kRescoreKeys = 16;   // keys per warp per re-score step (the M of mma.m16n8k16)
+
+template <int H, int D>
+struct RescoreSmem {
+  static constexpr int kLd = D + 8;                  // bf16 row stride: conflict-free fragment loads
+  // bf16 bit patterns (uint16_t: the struct lives in a union, so its members must be trivial)
+  uint16_t q[H * kLd];                              // the row's bf16 q_idx [H, D]
+  uint16_t keys[kSelectWarps][kRescoreKeys * kLd];  // per warp: gathered bf16 key rows
+  float w[H];                                       // the row's unscaled weights
+};
+
+template <int H, int D>
+struct alignas(1024) Fp8Smem {
+  uint8_t q[kCols * kFp8RowBytes];  // SW128 [256, 128 B]: row = token * H + head
+  union {
+    uint8_t k[kFp8Stages][kTileKeys * kFp8RowBytes];  // SW128 [64, 128 B] key tiles (the walk)
+    RescoreSmem<H, D> rs;                             // the re-score (after the walk)
+  };
+  float w[kCols];  // w' = w · q_scale of the block's columns (0 past T)
+  SelectScratch sel;
+  int count[Config<H, D>::kTokens];
+  uint32_t thr[Config<H, D>::kTokens];
+  int k_start[Config<H, D>::kTokens];
+  int k_end[Config<H, D>::kTokens];
+  int block;
+};
+
+template <int H, int D>
+constexpr size_t fp8_smem_bytes() {
+  return sizeof(Fp8Smem<H, D>) + 1024;
+}
+
+struct Fp8KernelArgs {
+  const uint8_t* q8;          // [T, H, D] e4m3; strides q8_st, q8_sh (bytes = elements)
+  const uint8_t* k8;          // [T_kv, D] e4m3; stride k8_st
+  const float* q_scale;       // [T, H] contiguous
+  const float* k_scale;       // [T_kv]
+  const float* w8;            // [T, H] weights of the selection pass; stride w8_st
+  const __nv_bfloat16* q;     // [T, H, D] bf16 (re-score); strides q_st, q_sh
+  const __nv_bfloat16* k;     // [T_kv, D] bf16; stride k_st
+  const float* w;             // [T, H] weights of the re-score; stride w_st
+  const int32_t* k_start;     // [T]
+  const int32_t* k_end;       // [T]
+  int32_t* out_idx;           // [T, K]
+  float* out_scores;          // [T, K], or null
+  float* cand_scores;         // [gridDim.x, kTokens, cap]
+  int32_t* cand_idx;          // [gridDim.x, kTokens, cap]
+  int* block_counter;         // zero at launch
+  int64_t q8_st, q8_sh, k8_st, w8_st, q_st, q_sh, k_st, w_st;
+  int T, T_kv, K, C, cap, num_blocks;
+};
+
+// cp.async of key rows [key0, key0 + 64) (D bytes each) into a SW128 tile of 128-byte rows; rows
+// >= T_kv are zero-filled without being read. For D = 64 the second half of each row is never read.
+template <int D>
+__device__ __forceinline__ void load_key_tile_fp8(uint8_t* tile, const Fp8KernelArgs& a, int key0) {
+  constexpr int kRowChunks = D / 16;
+  constexpr int kPerThread = kTileKeys * kRowChunks / kThreads;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = threadIdx.x + kThreads * i;
+    const int row = c / kRowChunks, chunk = c % kRowChunks;
+    const int key = key0 + row;
+    const bool valid = key < a.T_kv;
+    const uint8_t* src = a.k8 + (valid ? static_cast<int64_t>(key) * a.k8_st + chunk * 16 : 0);
+    hw::cp_async_16(tile + hw::sw128_offset(row, chunk), src, valid);
+  }
+}
+
+// cp.async of the block's queries [t0, t0 + kTokens) x H heads (row = token * H + head); rows of
+// tokens >= T are zero-filled.
+template <int H, int D>
+__device__ __forceinline__ void load_query_block_fp8(uint8_t* qs, const Fp8KernelArgs& a, int t0) {
+  constexpr int kRowChunks = D / 16;
+  constexpr int kPerThread = kCols * kRowChunks / kThreads;
+#pragma unroll 4
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = threadIdx.x + kThreads * i;
+    const int row = c / kRowChunks, chunk = c % kRowChunks;
+    const int t = t0 + row / H, h = row % H;
+    const bool valid = t < a.T;
+    const uint8_t* src =
+        a.q8 + (valid ? static_cast<int64_t>(t) * a.q8_st + static_cast<int64_t>(h) * a.q8_sh + chunk * 16 : 0);
+    hw::cp_async_16(qs + hw::sw128_offset(row, chunk), src, valid);
+  }
+}
+
+// Issues acc = K̂_tile [64, D] x Q̂_half^T [D, 128] (f32) for one column half (as issue_score_half of
+// the bf16 kernel): D / 32 k-steps of 32 bytes inside each 128-byte row.
+template <int D>
+__device__ __forceinline__ void issue_score_half_fp8(float (&acc)[kHalfAcc], const uint8_t* ktile, const uint8_t* qs,
+                                                     int half) {
+  const uint8_t* qhalf = qs + half * kHalfCols * kFp8RowBytes;
+  const uint64_t da = hw::desc_k_major(ktile, kTileKeys, 0), db = hw::desc_k_major(qhalf, kCols, 0);
+  hw::wgmma_fence();
+  hw::wgmma_ss_m64n128k32_e4m3_overwrite(acc, da, db);
+#pragma unroll
+  for (int ks = 1; ks < D / 32; ++ks) {
+    const uint64_t step = static_cast<uint64_t>((ks * 32) >> 4);  // 32 bytes per k-step, same atom row
+    hw::wgmma_ss_m64n128k32_e4m3(acc, da + step, db + step, true);
+  }
+  hw::wgmma_commit();
+}
+
+// d += A (16 x 16, row-major bf16) x B (16 x 8, col-major bf16), f32 accumulators.
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t lds_u32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Exact re-score of one row's m candidates (list_i[0, m)) from the bf16 inputs: list_s[i] = Σ_h
+// w[t,h] · f(q[t,h] · k[list_i[i]]), fp32 accumulation. Each warp takes 16 keys at a time: gathers
+// their rows into shared memory, then mma.m16n8k16 with A = keys [16, D], B = q^T [D, 8 heads] per
+// 8-head group; lane (g, c) = (lane / 4, lane % 4) ends with keys g and g + 8, heads 8n + 2c + {0, 1}.
+// All threads; begins after a barrier that freed the key ring, ends with a barrier.
+template <int H, int D, bool kRelu>
+__device__ __forceinline__ void rescore_row(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i, int m,
+                                            RescoreSmem<H, D>& rs) {
+  constexpr int kLd = RescoreSmem<H, D>::kLd;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  for (int i = tid; i < H * kChunks; i += kThreads) {
+    const int h = i / kChunks, chunk = i % kChunks;
+    const uint4 v = *reinterpret_cast<const uint4*>(a.q + static_cast<int64_t>(t) * a.q_st +
+                                                    static_cast<int64_t>(h) * a.q_sh + chunk * 8);
+    *reinterpret_cast<uint4*>(rs.q + h * kLd + chunk * 8) = v;
+  }
+  for (int h = tid; h < H; h += kThreads) rs.w[h] = a.w[static_cast<int64_t>(t) * a.w_st + h];
+  __syncthreads();
+
+  uint16_t* kb = rs.keys[warp];
+  for (int i0 = warp * kRescoreKeys; i0 < m; i0 += kSelectWarps * kRescoreKeys) {
+    // Gather the 16 key rows (an empty slot reads as zeros and is never written back).
+    const int my_key = lane < kRescoreKeys && i0 + lane < m ? list_i[i0 + lane] : -1;
+#pragma unroll
+    for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
+      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
+      const int key = __shfl_sync(0xffffffffu, my_key, row);
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (key >= 0) v = *reinterpret_cast<const uint4*>(a.k + static_cast<int64_t>(key) * a.k_st + chunk * 8);
+      *reinterpret_cast<uint4*>(kb + row * kLd + chunk * 8) = v;
+    }
+    __syncwarp();
+    float acc[H / 8][4];
+#pragma unroll
+    for (int n = 0; n < H / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int col = 16 * ks + 2 * c;
+      const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
+                              lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
+#pragma unroll
+      for (int n = 0; n < H / 8; ++n) {
+        const uint16_t* qh = rs.q + (8 * n + g) * kLd + col;
+        mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+      }
+    }
+    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
+#pragma unroll
+    for (int n = 0; n < H / 8; ++n) {
+      const float2 w = *reinterpret_cast<const float2*>(rs.w + 8 * n + 2 * c);
+      s0 = fmaf(w.x, activation<kRelu>(acc[n][0]), s0);
+      s0 = fmaf(w.y, activation<kRelu>(acc[n][1]), s0);
+      s1 = fmaf(w.x, activation<kRelu>(acc[n][2]), s1);
+      s1 = fmaf(w.y, activation<kRelu>(acc[n][3]), s1);
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (c == 0 && i0 + g < m) list_s[i0 + g] = s0;
+    if (c == 0 && i0 + g + 8 < m) list_s[i0 + g + 8] = s1;
+    __syncwarp();  // every lane is done with kb before the next gather
+  }
+  __syncthreads();  // the re-scored list is complete (and rs is free)
+}
+
+// compact_full_lists of the bf16 kernel, selecting C (the candidate count) instead of K.
+template <int NT>
+__device__ __forceinline__ void compact_full_lists_fp8(const Fp8KernelArgs& a, float* cand_s, int* cand_i, int* count,
+                                                       uint32_t* thr, SelectScratch& sc) {
+  for (int r = 0; r < NT; ++r) {
+    const int n = count[r];
+    if (n <= a.cap - kMinCapacitySlack) continue;
+    float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+    int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+    const Kept kept = keep_top_k(list_s, list_i, n, a.C, list_s, list_i, sc);  // n > cap - 128 >= C
+    if (threadIdx.x == 0) {
+      count[r] = kept.count;
+      thr[r] = kept.thr;
+    }
+  }
+  __syncthreads();
+}
+
+template <int H, int D, bool kRelu>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(const __grid_constant__ Fp8KernelArgs a) {
+  using Cfg = Config<H, D>;
+  constexpr int NT = Cfg::kTokens, TPL = Cfg::kTokensPerLane, S = kFp8Stages;
+  extern __shared__ uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<Fp8Smem<H, D>*>(smem_raw + ((1024u - (hw::smem_u32(smem_raw) & 1023u)) & 1023u));
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
+  const int acc_row = 16 * warp + (lane >> 2);
+  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
+  float* const cand_s = a.cand_scores + list_base;
+  int* const cand_i = a.cand_idx + list_base;
+
+  for (;;) {
+    __syncthreads();
+    if (tid == 0) sm.block = atomicAdd(a.block_counter, 1);
+    __syncthreads();
+    const int blk = sm.block;
+    if (blk >= a.num_blocks) break;
+    const int t0 = (a.num_blocks - 1 - blk) * NT;
+
+    if (tid < NT) {
+      const int t = t0 + tid;
+      const bool valid = t < a.T;
+      sm.k_start[tid] = valid ? a.k_start[t] : 0;
+      sm.k_end[tid] = valid ? a.k_end[t] : 0;
+      sm.count[tid] = 0;
+      sm.thr[tid] = 0u;
+    }
+    // The query scale folds into the weights: relu(a x) = a relu(x) for a > 0 (a NaN scale makes
+    // every score of the row NaN, as the quantization contract wants).
+    for (int c = tid; c < kCols; c += kThreads) {
+      const int t = t0 + c / H;
+      sm.w[c] = t < a.T ? a.w8[static_cast<int64_t>(t) * a.w8_st + c % H] * a.q_scale[static_cast<int64_t>(t) * H + c % H]
+                        : 0.f;
+    }
+    __syncthreads();
+
+    int lo = INT_MAX, hi = 0;
+#pragma unroll
+    for (int r = 0; r < NT; ++r) {
+      if (sm.k_end[r] > sm.k_start[r]) {
+        lo = min(lo, sm.k_start[r]);
+        hi = max(hi, sm.k_end[r]);
+      }
+    }
+    const int tile0 = hi > 0 ? lo / kTileKeys : 0;
+    const int ntiles = hi > 0 ? (hi + kTileKeys - 1) / kTileKeys - tile0 : 0;
+    uint32_t my_thr[TPL];
+
+    // The software pipeline of the bf16 kernel (see kernel.cuh), with the e4m3 MMA.
+    if (ntiles > 0) load_query_block_fp8<H, D>(sm.q, a, t0);
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      if (s < ntiles) load_key_tile_fp8<D>(sm.k[s], a, (tile0 + s) * kTileKeys);
+      hw::cp_async_commit();
+    }
+
+    bool list_nearly_full = false;
+    float acc1[kHalfAcc];
+    float part[2 * NT];
+
+    auto tile_barrier = [&]() {
+      hw::fence_proxy_async();
+      const bool flagged = __syncthreads_or(list_nearly_full) != 0;
+      list_nearly_full = false;
+      return flagged;
+    };
+    auto append_tile = [&](int tile) {
+      partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
+      float sums[NT / 2];
+      quad_reduce_scatter<NT>(part, sums, quad);
+      int my_start[TPL], my_end[TPL];
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+        my_thr[u] = sm.thr[quad * TPL + u];
+        my_start[u] = sm.k_start[quad * TPL + u];
+        my_end[u] = sm.k_end[quad * TPL + u];
+      }
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row;
+      // The key scale, applied after the head sum (keys past T_kv are masked below).
+      const float kscale[2] = {key0 < a.T_kv ? a.k_scale[key0] : 0.f, key0 + 8 < a.T_kv ? a.k_scale[key0 + 8] : 0.f};
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+        const int row = quad * TPL + u;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = key0 + 8 * r;
+          const float s = sums[2 * u + r] * kscale[r];
+          const bool pass = key >= my_start[u] && key < my_end[u] && score_key(s) > my_thr[u];
+          const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+          if (ballot == 0u) continue;
+          const unsigned group = ballot & (0x11111111u << quad);
+          const int leader = group != 0u ? __ffs(group) - 1 : lane;
+          int base = 0;
+          if (pass && lane == leader) base = atomicAdd(&sm.count[row], __popc(group));
+          base = __shfl_sync(0xffffffffu, base, leader);
+          if (pass) {
+            const int pos = base + __popc(group & ((1u << lane) - 1u));
+            const size_t at = static_cast<size_t>(row) * a.cap + pos;
+            cand_s[at] = s;
+            cand_i[at] = key;
+            list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+          }
+        }
+      }
+    };
+    auto finish_tile = [&](float (&acc0)[kHalfAcc], int it) {
+      float acc1n[kHalfAcc];
+      issue_score_half_fp8<D>(acc1n, sm.k[it % S], sm.q, 1);
+      hw::wgmma_wait<1>();
+      hw::fence_regs(acc0);
+      partial_head_sums<H, D, kRelu, 0>(acc0, sm.w, quad, part);
+      hw::fence_regs(part);
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc1n);
+#pragma unroll
+      for (int i = 0; i < kHalfAcc; ++i) acc1[i] = acc1n[i];
+    };
+
+    if (ntiles > 0) {
+      hw::cp_async_wait<S - 1>();
+      tile_barrier();
+      float acc0[kHalfAcc];
+      issue_score_half_fp8<D>(acc0, sm.k[0], sm.q, 0);
+      finish_tile(acc0, 0);
+      for (int it = 1; it < ntiles; ++it) {
+        hw::cp_async_wait<S - 2>();
+        const bool compact = tile_barrier();
+        float acc0[kHalfAcc];
+        issue_score_half_fp8<D>(acc0, sm.k[it % S], sm.q, 0);
+        {
+          const int next = it - 1 + S;
+          if (next < ntiles) load_key_tile_fp8<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
+          hw::cp_async_commit();
+        }
+        append_tile(it - 1);
+        if (compact) {
+          __syncthreads();
+          compact_full_lists_fp8<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        }
+        finish_tile(acc0, it);
+      }
+      tile_barrier();
+      append_tile(ntiles - 1);
+    }
+    hw::cp_async_wait<0>();
+    __syncthreads();  // the key ring is free: the re-score reuses its memory
+
+    // Per row: its C best candidates by the FP8 score (in place), their exact scores, the top K.
+    for (int r = 0; r < NT; ++r) {
+      const int t = t0 + r;
+      if (t >= a.T) break;
+      float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+      int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+      int m = sm.count[r];
+      if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+      rescore_row<H, D, kRelu>(a, t, list_s, list_i, m, sm.rs);
+      int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+      float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+      const int kept = keep_top_k(list_s, list_i, m, a.K, out_s, out_i, sm.sel).count;
+      for (int j = kept + tid; j < a.K; j += kThreads) {
+        out_i[j] = -1;
+        if (out_s != nullptr) out_s[j] = -INFINITY;
+      }
+    }
+  }
+}
+
+// ---- quantization: one warp per row ------------------------------------------------------------
+
+struct QuantizeArgs {
+  const __nv_bfloat16* x;  // [N0, N1, D]; strides s0, s1
+  uint8_t* out;            // [N0 * N1, D] e4m3
+  float* scale;            // [N0 * N1]
+  int64_t rows, s0, s1;
+  int N1, D;
+};
+
+constexpr int kQuantizeThreads = 256;
+
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_fp8_kernel(const __grid_constant__ QuantizeArgs a) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kQuantizeThreads / 32) + (threadIdx.x >> 5);
+  if (r >= a.rows) return;
+  const int lane = threadIdx.x & 31;
+  const __nv_bfloat16* src = a.x + (r / a.N1) * a.s0 + (r % a.N1) * a.s1;
+  float amax = 0.f;
+  bool finite = true;
+  for (int i = lane; i < a.D; i += 32) {
+    const float v = __bfloat162float(src[i]);
+    finite = finite && isfinite(v);
+    amax = fmaxf(amax, fabsf(v));
+  }
+  finite = __all_sync(0xffffffffu, finite);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  float scale = __fdiv_rn(amax, 448.f);
+  if (!(scale > 0.f)) scale = 1.f;
+  if (!finite) scale = __int_as_float(0x7fffffff);
+  if (lane == 0) a.scale[r] = scale;
+  uint8_t* dst = a.out + r * a.D;
+  for (int i = lane; i < a.D; i += 32) {
+    const float v = __fdiv_rn(__bfloat162float(src[i]), scale);
+    dst[i] = finite ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)) : uint8_t{0x7f};
+  }
+}
+
+}  // namespace flashdsa::sm90::indexer_topk_impl

@@ -1,0 +1,206 @@
+// Hopper (sm_90a) FP8 (e4m3) selection pass of the indexer + top-k, and the e4m3 quantization:
+// host side (limits, workspace, dispatch). Device code: fp8_kernel.cuh. Contract: docs/spec.md §3
+// "FP8 selection"; design: docs/kernels/indexer_topk.md.
+#include "sm90/indexer_topk/fp8.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstdint>
+#include <string>
+
+#include "common/check.h"
+#include "common/status_macros.h"
+#include "sm90/common/cuda_check.cuh"
+#include "sm90/indexer_topk/fp8_kernel.cuh"
+
+namespace flashdsa::sm90::indexer_topk_fp8_impl {
+namespace {
+
+using detail::Check;
+using indexer_topk_impl::Fp8KernelArgs;
+using indexer_topk_impl::kCols;
+using indexer_topk_impl::kCtasPerSm;
+using indexer_topk_impl::kThreads;
+
+constexpr size_t kCounterBytes = 256;
+constexpr int kSmemPerCtaBudget = 228 * 1024 / kCtasPerSm - 1024;
+constexpr int kMaxCandidates = 2 * kMaxTopK;
+
+template <int H, int D, bool kRelu>
+Status launch(const Fp8KernelArgs& args, int grid, cudaStream_t stream) {
+  static_assert(indexer_topk_impl::fp8_smem_bytes<H, D>() <= static_cast<size_t>(kSmemPerCtaBudget),
+                "two CTAs per SM must fit");
+  const auto kernel = indexer_topk_impl::indexer_topk_fp8_kernel<H, D, kRelu>;
+  constexpr int kSmem = static_cast<int>(indexer_topk_impl::fp8_smem_bytes<H, D>());
+  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<grid, kThreads, kSmem, stream>>>(args);
+  FLASHDSA_CHECK_LAUNCH("indexer_topk_fp8_kernel");
+  return Status::OK();
+}
+
+template <int H, int D>
+Status launch_relu(bool relu, const Fp8KernelArgs& args, int grid, cudaStream_t stream) {
+  return relu ? launch<H, D, true>(args, grid, stream) : launch<H, D, false>(args, grid, stream);
+}
+
+template <int H>
+Status launch_dim(int d, bool relu, const Fp8KernelArgs& args, int grid, cudaStream_t stream) {
+  return d == 64 ? launch_relu<H, 64>(relu, args, grid, stream) : launch_relu<H, 128>(relu, args, grid, stream);
+}
+
+struct LaunchShape {
+  int tokens, num_blocks, grid;
+};
+
+Status launch_shape(const IndexerTopkParams& p, LaunchShape* shape) {
+  int device = 0, sms = 0;
+  FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
+  FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  shape->tokens = kCols / p.indexer.H_I;
+  shape->num_blocks = static_cast<int>((p.T + shape->tokens - 1) / shape->tokens);
+  shape->grid = std::min(shape->num_blocks, kCtasPerSm * sms);
+  return Status::OK();
+}
+
+size_t list_bytes(const LaunchShape& s, int cap) { return static_cast<size_t>(s.grid) * s.tokens * cap * sizeof(float); }
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+int candidates(const IndexerTopkParams& p) { return p.candidates ? p.candidates : fp8_selection_candidates(p.K); }
+
+int candidate_capacity(int C) { return std::max(4096, C + 1024); }
+
+// The FP8 kernels have compiled (0 spills) but not yet run on a GPU: until their check program,
+// sanitizers and recall have been measured on the H200 they run only on request.
+Status experimental_gate(const char* op) {
+  const char* env = std::getenv("FLASHDSA_EXPERIMENTAL_FP8");
+  if (env != nullptr && std::string(env) == "1") return Status::OK();
+  return Status::NotSupported(std::string(op) +
+                              ": the CUDA FP8 selection is experimental (not yet validated on a GPU, "
+                              "docs/kernels/indexer_topk.md); use selection='bf16', or set "
+                              "FLASHDSA_EXPERIMENTAL_FP8=1 to run it");
+}
+
+Status supports(const IndexerTopkParams& p, const char* op) {
+  FLASHDSA_RETURN_IF_ERROR(experimental_gate(op));
+  const Check c{op};
+  const IndexerTensors& in = p.indexer;
+  if (in.dtype != DType::kFP8E4M3) return c.fail("dtype", dtype_name(in.dtype), "the FP8 selection needs kFP8E4M3");
+  if (p.rescore.dtype != DType::kBF16) {
+    return c.fail("rescore.dtype", dtype_name(p.rescore.dtype), "the CUDA FP8 selection re-scores from bf16");
+  }
+  if (p.rescore.q_idx_scale != nullptr || p.rescore.k_idx_scale != nullptr) {
+    return c.fail("rescore scales", "non-null", "the re-score inputs are unquantized");
+  }
+  if (!is_supported_indexer_heads(in.H_I)) return c.fail("H_I", in.H_I, "must be 32 or 64 on CUDA");
+  if (!is_supported_indexer_dim(in.D_I)) return c.fail("D_I", in.D_I, "must be 64 or 128 on CUDA");
+  if (p.K < kTopKMultiple || p.K > kMaxTopK || p.K % kTopKMultiple != 0) {
+    return c.fail("K", p.K, "must be a multiple of 64 in [64, 8192] on CUDA");
+  }
+  const int C = candidates(p);
+  if (C % kTopKMultiple != 0 || C < p.K || C > kMaxCandidates) {
+    return c.fail("candidates", C, "must be a multiple of 64 in [K, 16384] on CUDA");
+  }
+  if (p.T == 0) return Status::OK();
+  if (!aligned16(in.q_idx) || in.q_idx_stride_t % 16 != 0 || in.q_idx_stride_h % 16 != 0 ||
+      (p.T_kv > 0 && (!aligned16(in.k_idx) || in.k_idx_stride_t % 16 != 0))) {
+    return c.unsupported("e4m3 q_idx / k_idx rows must be 16-byte aligned (base aligned, strides multiples of 16)");
+  }
+  const IndexerTensors& r = p.rescore;
+  if (!aligned16(r.q_idx) || r.q_idx_stride_t % 8 != 0 || r.q_idx_stride_h % 8 != 0 ||
+      (p.T_kv > 0 && (!aligned16(r.k_idx) || r.k_idx_stride_t % 8 != 0))) {
+    return c.unsupported("bf16 rescore q_idx / k_idx rows must be 16-byte aligned (strides multiples of 8)");
+  }
+  if (p.T > INT_MAX || p.T_kv > INT_MAX) return c.unsupported("T and T_kv must fit in int32");
+  return Status::OK();
+}
+
+size_t workspace_size(const IndexerTopkParams& p) {
+  if (p.T <= 0 || p.T > INT_MAX) return 0;
+  if (!is_supported_indexer_heads(p.indexer.H_I)) return 0;
+  LaunchShape shape{};
+  if (!launch_shape(p, &shape).ok()) return 0;
+  return kCounterBytes + 2 * list_bytes(shape, candidate_capacity(candidates(p)));
+}
+
+Status run(const IndexerTopkParams& p) {
+  if (p.T == 0) return Status::OK();
+  LaunchShape shape{};
+  FLASHDSA_RETURN_IF_ERROR(launch_shape(p, &shape));
+  const int C = candidates(p), cap = candidate_capacity(C);
+  const size_t need = kCounterBytes + 2 * list_bytes(shape, cap);
+  if (p.workspace == nullptr || p.workspace_bytes < need) {
+    return Status::InvalidArgument("sm90 indexer_topk (fp8): workspace needs " + std::to_string(need) + " bytes, got " +
+                                   std::to_string(p.workspace_bytes));
+  }
+  char* ws = static_cast<char*>(p.workspace);
+  Fp8KernelArgs args{};
+  args.q8 = static_cast<const uint8_t*>(p.indexer.q_idx);
+  args.k8 = static_cast<const uint8_t*>(p.indexer.k_idx);
+  args.q_scale = p.indexer.q_idx_scale;
+  args.k_scale = p.indexer.k_idx_scale;
+  args.w8 = static_cast<const float*>(p.indexer.weights);
+  args.q = static_cast<const __nv_bfloat16*>(p.rescore.q_idx);
+  args.k = static_cast<const __nv_bfloat16*>(p.rescore.k_idx);
+  args.w = static_cast<const float*>(p.rescore.weights);
+  args.k_start = p.k_start;
+  args.k_end = p.k_end;
+  args.out_idx = p.indices;
+  args.out_scores = static_cast<float*>(p.scores);
+  args.block_counter = reinterpret_cast<int*>(ws);
+  args.cand_scores = reinterpret_cast<float*>(ws + kCounterBytes);
+  args.cand_idx = reinterpret_cast<int32_t*>(ws + kCounterBytes + list_bytes(shape, cap));
+  args.q8_st = p.indexer.q_idx_stride_t;
+  args.q8_sh = p.indexer.q_idx_stride_h;
+  args.k8_st = p.indexer.k_idx_stride_t;
+  args.w8_st = p.indexer.weights_stride_t;
+  args.q_st = p.rescore.q_idx_stride_t;
+  args.q_sh = p.rescore.q_idx_stride_h;
+  args.k_st = p.rescore.k_idx_stride_t;
+  args.w_st = p.rescore.weights_stride_t;
+  args.T = static_cast<int>(p.T);
+  args.T_kv = static_cast<int>(p.T_kv);
+  args.K = p.K;
+  args.C = C;
+  args.cap = cap;
+  args.num_blocks = shape.num_blocks;
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
+  return p.indexer.H_I == 32 ? launch_dim<32>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream)
+                             : launch_dim<64>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream);
+}
+
+Status supports_quantize(const QuantizeFp8Params& p, const char* op) {
+  FLASHDSA_RETURN_IF_ERROR(experimental_gate(op));
+  const Check c{op};
+  if (p.dtype != DType::kBF16) return c.fail("dtype", dtype_name(p.dtype), "the CUDA quantization takes bf16");
+  return Status::OK();
+}
+
+Status run_quantize(const QuantizeFp8Params& p) {
+  const int64_t rows = p.N0 * p.N1;
+  if (rows == 0) return Status::OK();
+  indexer_topk_impl::QuantizeArgs args{};
+  args.x = static_cast<const __nv_bfloat16*>(p.x);
+  args.out = static_cast<uint8_t*>(p.out);
+  args.scale = p.scale;
+  args.rows = rows;
+  args.s0 = p.stride0;
+  args.s1 = p.stride1;
+  args.N1 = p.N1;
+  args.D = p.D;
+  constexpr int kRowsPerBlock = indexer_topk_impl::kQuantizeThreads / 32;
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (blocks > INT_MAX) return Status::NotSupported("quantize_fp8: too many rows for one launch");
+  indexer_topk_impl::quantize_fp8_kernel<<<static_cast<int>(blocks), indexer_topk_impl::kQuantizeThreads, 0,
+                                           static_cast<cudaStream_t>(p.stream)>>>(args);
+  FLASHDSA_CHECK_LAUNCH("quantize_fp8_kernel");
+  return Status::OK();
+}
+
+}  // namespace flashdsa::sm90::indexer_topk_fp8_impl

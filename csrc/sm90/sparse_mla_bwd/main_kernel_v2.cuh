@@ -1,0 +1,602 @@
+// Internal: v2 of the sparse MLA backward main kernel (compile-time variant, -DFLASHDSA_BWD_V2=1;
+// design: docs/kernels/sparse_mla_bwd.md, section "v2"). Same work unit and outputs as v1
+// (main_kernel.cuh): one CTA per (query token, group of 64 heads), 64-key blocks.
+//
+// Differences to v1:
+//   - natural column order in shared memory: Q, dO and kv rows arrive with 16-byte cp.async
+//     (8 threads per 128-byte row segment) instead of v1's permuted 4-byte copies;
+//   - 256 threads, no producer warpgroup, both warpgroups at the full 255-register budget:
+//       front (WG0): Q/dO/lse/Delta/block list, the kv gathers (and sweep counter, L2 prefetches),
+//                    S and dP back to back, P (and the mass output), dS from the fp32 P, P and dS
+//                    to their bf16 tiles, dQ columns [0, 256) with RS wgmma (A = dS registers);
+//       back (WG1):  the nine dKV chunks (SS wgmma, A = P^T / dS^T read transposed from the tiles)
+//                    with two alternating accumulators, so that chunk c's emission overlaps chunk
+//                    c+1's wgmma; dQ columns [256, 576) (SS, A = dS tile) issued after chunk 0;
+//                    all dkv emission (atomics or deterministic partial stores);
+//   - dkv (and the deterministic partials) are written in an interleaved column order inside each
+//     16-column group (v2_dkv_col()), which lets the natural-order accumulator leave as the same
+//     full-line 16-byte vectors as v1; v2_unpermute_kernel restores the natural order once at the
+//     end of the call (sparse_mla_bwd_v2.cuh).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "sm90/common/hopper.cuh"
+#include "sm90/sparse_mla_bwd/config.h"
+#include "sm90/sparse_mla_bwd/main_kernel.cuh"
+#include "sm90/sparse_mla_bwd/ptx_ops.cuh"
+
+namespace flashdsa::sm90::mla_bwd {
+namespace v2 {
+
+constexpr int kThreads = 256;   // WG0 front, WG1 back
+constexpr int kFrontDqBlocks = 4;                      // dQ columns [0, 256): RS m64n256
+constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [256, 576): SS m64n256 + m64n64
+// Named barriers (0 is __syncthreads), 128 threads of the front warpgroup each.
+constexpr int kBarFront = 1;  // front: kv (and, once, Q/dO/lse/Delta/block list) landed in smem
+constexpr int kBarMass = 2;   // front: warps 1..3 stored their attention-mass column sums
+
+// Position inside its 16-column group at which dkv column 16m + 8h + 2q + e (h, e < 2, q < 4) is
+// stored during the call: 16m + 4q + 2h + e. A natural-order wgmma accumulator gives lane-quad member
+// q the columns 8n + 2q + {0, 1}; n-groups 2m and 2m + 1 together are then the four consecutive
+// stored positions 16m + 4q .. +3, i.e. one 16-byte vector.
+__host__ __device__ constexpr int v2_dkv_pos(int col) {
+  return (col & ~15) | ((col & 6) << 1) | ((col & 8) >> 2) | (col & 1);
+}
+
+// The emission contract: quad member q's accumulator pairs of n-groups 2m and 2m + 1 land on the four
+// consecutive positions 16m + 4q .. +3, and the map is a permutation inside each 16-column group.
+constexpr bool v2_dkv_pos_ok() {
+  bool seen[16] = {};
+  for (int c = 0; c < 16; ++c) {
+    const int pos = v2_dkv_pos(c);
+    if (pos < 0 || pos >= 16 || seen[pos]) return false;
+    seen[pos] = true;
+  }
+  for (int m = 0; m < kQkCols / 16; ++m)
+    for (int q = 0; q < 4; ++q)
+      for (int e = 0; e < 2; ++e)
+        if (v2_dkv_pos(16 * m + 2 * q + e) != 16 * m + 4 * q + e ||
+            v2_dkv_pos(16 * m + 8 + 2 * q + e) != 16 * m + 4 * q + 2 + e)
+          return false;
+  return true;
+}
+static_assert(v2_dkv_pos_ok(), "v2 dkv column order");
+
+struct alignas(1024) SmemPlanV2 {
+  __nv_bfloat16 q[kQkBlocks * kHeadsPerCta * kColsPerBlock];    // [64 h][9 blocks] SW128      73728 B
+  __nv_bfloat16 dout[kVBlocks * kHeadsPerCta * kColsPerBlock];  // [64 h][8 blocks] SW128      65536 B
+  __nv_bfloat16 kv[kQkBlocks * kBlockKeys * kColsPerBlock];     // [64 keys][9 blocks] SW128   73728 B
+  __nv_bfloat16 p[kHeadsPerCta * kBlockKeys];                   // [64 h][64 keys] bf16         8192 B
+  __nv_bfloat16 ds[kHeadsPerCta * kBlockKeys];                  // [64 h][64 keys] bf16         8192 B
+  int32_t idx[2][kBlockKeys];       // kv row of each key of block i (slot i % 2); any value: invalid
+  float lse2[kHeadsPerCta];         // lse * log2(e); +inf on padded heads (P = 0 there)
+  float delta[kHeadsPerCta];        // rowsum(dout * out); 0 on padded heads
+  float mass_part[3][kBlockKeys];   // optional mass output: column sums of P of the front's warps 1..3
+  uint8_t block_list[kMaxBlocksPerRow];  // non-empty key blocks of the row, in processing order
+  int32_t num_blocks;               // entries of block_list
+  uint64_t setup_full;              // front -> back: block list and num_blocks written (once)
+  uint64_t pds_full;                // front -> back: P and dS tiles (and idx) of block i written
+  uint64_t kv_empty;                // back -> front: back's dQ of block i done, kv tile may be overwritten
+  uint64_t tiles_free;              // back -> front: back's last dKV wgmma of block i done (P, dS free)
+};
+constexpr size_t kSmemBytes = sizeof(SmemPlanV2) + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");
+
+namespace detail {
+
+using hw::desc_k_major;
+using hw::desc_mn_major;
+using mla_bwd::detail::key_valid;
+using mla_bwd::detail::Work;
+
+// The 16-byte copies of one thread: tile rows rsub + 16 r (r < 4), chunk `chunk` of every 64-column
+// block (8 threads cover one 128-byte row segment). The swizzled chunk depends on rsub % 8 only.
+struct Copier {
+  int rsub, chunk;
+  uint32_t row_off;  // byte offset of (row rsub, chunk) in an SW128 block
+  __device__ explicit Copier(int tid) : rsub(tid / 8), chunk(tid % 8) { row_off = hw::sw128_offset(rsub, chunk); }
+  // Tile row rsub + 16 r of a [kRows x 64 kBlocks] tile <- src[64 b + 8 chunk .. + 8) for all b.
+  template <int kBlocks, int kRows>
+  __device__ __forceinline__ void copy_row(uint32_t tile, int r, const __nv_bfloat16* src_row, bool valid) const {
+    const uint32_t dst = tile + row_off + r * 16 * 128;
+    const __nv_bfloat16* src = src_row + 8 * chunk;
+    asm("" : "+l"(src));  // one pointer, immediate offsets per block
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
+  }
+};
+
+// Work item of this CTA, recomputed from blockIdx where needed (keeping it live across the
+// main loop costs registers the accumulators need).
+__device__ __forceinline__ Work make_work(const MainParams& p) {
+  Work w;
+  w.local_token = blockIdx.x;
+  w.token = p.token_begin + w.local_token;
+  w.head_group = blockIdx.y;
+  w.heads = min(p.H - w.head_group * kHeadsPerCta, kHeadsPerCta);
+  return w;
+}
+
+// dkv destinations of one thread for the current key block: rows A = 16 warp + lane / 4 + 8 half -
+// odd and B = A + 1 (quads 2k and 2k + 1 write together, as in v1's emit_dkv_chunk) of `base`, a
+// [rows, 576] fp32 matrix (dkv, or the CTA's deterministic partial rows), plus this lane's column.
+struct DkvRowsV2 {
+  float* base;
+  uint32_t row[2][2];  // [half][A, B]: key (fast) or slot in the row (deterministic)
+  bool valid[2][2];
+};
+
+template <bool kDeterministic>
+__device__ __forceinline__ DkvRowsV2 dkv_rows(const MainParams& p, const int32_t* idx, int blk, int warp, int lane) {
+  const int odd = (lane >> 2) & 1;
+  const int col = 16 * odd + 4 * (lane & 3);
+  const int row0 = 16 * warp + (lane >> 2) - odd;
+  DkvRowsV2 r;
+  if constexpr (kDeterministic) {  // slot rows row0 + 8 half + ab: immediate offsets from one pointer
+    r.base = p.partial +
+             ((int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * p.K + blk * kBlockKeys + row0) * int64_t(kQkCols) + col;
+  } else {
+    r.base = p.dkv + col;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int ab = 0; ab < 2; ++ab) {
+      const int32_t key = idx[row0 + 8 * half + ab];
+      r.valid[half][ab] = key_valid(key, p.T_kv);
+      r.row[half][ab] = kDeterministic ? 0u : (r.valid[half][ab] ? uint32_t(key) : 0u);
+    }
+  }
+  return r;
+}
+
+template <bool kDeterministic>
+__device__ __forceinline__ float* dkv_row_ptr(const DkvRowsV2& r, int half, int ab) {
+  if constexpr (kDeterministic) return r.base + (8 * half + ab) * kQkCols;
+  else return r.base + size_t(r.row[half][ab]) * kQkCols;
+}
+
+// Emits one [64 keys x 64 cols] fp32 dKV chunk (column block `chunk`) from a natural-order wgmma
+// accumulator: n-groups 2m, 2m + 1 of quad member q (columns 16m + 2q + {0, 1}, 16m + 8 + 2q + {0, 1})
+// go as one float4 to stored positions 16m + 4q .. +3 (v2_dkv_pos). The quad pair exchange of v1's
+// emit_dkv_chunk makes every 16-byte write of 8 lanes one full 128-byte line.
+template <bool kDeterministic>
+__device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRowsV2& rows, int lane) {
+  using mla_bwd::detail::put_dkv;
+  using mla_bwd::detail::shfl_xor4;
+#if FLASHDSA_BWD_V2_NO_DKV  // measurement build only (scripts/bwd_v2_gpu.sh NO_REDS=1): no dkv writes, wrong dkv
+  return;
+#endif
+  const bool odd = (lane >> 2) & 1;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float4 piece[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      piece[m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
+                             acc[8 * m + 5 + 2 * half]);
+    const float4 got0 = shfl_xor4(odd ? piece[0] : piece[1], 4);
+    const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
+    const float4 a0 = odd ? got0 : piece[0], a1 = odd ? got1 : piece[2];  // row A, positions +0 / +32
+    const float4 b0 = odd ? piece[1] : got0, b1 = odd ? piece[3] : got1;  // row B
+    if (rows.valid[half][0]) {
+      float* const dst = dkv_row_ptr<kDeterministic>(rows, half, 0) + chunk * kColsPerBlock;
+      put_dkv<kDeterministic>(dst, a0);
+      put_dkv<kDeterministic>(dst + 32, a1);
+    }
+    if (rows.valid[half][1]) {
+      float* const dst = dkv_row_ptr<kDeterministic>(rows, half, 1) + chunk * kColsPerBlock;
+      put_dkv<kDeterministic>(dst, b0);
+      put_dkv<kDeterministic>(dst + 32, b1);
+    }
+  }
+}
+
+// Attention mass of one key block (as v1's emit_mass, on the front warpgroup).
+__device__ __forceinline__ void emit_mass(const MainParams& p, SmemPlanV2& sm, const Work& w, const float (&s)[32],
+                                          int2 slot, int warp, int lane) {
+  using mla_bwd::detail::mass_halve;
+  float v[16];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    v[2 * n] = s[4 * n] + s[4 * n + 2];
+    v[2 * n + 1] = s[4 * n + 1] + s[4 * n + 3];
+  }
+  mass_halve<8>(v, lane, 16);
+  mass_halve<4>(v, lane, 8);
+  mass_halve<2>(v, lane, 4);
+  if (warp > 0) *reinterpret_cast<float2*>(&sm.mass_part[warp - 1][2 * lane]) = make_float2(v[0], v[1]);
+  hw::named_bar_sync(kBarMass, 128);
+  if (warp != 0) return;
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    const float2 o = *reinterpret_cast<const float2*>(&sm.mass_part[k][2 * lane]);
+    v[0] += o.x;
+    v[1] += o.y;
+  }
+  float* const row = p.mass + w.token * int64_t(p.K);
+  if (p.mass_slots == nullptr) {
+    hw::red_add_v2(row + slot.x, make_float2(v[0], v[1]));
+  } else {
+    hw::red_add(row + slot.x, v[0]);
+    hw::red_add(row + slot.y, v[1]);
+  }
+}
+
+// Writes dQ blocks [first_block, first_block + kBlocks) of a natural-order [64 heads x 64 kBlocks]
+// fp32 accumulator as bf16 pairs.
+template <int kBlocks>
+__device__ __forceinline__ void store_dq(const float (&acc)[kBlocks * 32], __nv_bfloat16* dq_head0, int heads,
+                                         int first_block, int r0, int q4) {
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = r0 + 8 * half;
+      if (row >= heads) continue;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const float* a = acc + 32 * j + 4 * n + 2 * half;
+        *reinterpret_cast<uint32_t*>(dq_head0 + int64_t(row) * kQkCols + (first_block + j) * kColsPerBlock + 8 * n +
+                                     2 * q4) = hw::pack_bf16(a[0], a[1]);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t tile_pair_offset(int row, int n, int q4) {
+  return hw::sw128_offset(row, n) + 4 * q4;
+}
+
+// ---- front warpgroup ------------------------------------------------------------------------------
+template <bool kDeterministic>
+__device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
+  const Work w = make_work(p);
+  const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
+  const int r0 = 16 * warp + lane / 4;  // accumulator rows (heads) r0, r0 + 8
+  const int h0 = w.head_group * kHeadsPerCta;
+  const int32_t* idx_row = p.indices + w.local_token * p.indices_stride_t;
+  const int num_row_blocks = p.K / kBlockKeys;
+  const Copier cp(tid);
+  const uint32_t q_tile = hw::smem_u32(sm.q), do_tile = hw::smem_u32(sm.dout), kv_tile = hw::smem_u32(sm.kv);
+
+  // Q and dO (padded heads zero-filled, never read).
+#pragma unroll 1
+  for (int r = 0; r < 4; ++r) {
+    const int h = cp.rsub + 16 * r;
+    const bool real = h < w.heads;
+    const int hh = real ? h0 + h : 0;
+    cp.copy_row<kQkBlocks, kHeadsPerCta>(q_tile, r, p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h, real);
+    cp.copy_row<kVBlocks, kHeadsPerCta>(do_tile, r, p.dout + (w.token * p.H + hh) * int64_t(kVCols), real);
+  }
+  hw::cp_async_commit();
+  if (tid < kHeadsPerCta) {
+    const bool real = tid < w.heads;
+    const int64_t at = w.token * p.H + h0 + tid;
+    sm.lse2[tid] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);
+    sm.delta[tid] = real ? p.delta[at] : 0.f;
+  }
+
+  // Non-empty key blocks, rotated by the sweep phase (as v1's producer).
+  for (int blk = warp; blk < num_row_blocks; blk += 4) {
+    const bool v = key_valid(idx_row[blk * kBlockKeys + lane], p.T_kv) ||
+                   key_valid(idx_row[blk * kBlockKeys + 32 + lane], p.T_kv);
+    const bool any = __any_sync(0xffffffffu, v);
+    if (lane == 0) sm.block_list[blk] = any ? 1 : 0;
+  }
+  hw::named_bar_sync(kBarFront, 128);
+  if (warp == 0) {
+    uint32_t ballot[kMaxBlocksPerRow / 32];
+    int total = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxBlocksPerRow / 32; ++r) {
+      const int blk = 32 * r + lane;
+      ballot[r] = __ballot_sync(0xffffffffu, blk < num_row_blocks && sm.block_list[blk] != 0);
+      total += __popc(ballot[r]);
+    }
+    __syncwarp();
+    int rot = 0;
+    if (p.sweep_counter != nullptr && total > 0) {
+      const uint32_t issued = *reinterpret_cast<volatile uint32_t*>(p.sweep_counter);
+      const int position = static_cast<int>((issued / static_cast<uint32_t>(p.resident_ctas)) % num_row_blocks);
+      rot = position * total / num_row_blocks;
+    }
+    int before = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxBlocksPerRow / 32; ++r) {
+      if (ballot[r] >> lane & 1u) {
+        int pos = before + __popc(ballot[r] & ((1u << lane) - 1u)) - rot;
+        if (pos < 0) pos += total;
+        sm.block_list[pos] = static_cast<uint8_t>(32 * r + lane);
+      }
+      before += __popc(ballot[r]);
+    }
+    if (lane == 0) sm.num_blocks = total;
+  }
+  hw::named_bar_sync(kBarFront, 128);
+  hw::mbar_arrive(&sm.setup_full);
+  const int num_blocks = sm.num_blocks;
+  const bool sweep = p.sweep_counter != nullptr;
+
+  // Keys of this thread's gather rows rsub + 16 r of list entry i (-1 past the end).
+  auto load_keys = [&](int i, int32_t (&k)[4]) {
+    const int32_t* src = idx_row + (i < num_blocks ? sm.block_list[i] : 0) * kBlockKeys + cp.rsub;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) k[r] = i < num_blocks ? src[16 * r] : -1;
+  };
+  // Writes idx[i % 2], issues the gather of list entry i, then (sweep mode) counts the block and
+  // prefetches into L2 the dkv rows it will update and the kv rows of entry i + 1.
+  auto gather = [&](int i, const int32_t (&k)[4]) {
+    if (cp.chunk == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sm.idx[i & 1][cp.rsub + 16 * r] = k[r];
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const bool valid = key_valid(k[r], p.T_kv);
+      cp.copy_row<kQkBlocks, kBlockKeys>(kv_tile, r, p.kv + (valid ? int64_t(k[r]) : 0) * p.kv_stride_t, valid);
+    }
+    hw::cp_async_commit();
+    if (sweep) {
+      if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
+      // Warp w: keys 16w .. 16w + 15 of the block (lanes < 16).
+      const int32_t* row = idx_row + sm.block_list[i] * kBlockKeys + 16 * warp;
+      const int32_t mine = lane < 16 ? row[lane] : -1;
+      mla_bwd::detail::prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, mine, p.T_kv, lane);
+      if (i + 1 < num_blocks) {
+        const int32_t* nrow = idx_row + sm.block_list[i + 1] * kBlockKeys + 16 * warp;
+        const int32_t next = lane < 16 ? nrow[lane] : -1;
+        mla_bwd::detail::prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, next, p.T_kv, lane);
+      }
+    }
+  };
+
+  int32_t keys[4];
+  if (num_blocks > 0) {
+    load_keys(0, keys);
+    gather(0, keys);
+    load_keys(1, keys);
+  }
+
+  float dq[kFrontDqBlocks * 32];
+#pragma unroll
+  for (int i = 0; i < kFrontDqBlocks * 32; ++i) dq[i] = 0.f;
+  const float lse2_lo = sm.lse2[r0], lse2_hi = sm.lse2[r0 + 8];
+  const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
+  char* const p_tile = reinterpret_cast<char*>(sm.p);
+  char* const ds_tile = reinterpret_cast<char*>(sm.ds);
+
+#pragma unroll 1
+  for (int i = 0; i < num_blocks; ++i) {
+    const int st = i & 1;
+    // kv of block i (and, at i = 0, Q / dO) landed: own copies, then those of the other threads.
+    hw::cp_async_wait<0>();
+    hw::named_bar_sync(kBarFront, 128);
+    hw::fence_proxy_async();  // cp.async (generic proxy) data is read by wgmma (async proxy)
+    int2 mass_slot = make_int2(0, 0);
+    if (p.mass != nullptr && warp == 0) {
+      const int pos = sm.block_list[i] * kBlockKeys + 2 * lane;
+      if (p.mass_slots == nullptr) {
+        mass_slot = make_int2(pos, pos + 1);
+      } else {
+        const int64_t row0 = w.local_token * int64_t(p.K);
+        const int2 pair = *reinterpret_cast<const int2*>(p.mass_slots + row0 + pos);
+        mass_slot = make_int2(static_cast<int>(pair.x - row0), static_cast<int>(pair.y - row0));
+      }
+    }
+
+    float s[32], dp[32];  // S = Q . KV^T, dP = dO . V^T: [64 heads x 64 keys]
+    hw::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4 * kQkBlocks; ++ks)
+      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_k_major(sm.q, kHeadsPerCta, ks), desc_k_major(sm.kv, kBlockKeys, ks),
+                                   ks > 0);
+    hw::wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < 4 * kVBlocks; ++ks)
+      hw::wgmma_ss_m64n64k16<0, 0>(dp, desc_k_major(sm.dout, kHeadsPerCta, ks), desc_k_major(sm.kv, kBlockKeys, ks),
+                                   ks > 0);
+    hw::wgmma_commit();
+    hw::wgmma_wait<1>();
+    hw::fence_regs(s);
+
+    // P = exp(scale S - lse) on valid keys, 0 elsewhere (fp32, kept for dS and the mass).
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const int2 k2 = *reinterpret_cast<const int2*>(&sm.idx[st][8 * n + 2 * q4]);
+      const bool valid[2] = {key_valid(k2.x, p.T_kv), key_valid(k2.y, p.T_kv)};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[4 * n + e] = valid[e & 1] ? exp2f(fmaf(s[4 * n + e], p.scale_log2, -(e < 2 ? lse2_lo : lse2_hi))) : 0.f;
+    }
+    hw::wgmma_wait<0>();
+    hw::fence_regs(dp);
+    // dS = scale P (dP - Delta) from the fp32 P.
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      dp[4 * n + 0] = s[4 * n + 0] * (dp[4 * n + 0] - delta_lo) * p.scale;
+      dp[4 * n + 1] = s[4 * n + 1] * (dp[4 * n + 1] - delta_lo) * p.scale;
+      dp[4 * n + 2] = s[4 * n + 2] * (dp[4 * n + 2] - delta_hi) * p.scale;
+      dp[4 * n + 3] = s[4 * n + 3] * (dp[4 * n + 3] - delta_hi) * p.scale;
+    }
+    if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(s[4 * n], s[4 * n + 1]);
+      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0 + 8, n, q4)) =
+          hw::pack_bf16(s[4 * n + 2], s[4 * n + 3]);
+      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
+      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
+          hw::pack_bf16(dp[4 * n + 2], dp[4 * n + 3]);
+    }
+    hw::fence_proxy_async();  // the tiles are wgmma operands of the back warpgroup
+    hw::mbar_arrive(&sm.pds_full);
+
+    // dQ[:, 0:256) += dS . KV, A straight from the dS registers (converted before the fence).
+    uint32_t a[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) hw::acc_to_a_frag(dp, kk, a[kk]);
+    hw::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) hw::wgmma_rs_m64n256k16<1>(dq, a[kk], desc_mn_major(sm.kv, kBlockKeys, kk, 0), true);
+    hw::wgmma_commit();
+    // While the dQ wgmma runs: the block's attention mass (optional output). mass_part is rewritten
+    // only after the kBarFront barrier of block i + 1, which warp 0 reaches after reading it.
+    if (p.mass != nullptr) emit_mass(p, sm, w, s, mass_slot, warp, lane);
+    hw::wgmma_wait<0>();
+    hw::fence_regs(dq);
+
+    if (i + 1 < num_blocks) {
+      // The kv tile is free once the back's dQ of block i completed too; idx[(i + 1) % 2] was last
+      // read by the back for block i - 1, which it finished before arriving here.
+      hw::mbar_wait(&sm.kv_empty, i & 1);
+      gather(i + 1, keys);
+      load_keys(i + 2, keys);
+    }
+  }
+
+  hw::cp_async_wait<0>();  // an empty row never waited for its Q / dO copies: none may outlive the CTA
+  store_dq<kFrontDqBlocks>(dq, p.dq + (w.token * p.H + h0) * int64_t(kQkCols), w.heads, 0, r0, q4);
+}
+
+// ---- back warpgroup -------------------------------------------------------------------------------
+
+// Issues dKV chunk c = dS^T . Q[:, c] (+ P^T . dO[:, c] for value chunks) into acc (one commit group).
+template <int kChunk>
+__device__ __forceinline__ void issue_dkv_chunk(SmemPlanV2& sm, float (&acc)[32]) {
+  hw::wgmma_fence();
+#pragma unroll
+  for (int hk = 0; hk < 4; ++hk)
+    hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.ds, kHeadsPerCta, hk, 0),
+                                 desc_mn_major(sm.q, kHeadsPerCta, hk, kChunk), hk > 0);
+  if constexpr (kChunk < kVBlocks) {
+#pragma unroll
+    for (int hk = 0; hk < 4; ++hk)
+      hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.p, kHeadsPerCta, hk, 0),
+                                   desc_mn_major(sm.dout, kHeadsPerCta, hk, kChunk), true);
+  }
+  hw::wgmma_commit();
+}
+
+// Steady state for chunk c >= 2: issue chunk c into acc[c % 2], wait for chunk c - 1 (one group may
+// stay in flight), emit it.
+template <bool kDeterministic, int kChunk>
+__device__ __forceinline__ void dkv_step(SmemPlanV2& sm, float (&acc0)[32], float (&acc1)[32], const DkvRowsV2& rows,
+                                         int lane) {
+  float(&cur)[32] = (kChunk % 2 == 0) ? acc0 : acc1;
+  float(&prev)[32] = (kChunk % 2 == 0) ? acc1 : acc0;
+  issue_dkv_chunk<kChunk>(sm, cur);
+  hw::wgmma_wait<1>();
+  hw::fence_regs(prev);
+  emit_dkv_chunk<kDeterministic>(prev, kChunk - 1, rows, lane);
+}
+
+template <bool kDeterministic>
+__device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  float dq_a[4 * 32], dq_b[32];  // dQ columns [256, 512) and [512, 576)
+#pragma unroll
+  for (int i = 0; i < 4 * 32; ++i) dq_a[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq_b[i] = 0.f;
+
+  hw::mbar_wait(&sm.setup_full, 0);
+  const int num_blocks = sm.num_blocks;
+
+#pragma unroll 1
+  for (int i = 0; i < num_blocks; ++i) {
+    const uint32_t ph = i & 1;
+    hw::mbar_wait(&sm.pds_full, ph);
+    hw::fence_proxy_async();
+    const DkvRowsV2 rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
+
+    float acc0[32], acc1[32];
+    issue_dkv_chunk<0>(sm, acc0);
+    // dQ[:, 256:576) += dS . KV (A = dS tile, K-major; B = kv, MN-major).
+    hw::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t a = desc_k_major(sm.ds, kHeadsPerCta, kk);
+      hw::wgmma_ss_m64n256k16<0, 1>(dq_a, a, desc_mn_major(sm.kv, kBlockKeys, kk, kFrontDqBlocks), true);
+      hw::wgmma_ss_m64n64k16<0, 1>(dq_b, a, desc_mn_major(sm.kv, kBlockKeys, kk, kFrontDqBlocks + 4), true);
+    }
+    hw::wgmma_commit();
+    issue_dkv_chunk<1>(sm, acc1);
+    hw::wgmma_wait<2>();  // chunk 0
+    hw::fence_regs(acc0);
+    emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
+    issue_dkv_chunk<2>(sm, acc0);
+    hw::wgmma_wait<2>();  // dQ: the kv tile is no longer read by this warpgroup
+    hw::fence_regs(dq_a);
+    hw::fence_regs(dq_b);
+    hw::mbar_arrive(&sm.kv_empty);
+    hw::wgmma_wait<1>();  // chunk 1
+    hw::fence_regs(acc1);
+    emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
+    dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane);
+    hw::wgmma_wait<0>();  // chunk 8: the last read of the P and dS tiles
+    hw::fence_regs(acc0);
+    hw::mbar_arrive(&sm.tiles_free);
+    emit_dkv_chunk<kDeterministic>(acc0, 8, rows, lane);
+  }
+
+  const Work w = make_work(p);
+  const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
+  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4>(dq_a, dq_head0, w.heads, kFrontDqBlocks, r0, q4);
+  store_dq<1>(dq_b, dq_head0, w.heads, kFrontDqBlocks + 4, r0, q4);
+}
+
+}  // namespace detail
+
+// grid = (tokens of this launch, ceil(H / 64)), v2::kThreads, v2::kSmemBytes dynamic.
+template <bool kDeterministic>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v2(const __grid_constant__ MainParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  SmemPlanV2& sm =
+      *reinterpret_cast<SmemPlanV2*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  if (threadIdx.x == 0) {
+    hw::mbar_init(&sm.setup_full, 128);
+    hw::mbar_init(&sm.pds_full, 128);
+    hw::mbar_init(&sm.kv_empty, 128);
+    hw::mbar_init(&sm.tiles_free, 128);
+    hw::mbar_fence_init();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (wg == 0) detail::front<kDeterministic>(p, sm, tid);
+  else detail::back<kDeterministic>(p, sm, tid);
+}
+
+// dkv [rows, 576] fp32, in place: stored position v2_dkv_pos(c) -> column c. One thread per
+// 16-column group (64 bytes in, 64 bytes out).
+__global__ void v2_unpermute_kernel(float* __restrict__ dkv, int64_t rows) {
+  constexpr int kGroups = kQkCols / 16;
+  const int64_t n = rows * kGroups;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < n; g += int64_t(gridDim.x) * blockDim.x) {
+    float4* const at = reinterpret_cast<float4*>(dkv + g * 16);
+    float in[16], out[16];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 v = at[j];
+      in[4 * j] = v.x, in[4 * j + 1] = v.y, in[4 * j + 2] = v.z, in[4 * j + 3] = v.w;
+    }
+#pragma unroll
+    for (int c = 0; c < 16; ++c) out[c] = in[v2_dkv_pos(c)];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) at[j] = make_float4(out[4 * j], out[4 * j + 1], out[4 * j + 2], out[4 * j + 3]);
+  }
+}
+
+}  // namespace v2
+}  // namespace flashdsa::sm90::mla_bwd

@@ -1,0 +1,53 @@
+"""The Megatron backend's FP8 selection switch ($FLASHDSA_INDEXER_SELECTION, docs/megatron.md): the
+hooks run the indexer's selection pass the variable names (CPU; Megatron itself is not needed)."""
+
+import pytest
+import torch
+
+import flashdsa
+from flashdsa.megatron import hooks
+
+pytestmark = pytest.mark.kernels("indexer_topk", "indexer_topk_fp8", "quantize_fp8")
+
+
+def megatron_indexer_inputs(sq=900, b=1, h_i=4, d_i=32, seed=0):
+    """Megatron's layouts: q [sq, b, H_I, D_I], k [sq, b, D_I], weights [sq, b, H_I], causal bounds."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(sq, b, h_i, d_i, generator=gen).to(torch.bfloat16)
+    k = (torch.randn(sq, b, d_i, generator=gen) * torch.exp(torch.randn(sq, b, 1, generator=gen))).to(torch.bfloat16)
+    w = torch.randn(sq, b, h_i, generator=gen) * 0.2
+    starts = torch.zeros(sq, dtype=torch.int32)
+    ends = torch.arange(1, sq + 1, dtype=torch.int32)
+    return q, k, w, starts, ends
+
+
+def test_selection_variable(monkeypatch):
+    monkeypatch.delenv(hooks.SELECTION_ENV, raising=False)
+    assert hooks.indexer_selection() == "bf16"
+    monkeypatch.setenv(hooks.SELECTION_ENV, "FP8")
+    assert hooks.indexer_selection() == "fp8"
+    monkeypatch.setenv(hooks.SELECTION_ENV, "int4")
+    with pytest.raises(ValueError, match="selection"):
+        hooks.indexer_selection()
+
+
+def test_qk_topk_hook_follows_the_variable(monkeypatch):
+    q, k, w, starts, ends = megatron_indexer_inputs()
+    topk = 64
+    k_start, k_end = starts, ends
+    fp8, _ = flashdsa.indexer_topk(q[:, 0], k[:, 0], w[:, 0], k_start, k_end, topk, selection="fp8")
+    bf16, _ = flashdsa.indexer_topk(q[:, 0], k[:, 0], w[:, 0], k_start, k_end, topk)
+    # The hook's indexer call, recorded (the selections may well agree on such data).
+    seen = []
+    real = hooks._ops.indexer_topk
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("selection", "bf16"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hooks._ops, "indexer_topk", spy)
+    for selection, want in (("bf16", bf16), ("fp8", fp8)):
+        monkeypatch.setenv(hooks.SELECTION_ENV, selection)
+        got, _ = hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+        assert torch.equal(got[0], want), selection
+        assert seen[-1] == selection

@@ -1,0 +1,243 @@
+"""The FP8 (e4m3) selection pass of flashdsa.indexer_topk and flashdsa.quantize_indexer_fp8
+(docs/spec.md §3 "FP8 selection"): quantization against torch's float8 cast, the selection against
+the contract's reference (candidates bitwise, final top-K exactly), recall of the exact top-K."""
+
+import math
+
+import pytest
+import torch
+
+import flashdsa
+import reference as ref
+
+pytestmark = pytest.mark.kernels("indexer_topk_fp8", "quantize_fp8", "indexer_topk")
+
+
+def codes(x: torch.Tensor) -> torch.Tensor:
+    """The raw e4m3 bytes of a float8_e4m3fn tensor (NaN codes compare equal)."""
+    return x.view(torch.uint8)
+
+
+def realistic_indexer(T: int, T_kv: int, H_I: int, D_I: int, *, dtype=torch.bfloat16, device="cpu"):
+    """Indexer inputs with the spread of trained activations: per-token norms varying over a factor of
+    ~8 (log-normal), a few outlier channels 10x larger (the case per-row scaling must absorb), and
+    signed weights of scale (H_I · D_I)^-1/2."""
+    def rows(n, *shape):
+        x = torch.randn(n, *shape, D_I)
+        x = x * torch.exp(0.7 * torch.randn(n, *shape, 1))
+        x[..., :3] *= 10.0
+        return x.to(dtype).to(device)
+    q_idx = rows(T, H_I)
+    k_idx = rows(T_kv)
+    weights = (torch.randn(T, H_I) * (H_I * D_I) ** -0.5).to(device)
+    return q_idx, k_idx, weights
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantization
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_quantize_matches_torch_cast_and_error_bound(device, dtype):
+    if device == "cuda" and dtype != torch.bfloat16:
+        pytest.skip("the CUDA quantizer takes bf16")
+    q = (torch.randn(37, 5, 64) * torch.exp(2 * torch.randn(37, 5, 1))).to(dtype)
+    q[3, 1] = 0  # a zero row: scale 1, zero codes
+    q[4, 2, 7] = 1e-30 if dtype != torch.bfloat16 else 0  # a tiny value next to normal ones (subnormal/zero code)
+    k = torch.randn(50, 64, dtype=dtype)
+    q8, qs, k8, ks = flashdsa.quantize_indexer_fp8(q.to(device), k.to(device))
+    assert q8.dtype == torch.float8_e4m3fn and q8.shape == q.shape and qs.shape == (37, 5) and qs.dtype == torch.float32
+    assert k8.shape == k.shape and ks.shape == (50,)
+    for x, x8, scale in ((q, q8.cpu(), qs.cpu()), (k, k8.cpu(), ks.cpu())):
+        want8, want_scale = ref.quantize_fp8(x)
+        assert torch.equal(scale, want_scale)
+        assert torch.equal(codes(x8), codes(want8))
+        # Round trip: relative error <= 2^-4 for normal codes, absolute <= scale * 2^-10 below.
+        deq = x8.double() * scale.double()[..., None]
+        err = (deq - x.double()).abs()
+        bound = torch.maximum(x.double().abs() * 2.0**-4, scale.double()[..., None] * 2.0**-10)
+        assert (err <= bound * (1 + 1e-6)).all(), f"max error / bound {(err / bound).max():.3f}"
+        assert (x8.float().abs().amax(-1) <= 448).all()
+    assert qs[3, 1] == 1 and (q8[3, 1].float() == 0).all()
+    # The row maximum lands on +-448 exactly.
+    assert torch.equal(q8.float().abs().amax(-1)[qs != 1].cpu(), torch.full_like(qs[qs != 1].cpu(), 448.0))
+
+
+def test_quantize_nonfinite_rows_and_strides(device):
+    q = torch.randn(6, 4, 32, dtype=torch.bfloat16)
+    q[1, 2, 5] = float("nan")
+    q[2, 0, 0] = float("inf")
+    k = torch.randn(9, 2, 32, dtype=torch.bfloat16)[:, 1]  # strided rows
+    k[4, 31] = float("-inf")
+    q8, qs, k8, ks = flashdsa.quantize_indexer_fp8(q.to(device), k.to(device))
+    qs, ks, q8, k8 = qs.cpu(), ks.cpu(), q8.cpu(), k8.cpu()
+    bad_q = torch.zeros(6, 4, dtype=torch.bool)
+    bad_q[1, 2] = bad_q[2, 0] = True
+    assert torch.isnan(qs[bad_q]).all() and torch.isfinite(qs[~bad_q]).all()
+    assert torch.isnan(q8[bad_q].float()).all() and not torch.isnan(q8[~bad_q].float()).any()
+    assert torch.isnan(ks[4]) and torch.isnan(k8[4].float()).all() and torch.isfinite(ks[torch.arange(9) != 4]).all()
+    want8, want_scale = ref.quantize_fp8(k)
+    assert torch.equal(codes(k8), codes(want8)) and torch.equal(ks.isnan(), want_scale.isnan())
+
+
+def test_quantize_rejects_bad_input():
+    with pytest.raises(ValueError, match="dtype"):
+        flashdsa.quantize_indexer_fp8(torch.randn(2, 2, 8), torch.randn(2, 8, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        flashdsa.quantize_indexer_fp8(torch.randn(2, 8), torch.randn(2, 8))
+    with pytest.raises(ValueError, match="torch.int32"):
+        torch.ops.flashdsa.quantize_fp8(torch.zeros(2, 8, dtype=torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection against the contract
+
+
+def expected_fp8_selection(q_idx, k_idx, weights, k_start, k_end, topk, relu, candidates):
+    """(indices sets, {(t, key): exact score}) of the contract: the reference candidates (bitwise),
+    ranked by the exact scores the bf16 op itself computes (its scores of every visible key)."""
+    cand = ref.fp8_candidates(q_idx, k_idx, weights, k_start, k_end, relu, candidates)
+    T_kv = k_idx.shape[0]
+    all_idx, all_scores = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, T_kv, relu=relu)
+    expected = []
+    for t in range(q_idx.shape[0]):
+        n = int(k_end[t] - k_start[t])
+        exact = {int(i): float(s) for i, s in zip(all_idx[t, :n].tolist(), all_scores[t, :n].tolist())}
+        keys = cand[t].tolist()
+        # NaN first, then larger, then smaller key (the CPU order)
+        keys.sort(key=lambda s: (0 if math.isnan(exact[s]) else 1, -exact[s] if not math.isnan(exact[s]) else 0, s))
+        expected.append((sorted(keys[:topk]), exact))
+    return expected
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("candidates", [0, 64, 100])
+def test_fp8_selection_equals_contract(relu, candidates):
+    """CPU: indices and scores equal the contract exactly: the reference's FP8 candidates (bitwise
+    fp64 scores), re-scored by the bf16 op's own arithmetic, best K in increasing key order."""
+    topk = 64
+    k_start, k_end = ref.causal_ranges([700, 90, 1, 400])
+    T = k_start.shape[0]
+    q_idx, k_idx, weights = realistic_indexer(T, T, 8, 32)
+    k_start[5], k_end[5] = 10, 10  # an empty row
+    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, relu=relu, selection="fp8",
+                                    fp8_candidates=candidates or None)
+    C = candidates or flashdsa.fp8_selection_candidates(topk)
+    assert C == (candidates or 64 + 256)
+    expected = expected_fp8_selection(q_idx, k_idx, weights, k_start, k_end, topk, relu, C)
+    for t, (keys, exact) in enumerate(expected):
+        n = len(keys)
+        assert idx[t, :n].tolist() == keys, f"row {t}"
+        assert (idx[t, n:] == -1).all() and torch.isneginf(sc[t, n:]).all()
+        assert sc[t, :n].tolist() == [exact[s] for s in keys], f"row {t}: scores are not the exact ones"
+
+
+def test_fp8_selection_short_rows_equal_bf16():
+    """Rows with at most `candidates` visible keys get exactly the bf16 result (fp32 activations too)."""
+    k_start, k_end = ref.causal_ranges([200, 57])
+    T = k_start.shape[0]
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        q_idx, k_idx, weights = realistic_indexer(T, T, 4, 16, dtype=dtype)
+        weights = weights.to(torch.float64 if dtype == torch.float64 else torch.float32)
+        exact = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, 64)
+        fp8 = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, 64, selection="fp8", fp8_candidates=200)
+        assert torch.equal(exact[0], fp8[0]) and torch.equal(exact[1], fp8[1])
+        assert fp8[1].dtype == exact[1].dtype
+
+
+def recall_of_exact(idx_fp8, idx_exact, k_start, k_end, topk):
+    """Per-row |fp8 ∩ exact| / min(K, visible) (rows with a visible key)."""
+    out = []
+    for t in range(idx_fp8.shape[0]):
+        n = min(topk, int(k_end[t] - k_start[t]))
+        if n == 0:
+            continue
+        a = set(idx_fp8[t, :n].tolist())
+        b = set(idx_exact[t, :n].tolist())
+        out.append(len(a & b) / n)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_fp8_selection_recall():
+    """Recall of the exact (bf16) top-K on realistic data: the last 192 rows of a 4096-key causal
+    sequence (n = 3905…4096 visible keys, K = 256, H_I = 16, D_I = 64). Plain FP8 selection (no
+    margin) misses a few keys near the K-th score; the default margin (256 → 512 candidates) recovers
+    them. Measured (seeded data): no margin mean ≈ 0.985, min row ≈ 0.95; default mean ≥ 0.9999,
+    min row ≥ 0.996. The asserted bounds leave room for other seeds."""
+    T_kv, rows, topk = 4096, 192, 256
+    k_start = torch.zeros(rows, dtype=torch.int32)
+    k_end = torch.arange(T_kv - rows + 1, T_kv + 1, dtype=torch.int32)
+    q_idx, k_idx, weights = realistic_indexer(rows, T_kv, 16, 64)
+    exact, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk)
+    plain, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8",
+                                     fp8_candidates=topk)
+    fp8, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8")
+    r_plain = recall_of_exact(plain, exact, k_start, k_end, topk)
+    r_fp8 = recall_of_exact(fp8, exact, k_start, k_end, topk)
+    print(f"recall: no margin mean {r_plain.mean():.5f} min {r_plain.min():.4f}; "
+          f"default margin mean {r_fp8.mean():.5f} min {r_fp8.min():.4f}")
+    assert r_plain.mean() < 1.0, "the test data must be hard enough for the FP8 pass to misrank keys"
+    assert r_fp8.mean() >= 0.999 and r_fp8.min() >= 0.98
+    assert r_fp8.mean() > r_plain.mean()
+
+
+def test_fp8_selection_nan_rules():
+    """A NaN in a q_idx row: that row selects min(K, visible) keys with NaN scores. A NaN k_idx row:
+    every row that sees the key selects it with a NaN score (docs/reliability.md)."""
+    k_start, k_end = ref.causal_ranges([1000])
+    q_idx, k_idx, weights = realistic_indexer(1000, 1000, 4, 32)
+    q_idx[900, 1, 3] = float("nan")
+    k_idx[500, 0] = float("nan")
+    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, 64, selection="fp8")
+    assert torch.isnan(sc[900]).all() and (idx[900] >= 0).all()
+    for t in (500, 700, 999):
+        row = idx[t].tolist()
+        assert 500 in row and math.isnan(sc[t, row.index(500)])
+        assert torch.isfinite(sc[t, [j for j in range(64) if row[j] != 500]]).all()
+    assert 500 not in idx[499].tolist()
+
+
+def test_fp8_selection_rejects_bad_options():
+    k_start, k_end = ref.causal_ranges([100])
+    q_idx, k_idx, weights = realistic_indexer(100, 100, 4, 16)
+    with pytest.raises(ValueError, match="selection"):
+        flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, 64, selection="fp16")
+    with pytest.raises(ValueError, match="candidates"):
+        flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, 64, selection="fp8", fp8_candidates=10)
+    with pytest.raises(ValueError, match="fp8_candidates"):
+        flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, 64, fp8_candidates=100)
+
+
+def test_fp8_selection_cuda_recall_and_exact_scores(device):
+    """CUDA (sm90 FP8 kernel): recall of the CUDA bf16 top-K >= 0.99 on realistic data, and every
+    returned score is the exact score of its key (sampled rows)."""
+    if device != "cuda":
+        pytest.skip("the CPU path is checked against the contract above")
+    T, topk = 4096, 256
+    k_start, k_end = ref.causal_ranges([T])
+    q_idx, k_idx, weights = realistic_indexer(T, T, 32, 128, device=device)
+    exact, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start.to(device), k_end.to(device), topk)
+    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start.to(device), k_end.to(device), topk,
+                                    selection="fp8")
+    rec = recall_of_exact(idx.cpu(), exact.cpu(), k_start, k_end, topk)
+    print(f"cuda fp8 recall mean {rec.mean():.5f} min {rec.min():.4f}")
+    assert rec.mean() >= 0.99
+    # Every returned score is the exact score of its key (sampled rows).
+    q_c, k_c, w_c = q_idx.cpu(), k_idx.cpu(), weights.cpu()
+    for t in range(0, T, 97):
+        n = min(topk, int(k_end[t] - k_start[t]))
+        keys = idx[t, :n].long().cpu()
+        want = ref.indexer_logits(q_c[t:t + 1], k_c[keys][None], w_c[t:t + 1], True)[0]
+        tol = 1e-5 * (1 + want.abs().max().item())
+        assert (sc[t, :n].cpu().double() - want).abs().max() <= tol, f"row {t}"
+
+
+def test_cuda_fp8_selection_is_refused_unless_experimental_is_set(monkeypatch):
+    """Until validated on a GPU, the CUDA FP8 path answers NotSupported naming the switch."""
+    if not torch.cuda.is_available() or not flashdsa.built_with_cuda():
+        pytest.skip("needs a CUDA device and a CUDA build")
+    monkeypatch.delenv("FLASHDSA_EXPERIMENTAL_FP8", raising=False)
+    q = torch.randn(128, 32, 128, device="cuda").bfloat16()
+    k = torch.randn(128, 128, device="cuda").bfloat16()
+    with pytest.raises(Exception, match="FLASHDSA_EXPERIMENTAL_FP8"):
+        flashdsa.quantize_indexer_fp8(q, k)
