@@ -39,16 +39,23 @@ _peers_main() {
     # 2. Unpack each complete set once.
     for s in cudnn tilelang flashmla; do
         if [ -e "$peers/$s/.unpacked" ]; then status+=("$s: unpacked earlier"); continue; fi
-        local parts=() expected=0 missing=() bad=()
+        local parts=() listed=() expected=0 missing=() bad=()
         if [ -f "$manifest" ]; then
             while read -r name _ sum; do
                 case $name in "$s".tar.xz|"$s".tar.xz.part*) ;; *) continue ;; esac
                 expected=$((expected + 1))
+                listed+=("$peers/parts/$name")
                 if [ ! -f "$peers/parts/$name" ]; then missing+=("$name"); continue; fi
                 [ "$(sha256sum "$peers/parts/$name" | cut -d' ' -f1)" = "$sum" ] || bad+=("$name")
             done < "$manifest"
         fi
-        for f in "$peers/parts/$s".tar.xz "$peers/parts/$s".tar.xz.part*; do [ -e "$f" ] && parts+=("$f"); done
+        if [ "$expected" -gt 0 ]; then
+            # Only what the manifest lists: parts of an earlier staging left in $peers/parts
+            # (e.g. split parts before a one-archive set) must not be joined in.
+            for f in "${listed[@]}"; do [ -e "$f" ] && parts+=("$f"); done
+        else
+            for f in "$peers/parts/$s".tar.xz "$peers/parts/$s".tar.xz.part*; do [ -e "$f" ] && parts+=("$f"); done
+        fi
         if [ ${#parts[@]} -eq 0 ]; then status+=("$s: no parts yet"); continue; fi
         if [ ${#missing[@]} -gt 0 ]; then status+=("$s: waiting for ${missing[*]}"); continue; fi
         if [ ${#bad[@]} -gt 0 ]; then status+=("$s: checksum mismatch in ${bad[*]} (stage again)"); continue; fi
