@@ -9,7 +9,11 @@
 # Idempotent, and made for parts that arrive over several device calls: each call's parts are copied
 # to /tmp/peers/parts (which lasts while the machine stays up); a set is unpacked into /tmp/peers/<set>
 # once all its parts (listed in .peers/MANIFEST with their sha256) are there; what is already unpacked
-# or built is skipped. FlashMLA's SM90 sparse prefill kernel and our op around it
+# or built is skipped. Right after unpacking, an import check of each unpacked set (cudnn: tvm_ffi,
+# cutlass, cudnn, the three cudnn.deepseek_sparse_attention wrappers; tilelang: z3, tvm_ffi, tilelang,
+# megatron.core and its five TileLang DSA kernel modules, the CUTLASS and template include roots)
+# prints one line per module (version, folder) or FAILED with the error; PEERS_CHECK_TIMEOUT (240 s)
+# bounds each set's check. FlashMLA's SM90 sparse prefill kernel and our op around it
 # (bench/peers/flashmla_binding.cpp) are built into /tmp/peers/flashmla/build. Writes
 # /tmp/peers/env.sh (the PYTHONPATH of the sets present) and prints a status table last.
 # FLASHDSA_PEERS_DIR moves /tmp/peers; PEERS_SKIP_BUILD=1 skips the FlashMLA build; PEERS_BUILD_TIMEOUT
@@ -35,23 +39,30 @@ _peers_main() {
     # 2. Unpack each complete set once.
     for s in cudnn tilelang flashmla; do
         if [ -e "$peers/$s/.unpacked" ]; then status+=("$s: unpacked earlier"); continue; fi
-        local parts=() expected=0 missing=() bad=()
+        local parts=() listed=() expected=0 missing=() bad=()
         if [ -f "$manifest" ]; then
-            while read -r name size sum; do
+            while read -r name _ sum; do
                 case $name in "$s".tar.xz|"$s".tar.xz.part*) ;; *) continue ;; esac
                 expected=$((expected + 1))
+                listed+=("$peers/parts/$name")
                 if [ ! -f "$peers/parts/$name" ]; then missing+=("$name"); continue; fi
                 [ "$(sha256sum "$peers/parts/$name" | cut -d' ' -f1)" = "$sum" ] || bad+=("$name")
             done < "$manifest"
         fi
-        for f in "$peers/parts/$s".tar.xz "$peers/parts/$s".tar.xz.part*; do [ -e "$f" ] && parts+=("$f"); done
+        if [ "$expected" -gt 0 ]; then
+            # Only what the manifest lists: parts of an earlier staging left in $peers/parts
+            # (e.g. split parts before a one-archive set) must not be joined in.
+            for f in "${listed[@]}"; do [ -e "$f" ] && parts+=("$f"); done
+        else
+            for f in "$peers/parts/$s".tar.xz "$peers/parts/$s".tar.xz.part*; do [ -e "$f" ] && parts+=("$f"); done
+        fi
         if [ ${#parts[@]} -eq 0 ]; then status+=("$s: no parts yet"); continue; fi
         if [ ${#missing[@]} -gt 0 ]; then status+=("$s: waiting for ${missing[*]}"); continue; fi
         if [ ${#bad[@]} -gt 0 ]; then status+=("$s: checksum mismatch in ${bad[*]} (stage again)"); continue; fi
         if [ "$expected" -eq 0 ] && [ "${parts[0]##*.}" != "xz" ]; then
             status+=("$s: split parts but no MANIFEST: cannot tell whether all arrived"); continue
         fi
-        rm -rf "$peers/$s"; mkdir -p "$peers/$s"
+        rm -rf "${peers:?}/$s"; mkdir -p "$peers/$s"
         local target=$peers/$s
         [ "$s" = flashmla ] && target=$peers/$s/src && mkdir -p "$target"
         if cat "${parts[@]}" | tar -xJ -C "$target"; then
@@ -60,6 +71,57 @@ _peers_main() {
         else
             status+=("$s: unpack FAILED")
         fi
+    done
+    # 2b. Import check of each unpacked set, first thing (before the FlashMLA build): shows at once
+    # whether a set arrived whole (module versions and where they load from).
+    local path=""
+    [ -e "$peers/cudnn/.unpacked" ] && path="$peers/cudnn:$peers/cudnn/nvidia_cutlass_dsl/dsl_packages"
+    [ -e "$peers/tilelang/.unpacked" ] && path="${path:+$path:}$peers/tilelang"
+    echo "peers_gpu: import check (PYTHONPATH=${path:-<none>})"
+    for s in cudnn tilelang; do
+        if [ ! -e "$peers/$s/.unpacked" ]; then echo "  $s: not unpacked"; continue; fi
+        (cd "$root" && PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" TILELANG_CACHE_DIR="$peers/tilelang_cache" \
+            timeout "${PEERS_CHECK_TIMEOUT:-240}" python3 - "$s" <<'PYEOF'
+import importlib, os, sys, time
+from importlib.metadata import version
+
+CHECKS = {  # module, distribution (for the version), attributes that must resolve
+    "cudnn": [("tvm_ffi", "apache-tvm-ffi", ()), ("cutlass", "nvidia-cutlass-dsl", ()), ("cutlass.cute", None, ()),
+              ("cudnn", "nvidia-cudnn-frontend", ()),
+              ("cudnn.deepseek_sparse_attention", None,
+               ("sparse_attention_backward_wrapper", "indexer_forward_wrapper", "indexer_top_k_wrapper"))],
+    "tilelang": [("z3", "z3-solver", ()), ("tvm_ffi", "apache-tvm-ffi", ()), ("tilelang", "tilelang", ()),
+                 ("megatron.core", "megatron-core", ())]
+                + [(f"megatron.core.transformer.experimental_attention_variant.ops.{m}", None, (a,)) for m, a in (
+                    ("tilelang_sparse_mla_fwd", "sparse_mla_fwd_interface"), ("tilelang_sparse_mla_bwd", "sparse_mla_bwd"),
+                    ("sparse_mla", "SparseMLA"), ("tilelang_indexer_fwd", "indexer_fwd_interface"),
+                    ("tilelang_dsa", "fused_qk_topk_lighting"))],
+}
+key, failed = sys.argv[1], 0
+for module, dist, attrs in CHECKS[key]:
+    start = time.time()
+    try:
+        m = importlib.import_module(module)
+        missing = [a for a in attrs if getattr(m, a, None) is None]
+        if missing:
+            raise ImportError(f"{', '.join(missing)} missing or None")
+        where = os.path.dirname(getattr(m, "__file__", None) or "?")
+        ver = version(dist) if dist else ""
+        print(f"  {key}: ok     {module} {ver} ({where}; {time.time() - start:.1f} s)")
+    except Exception as error:  # noqa: BLE001 - report every module
+        failed += 1
+        line = (str(error).strip().splitlines() or [""])[0][:200]
+        print(f"  {key}: FAILED {module}: {type(error).__name__}: {line}")
+if key == "tilelang" and not failed:
+    from tilelang import env
+    for what, folder, probe in (("CUTLASS include", env.CUTLASS_INCLUDE_DIR, "cute/tensor.hpp"),
+                                ("TileLang templates", env.TILELANG_TEMPLATE_PATH, "tl_templates/cuda/common.h")):
+        ok = bool(folder) and os.path.isfile(os.path.join(folder, probe))
+        failed += not ok
+        print(f"  {key}: {'ok    ' if ok else 'FAILED'} {what} {folder} ({probe} {'found' if ok else 'missing'})")
+sys.exit(1 if failed else 0)
+PYEOF
+        ) || echo "  $s: import check FAILED (see above; 124: PEERS_CHECK_TIMEOUT)"
     done
     # 3. Build FlashMLA's SM90 sparse prefill + our op (skipped when built).
     if [ -e "$peers/flashmla/.unpacked" ] && [ -n "${PEERS_SKIP_BUILD:-}" ]; then
@@ -76,10 +138,7 @@ _peers_main() {
         fi
     fi
     [ -n "${OUT:-}" ] && [ -f "$peers/flashmla/build.log" ] && cp -f "$peers/flashmla/build.log" "$OUT/flashmla_build.log"
-    # 4. The environment of the peers present.
-    local path=""
-    [ -e "$peers/cudnn/.unpacked" ] && path="$peers/cudnn:$peers/cudnn/nvidia_cutlass_dsl/dsl_packages"
-    [ -e "$peers/tilelang/.unpacked" ] && path="${path:+$path:}$peers/tilelang"
+    # 4. The environment of the peers present (PYTHONPATH as in the import check).
     {
         echo "export FLASHDSA_PEERS_DIR=$peers"
         echo "export TILELANG_CACHE_DIR=$peers/tilelang_cache"

@@ -1,45 +1,81 @@
 #!/usr/bin/env bash
 # Prepares the public peers for the GPU machine (which has no network) in the git-ignored folder
-# .peers/ of the repository root: compressed parts of at most 40 MiB each, to be carried in a few
-# device calls and unpacked there by scripts/peers_gpu.sh. Run HERE (a machine with PyPI access and
-# the `fetch` mirrors of deepseek-ai/FlashMLA and NVIDIA/cutlass). Nothing is vendored: .peers/ is
-# ignored by git and only travels to the GPU machine.
+# .peers/ of the repository root: one compressed archive per set, to be carried in the device calls
+# and unpacked there by scripts/peers_gpu.sh. Run HERE (a machine with PyPI access and the `fetch`
+# mirrors of deepseek-ai/FlashMLA and NVIDIA/cutlass). Nothing is vendored: .peers/ is ignored by
+# git and only travels to the GPU machine.
 #
-#   bash scripts/peers_stage.sh            # all sets
-#   bash scripts/peers_stage.sh cudnn      # only some: cudnn tilelang flashmla
+#   bash scripts/peers_stage.sh              # all sets, slim (default)
+#   bash scripts/peers_stage.sh cudnn        # only some: cudnn tilelang flashmla
+#   bash scripts/peers_stage.sh --full ...   # the packages as pip installs them, xz -6, 40 MiB parts
 #
-# Sets (each a tar.xz, split into NAME.tar.xz.partNN when larger than 40 MiB):
+# Sets (each one tar.xz; split into NAME.tar.xz.partNN only when larger than PEERS_PART_MIB):
 #   cudnn    : site-packages (Python 3.12, x86_64) of nvidia-cudnn-frontend 1.32.0, nvidia-cutlass-dsl
 #              4.8.1 (+ -libs-base, -libs-core, -libs-cu13), apache-tvm-ffi 0.1.12
 #   tilelang : site-packages of tilelang 0.1.15, apache-tvm-ffi 0.1.12, torch-c-dlpack-ext 0.1.5,
 #              z3-solver 4.15.4.0 and megatron-core 0.19.2 (its TileLang DSA kernels)
 #   flashmla : deepseek-ai/FlashMLA source (git archive of the mirror) + CUTLASS include/ and
 #              tools/util/include/ at the commit FlashMLA's csrc/cutlass submodule pins
+#
+# Slim (the default) keeps every file that the code paths we run load, import or include, and
+# makes the sets 29% smaller (119.6 -> 85.2 MiB: cudnn 53.5, tilelang 30.6, flashmla 1.1 MiB;
+# docs/benchmarks.md, "Bringing the peers to the GPU machine"):
+#   - removes files no run of ours needs (slim_cudnn / slim_tilelang below: each with its reason);
+#   - identical large files become hard links (tar stores the data once and recreates the link);
+#   - strips the static symbol table of libz3 only (its dynamic symbols and dynamic section are
+#     checked unchanged; the CuTe DSL binaries are never touched: cutlass checks their sha256);
+#   - one solid xz stream per set with the x86 branch filter and a 256 MiB dictionary
+#     (preset 9; PEERS_XZ overrides the xz options; about 20-25 minutes per set on 2 busy cores,
+#     2.7 GiB of memory).
+# Then it verifies the slim tree statically (verify_slim): every ELF file's NEEDED libraries are in
+# the set or are system / CUDA / torch libraries, and no remaining Python file imports a removed
+# module. PEERS_WORK (/tmp/peers_stage) holds the installed trees; PEERS_REUSE=1 re-uses an
+# installed tree there instead of installing again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 STAGE=$ROOT/.peers
 WORK=${PEERS_WORK:-/tmp/peers_stage}
 PY=${PYTHON:-python3}
-PART_MIB=${PEERS_PART_MIB:-40}
 FLASHMLA_MIRROR=${FLASHMLA_MIRROR:-/work/.mirror/deepseek-ai+FlashMLA/repo}
 CUTLASS_MIRROR=${CUTLASS_MIRROR:-/work/.mirror/NVIDIA+cutlass/repo}
 FLASHMLA_REF=${FLASHMLA_REF:-HEAD}
+
+SLIM=1
+SETS=()
+for a in "$@"; do
+    case $a in
+        --full) SLIM=0 ;;
+        --slim) SLIM=1 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+        *) SETS+=("$a") ;;
+    esac
+done
+[ ${#SETS[@]} -eq 0 ] && SETS=(cudnn tilelang flashmla)
+if [ "$SLIM" = 1 ]; then
+    PART_MIB=${PEERS_PART_MIB:-60}
+    XZ_FLAGS=${PEERS_XZ:---x86 --lzma2=preset=9,dict=256MiB,pb=0 -T1}
+else
+    PART_MIB=${PEERS_PART_MIB:-40}
+    XZ_FLAGS=${PEERS_XZ:--6 -T2}
+fi
 
 CUDNN_PKGS=(nvidia-cudnn-frontend==1.32.0 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
             nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.12)
 TILELANG_PKGS=(tilelang==0.1.15 apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
                megatron-core==0.19.2)
 
-SETS=("$@")
-[ ${#SETS[@]} -eq 0 ] && SETS=(cudnn tilelang flashmla)
 mkdir -p "$STAGE" "$WORK"
 
-# tar.xz of a folder, split into parts of at most PART_MIB MiB (a single part keeps the plain name).
+mib() { echo "$1" | awk '{printf "%.1f MiB", $1 / 1048576}'; }
+
+# tar.xz of a folder (names sorted: reproducible, and similar files sit together in the solid
+# stream), split into parts of at most PART_MIB MiB (a single part keeps the plain name).
 pack() {  # pack NAME DIR
     local name=$1 dir=$2 out=$WORK/$1.tar.xz
     rm -f "$STAGE/$name".tar.xz "$STAGE/$name".tar.xz.part*
-    XZ_OPT="-6 -T2" tar -cJf "$out" -C "$dir" .
+    # shellcheck disable=SC2086
+    tar -c --sort=name --owner=0 --group=0 --numeric-owner -C "$dir" . | xz -c $XZ_FLAGS > "$out"
     local size; size=$(stat -c %s "$out")
     if [ "$size" -le $((PART_MIB * 1024 * 1024)) ]; then
         mv "$out" "$STAGE/$name.tar.xz"
@@ -47,21 +83,235 @@ pack() {  # pack NAME DIR
         split -b "${PART_MIB}M" -d -a 2 "$out" "$STAGE/$name.tar.xz.part"
         rm -f "$out"
     fi
+    echo "$name: $(mib "$size") compressed (xz $XZ_FLAGS)"
+}
+
+# Removes paths (relative to DIR) and says how much went; a path that is not there is an error, so
+# that a new package version cannot silently change what is removed.
+remove() {  # remove DIR REASON PATH...
+    local dir=$1 reason=$2 bytes=0 p; shift 2
+    for p in "$@"; do
+        [ -e "$dir/$p" ] || { echo "slim: $p is not in $dir (package changed?)"; return 1; }
+        bytes=$((bytes + $(du -sb "$dir/$p" | cut -f1)))
+        rm -rf "${dir:?}/$p"
+    done
+    printf '  - %-9s %s: %s\n' "$(mib "$bytes")" "$reason" "$*"
+}
+
+# Identical files of 1 MiB or more become hard links to one copy (tar stores the data once).
+dedup() {  # dedup DIR
+    local dir=$1 sum f first prev=""
+    find "$dir" -type f -size +1M -print0 | xargs -0 sha256sum | sort | while read -r sum f; do
+        if [ "$sum" = "$prev" ]; then
+            ln -f "$first" "$f"
+            echo "  - $(mib "$(stat -c %s "$f")") duplicate: ${f#"$dir"/} is now a hard link to ${first#"$dir"/}"
+        else
+            prev=$sum; first=$f
+        fi
+    done
+}
+
+# strip --strip-unneeded, refusing any change to what the dynamic loader sees.
+strip_static() {  # strip_static DIR PATH
+    local f=$1/$2 before after tmp
+    before=$(stat -c %s "$f")
+    tmp=$(mktemp -d)
+    readelf --dyn-syms -W "$f" > "$tmp/syms"; readelf -d "$f" > "$tmp/dyn"
+    strip --strip-unneeded -o "$tmp/out" "$f"
+    readelf --dyn-syms -W "$tmp/out" | cmp -s - "$tmp/syms" || { echo "slim: strip changed the dynamic symbols of $2"; rm -rf "$tmp"; return 1; }
+    readelf -d "$tmp/out" | cmp -s - "$tmp/dyn" || { echo "slim: strip changed the dynamic section of $2"; rm -rf "$tmp"; return 1; }
+    chmod --reference="$f" "$tmp/out"
+    mv -f "$tmp/out" "$f"  # a new file: the installed tree (hard-linked into this one) stays as it was
+    rm -rf "$tmp"
+    after=$(stat -c %s "$f")
+    echo "  - $(mib $((before - after))) static symbol table of $2 (strip --strip-unneeded; dynamic symbols and section unchanged)"
+}
+
+# What the slim cuDNN set leaves out. Each path was checked against the packages' own code
+# (grep of imports / loads / include paths, readelf -d of every shared object; docs/benchmarks.md).
+slim_cudnn() {  # slim_cudnn DIR
+    local d=$1
+    # IKET (In-Kernel Event Tracing) host tools: a top-level package `iket` (CLI, profiler injection
+    # library, cubin info); no module of cutlass or cudnn imports it (cutlass.cute.experimental.iket
+    # is a separate MLIR dialect wrapper and stays).
+    remove "$d" "IKET tracing tools, never imported" nvidia_cutlass_dsl/dsl_packages/iket
+    # Empty-body libcute_dsl_runtime.so stubs for aarch64 / QNX cross-linking of AOT exports.
+    remove "$d" "aarch64/QNX link stubs (AOT cross builds)" nvidia_cutlass_dsl/cu13/lib/stubs
+    # The cudnn_frontend C++ headers (for C++ users of the frontend; Python never reads them).
+    remove "$d" "cudnn_frontend C++ headers" include
+    # Sources and test texts of libbacktrace, which is already linked into libtvm_ffi.so.
+    remove "$d" "libbacktrace sources" tvm_ffi/3rdparty/libbacktrace
+    # cudnn's Python modules that `import cudnn` and cudnn.deepseek_sparse_attention never import
+    # (sdpa, gemm, moe_ep, linear_attention, ...: 950 of its 1066 modules). PEERS_CUDNN_ALL_PY=1 keeps them.
+    if [ -z "${PEERS_CUDNN_ALL_PY:-}" ]; then
+        prune_py "$d" cudnn cudnn.deepseek_sparse_attention
+    fi
+}
+
+# Removes the modules of package PKG that no kept module can import. Kept: the package's
+# __init__ (only the statements it runs at import: the bodies of its functions are the lazy
+# `cudnn.<name>` attributes, which no kept module uses), every module of each ENTRY package, and,
+# transitively, every module named by an import statement anywhere in a kept module (function
+# bodies included), by importlib.import_module("literal"), or by an attribute PKG.<name>; with
+# their parent packages. Non-Python files stay.
+prune_py() {  # prune_py DIR PKG ENTRY...
+    "$PY" - "$@" <<'PYEOF'
+import ast, os, sys
+root, pkg, entries = sys.argv[1], sys.argv[2], sys.argv[3:]
+mods = {}
+for dp, _, fn in os.walk(os.path.join(root, pkg)):
+    for f in fn:
+        if f.endswith(".py"):
+            path = os.path.join(dp, f)
+            name = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+            is_pkg = name.endswith(".__init__")
+            mods[name[:-9] if is_pkg else name] = (path, is_pkg)
+
+def absolute(mod, is_pkg, level, name):
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([name] if name else []))
+
+def deps(mod):
+    path, is_pkg = mods[mod]
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    if mod == pkg:  # run-at-import statements only
+        nodes = [n for st in tree.body if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(st)]
+    else:
+        nodes = list(ast.walk(tree))
+    out = set()
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            b = absolute(mod, is_pkg, n.level, n.module) if n.level else n.module
+            out.add(b)
+            out.update(f"{b}.{a.name}" for a in n.names)
+        elif (isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "import_module"
+              and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
+            s = n.args[0].value
+            level = len(s) - len(s.lstrip("."))
+            out.add(absolute(mod, is_pkg, level, s.lstrip(".")) if level else s)
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == pkg:
+            out.add(f"{pkg}.{n.attr}")
+    found = set()
+    for d in out:
+        parts = d.split(".")
+        found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in mods)
+    return found
+
+todo = [pkg] + [m for e in entries for m in mods if m == e or m.startswith(e + ".")]
+kept = set()
+while todo:
+    m = todo.pop()
+    if m in kept or m not in mods:
+        continue
+    kept.add(m)
+    parts = m.split(".")
+    todo += [".".join(parts[:i]) for i in range(1, len(parts))] + sorted(deps(m))
+gone = [mods[m][0] for m in mods if m not in kept]
+size = sum(os.path.getsize(p) for p in gone)
+for p in gone:
+    os.remove(p)
+print(f"  - {size / 1048576:.1f} MiB   {pkg} Python modules no kept module imports: {len(gone)} of {len(mods)} "
+      f"(kept {len(kept)}: {pkg}/__init__ and what it imports, {', '.join(entries)})")
+PYEOF
+}
+
+slim_tilelang() {  # slim_tilelang DIR
+    local d=$1
+    # TVM's C++ sources: built into tilelang/lib; only tvm.rpc.minrpc (not used) reads them.
+    # The JIT include paths are tvm/include, tvm_ffi/include, cutlass/include and tilelang/src.
+    remove "$d" "TVM C++ sources" tilelang/3rdparty/tvm/src
+    # CUTLASS profiler and library generator sources (tools/util, included by a CUTLASS header, stays).
+    remove "$d" "CUTLASS profiler/library sources" tilelang/3rdparty/cutlass/tools/library tilelang/3rdparty/cutlass/tools/profiler
+    remove "$d" "libbacktrace sources" tvm_ffi/3rdparty/libbacktrace
+    # TileLang's own C++ compiler sources (*.cc, CMakeLists.txt), built into libtilelang.so. The
+    # headers in tilelang/src stay: it is TL_TEMPLATE_PATH, the include root of the JIT kernels.
+    local cc bytes
+    cc=$(cd "$d" && find tilelang/src \( -name '*.cc' -o -name CMakeLists.txt \) -type f | sort)
+    bytes=$(cd "$d" && echo "$cc" | xargs stat -c %s | awk '{s += $1} END {print s + 0}')
+    (cd "$d" && echo "$cc" | xargs rm -f)
+    printf '  - %-9s %s: %s files tilelang/src/**/*.cc, CMakeLists.txt\n' "$(mib "$bytes")" "TileLang C++ sources" "$(echo "$cc" | wc -l)"
+    # libz3.so and libz3.so.4.15 are the same file (dedup links them afterwards); its static
+    # symbol table goes (z3's Python API and libtvm_compiler.so use its dynamic symbols only).
+    strip_static "$d" z3/lib/libz3.so.4.15
+    strip_static "$d" z3/lib/libz3.so
+}
+
+# Static checks of a slim tree (Python 3.12 modules cannot be imported here): every NEEDED library
+# of every ELF file is in the set or is a system / CUDA / torch library, and no Python file imports
+# a removed top-level package. Prints the findings; fails on any.
+verify_slim() {  # verify_slim NAME DIR REMOVED_MODULES...
+    local name=$1 dir=$2; shift 2
+    "$PY" - "$dir" "$@" <<'PYEOF'
+import os, re, subprocess, sys
+root, removed = sys.argv[1], sys.argv[2:]
+system = re.compile(r"^(libc|libm|libdl|librt|libpthread|libutil|ld-linux-x86-64|libstdc\+\+|libgcc_s|"
+                    r"libcuda|libcudart|libnvrtc|libnvJitLink|libcublas|libcublasLt|libcudnn|libnccl|"
+                    r"libtorch|libtorch_cpu|libtorch_cuda|libtorch_python|libc10|libc10_cuda|libpython3)[.\w-]*\.so")
+names, elves, problems = set(), [], []
+for dp, _, fn in os.walk(root):
+    for f in fn:
+        p = os.path.join(dp, f)
+        names.add(f)
+        if not os.path.islink(p):
+            with open(p, "rb") as h:
+                if h.read(4) == b"\x7fELF" and (".so" in f or os.access(p, os.X_OK)):
+                    elves.append(p)
+for p in elves:
+    out = subprocess.run(["readelf", "-d", p], capture_output=True, text=True).stdout
+    for lib in re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out):
+        if lib not in names and not system.match(lib):
+            problems.append(f"{os.path.relpath(p, root)} needs {lib}: not in the set")
+imp = re.compile(r"^\s*(?:from\s+(\S+)\s+import|import\s+([\w.]+))", re.M)
+for dp, _, fn in os.walk(root):
+    for f in fn:
+        if f.endswith(".py"):
+            text = open(os.path.join(dp, f), encoding="utf-8", errors="replace").read()
+            for a, b in imp.findall(text):
+                top = (a or b).split(".")[0]
+                if top in removed:
+                    problems.append(f"{os.path.relpath(os.path.join(dp, f), root)} imports {a or b} (removed)")
+print(f"  verify: {len(elves)} ELF files, NEEDED resolved; {'no' if not problems else len(problems)} problems"
+      + (f" (imports of {', '.join(removed)} checked)" if removed else ""))
+for p in problems:
+    print("  PROBLEM:", p)
+sys.exit(1 if problems else 0)
+PYEOF
 }
 
 site() {  # site NAME PACKAGES...: pip install for CPython 3.12 x86_64 into a --target folder, then pack
     local name=$1; shift
-    local dir=$WORK/site-$name
-    rm -rf "$dir"
-    "$PY" -m pip install --quiet --no-deps --only-binary=:all: --ignore-requires-python \
-        --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        --target "$dir" "$@"
-    # Compiled caches and console scripts are not needed on the GPU machine.
-    find "$dir" -name __pycache__ -type d -prune -exec rm -rf {} +
-    rm -rf "$dir/bin"
+    local dir=$WORK/site-$name tree
+    if [ -n "${PEERS_REUSE:-}" ] && [ -d "$dir" ]; then
+        echo "$name: re-using $dir (PEERS_REUSE)"
+    else
+        rm -rf "$dir"
+        "$PY" -m pip install --quiet --no-deps --only-binary=:all: --ignore-requires-python \
+            --python-version 3.12 --implementation cp \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+            --target "$dir" "$@"
+        # Compiled caches and console scripts are not needed on the GPU machine.
+        find "$dir" -name __pycache__ -type d -prune -exec rm -rf {} +
+        rm -rf "${dir:?}/bin"
+    fi
     echo "$name: $(du -sh "$dir" | cut -f1) installed: $*"
-    pack "$name" "$dir"
+    tree=$dir
+    if [ "$SLIM" = 1 ]; then
+        # A hard-linked copy: the installed tree stays as pip made it (PEERS_REUSE).
+        tree=$WORK/slim-$name
+        rm -rf "$tree"; cp -al "$dir" "$tree"
+        echo "$name: slim:"
+        "slim_$name" "$tree"
+        dedup "$tree"
+        case $name in
+            cudnn) verify_slim "$name" "$tree" iket ;;
+            *) verify_slim "$name" "$tree" ;;
+        esac
+        echo "$name: $(du -sh "$tree" | cut -f1) after slimming"
+    fi
+    pack "$name" "$tree"
 }
 
 flashmla() {
@@ -84,7 +334,7 @@ for s in "${SETS[@]}"; do
         cudnn) site cudnn "${CUDNN_PKGS[@]}" ;;
         tilelang) site tilelang "${TILELANG_PKGS[@]}" ;;
         flashmla) flashmla ;;
-        *) echo "unknown set '$s' (known: cudnn tilelang flashmla)"; exit 2 ;;
+        *) echo "unknown set '$s' (known: cudnn tilelang flashmla; options --slim (default), --full)"; exit 2 ;;
     esac
 done
 
@@ -98,6 +348,6 @@ total=0
 for f in "$STAGE"/*.tar.xz*; do
     [ -e "$f" ] || continue
     size=$(stat -c %s "$f"); total=$((total + size))
-    printf '  %-32s %6.1f MiB\n' "$(basename "$f")" "$(echo "$size / 1048576" | bc -l)"
+    printf '  %-32s %s\n' "$(basename "$f")" "$(mib "$size")"
 done
-printf '  %-32s %6.1f MiB\n' total "$(echo "$total / 1048576" | bc -l)"
+printf '  %-32s %s\n' total "$(mib "$total")"
