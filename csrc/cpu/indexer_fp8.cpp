@@ -13,26 +13,14 @@
 #include "common/parallel.h"
 #include "cpu/backend.h"
 #include "cpu/op_inputs.h"
+#include "cpu/topk_order.h"
 
 namespace flashdsa::cpu {
 namespace {
 
-constexpr int kKeyTile = 256;
-
+constexpr int kKeyTile = kTopkKeyTile;
 template <class Acc>
-struct Candidate {
-  Acc score;
-  int32_t key;
-};
-
-// "a is selected before b": NaN first, then the larger score, then the smaller key (as indexer_topk.cpp).
-template <class Acc>
-bool ranks_before(const Candidate<Acc>& a, const Candidate<Acc>& b) {
-  const bool a_nan = std::isnan(a.score), b_nan = std::isnan(b.score);
-  if (a_nan != b_nan) return a_nan;
-  if (!a_nan && a.score != b.score) return a.score > b.score;
-  return a.key < b.key;
-}
+using Candidate = TopkCandidate<Acc>;
 
 float to_float(bf16 v) { return bf16_to_float(v); }
 float to_float(float v) { return v; }

@@ -9,28 +9,14 @@
 
 #include "cpu/backend.h"
 #include "cpu/op_inputs.h"
+#include "cpu/topk_order.h"
 
 namespace flashdsa::cpu {
 namespace {
 
-constexpr int kKeyTile = 256;
-
+constexpr int kKeyTile = kTopkKeyTile;
 template <class Acc>
-struct Candidate {
-  Acc score;
-  int32_t key;
-};
-
-// Strict total order "a is selected before b". A NaN score ranks above every number (as in
-// torch.topk), so a key with a NaN score is selected and reports its NaN score: the NaN reaches
-// the loss instead of being dropped (docs/reliability.md).
-template <class Acc>
-bool ranks_before(const Candidate<Acc>& a, const Candidate<Acc>& b) {
-  const bool a_nan = std::isnan(a.score), b_nan = std::isnan(b.score);
-  if (a_nan != b_nan) return a_nan;
-  if (!a_nan && a.score != b.score) return a.score > b.score;
-  return a.key < b.key;
-}
+using Candidate = TopkCandidate<Acc>;
 
 template <class Act>
 Status indexer_topk_impl(const IndexerTopkParams& p) {

@@ -25,19 +25,13 @@ int value_width(int d_qk) {
   return d_qk - kRopeWidth;
 }
 
-std::tuple<Tensor, Tensor> indexer_topk(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights,
-                                        const Tensor& k_start, const Tensor& k_end, int64_t topk, bool relu) {
-  const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
-  const Tensor starts = key_range(k_start, q_idx, in.T, "k_start");
-  const Tensor ends = key_range(k_end, q_idx, in.T, "k_end");
-  const int K = to_int(topk, "topk");
-  const CallScope scope(q_idx);
-
+// The common tail of the indexer top-k ops: outputs [T, K], the key ranges, validation (ranges
+// checked once), the workspace, the run. `p` holds the indexer part (and the re-score inputs).
+std::tuple<Tensor, Tensor> run_topk_op(IndexerTopkParams& p, const CallScope& scope, const IndexerInputs& in,
+                                       const Tensor& q_idx, const Tensor& starts, const Tensor& ends, int K,
+                                       const char* name) {
   Tensor indices = at::empty({in.T, K}, q_idx.options().dtype(at::kInt));
   Tensor scores = at::empty({in.T, K}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
-  IndexerTopkParams p;
-  scope.fill(p);
-  p.indexer = indexer_tensors(in, relu);
   p.T = in.T;
   p.T_kv = in.T_kv;
   p.k_start = starts.data_ptr<int32_t>();
@@ -47,13 +41,27 @@ std::tuple<Tensor, Tensor> indexer_topk(const Tensor& q_idx, const Tensor& k_idx
   p.K = K;
   // The workspace size is only defined for valid params. The ranges were just checked: do not copy
   // them to the host (a CUDA sync) a second time in run_indexer_topk.
-  throw_if_error(validate(p), "indexer_topk");
+  throw_if_error(validate(p), name);
   p.check_ranges = false;
   const Tensor workspace = scope.workspace(indexer_topk_workspace_size(p));
   p.workspace = workspace.data_ptr();
   p.workspace_bytes = static_cast<size_t>(workspace.numel());
-  throw_if_error(run_indexer_topk(p), "indexer_topk");
+  throw_if_error(run_indexer_topk(p), name);
   return {indices, scores};
+}
+
+std::tuple<Tensor, Tensor> indexer_topk(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights,
+                                        const Tensor& k_start, const Tensor& k_end, int64_t topk, bool relu) {
+  const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
+  const Tensor starts = key_range(k_start, q_idx, in.T, "k_start");
+  const Tensor ends = key_range(k_end, q_idx, in.T, "k_end");
+  const int K = to_int(topk, "topk");
+  const CallScope scope(q_idx);
+
+  IndexerTopkParams p;
+  scope.fill(p);
+  p.indexer = indexer_tensors(in, relu);
+  return run_topk_op(p, scope, in, q_idx, starts, ends, K, "indexer_topk");
 }
 
 // FP8 (e4m3) quantization of indexer rows: x [N, D] or [N0, N1, D] -> (e4m3 of x's shape, fp32 scales
@@ -107,8 +115,6 @@ std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, 
   const int K = to_int(topk, "topk");
   const CallScope scope(q_idx);
 
-  Tensor indices = at::empty({in.T, K}, q_idx.options().dtype(at::kInt));
-  Tensor scores = at::empty({in.T, K}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
   IndexerTopkParams p;
   scope.fill(p);
   p.rescore = indexer_tensors(in, relu);
@@ -124,20 +130,7 @@ std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, 
   p.indexer.q_idx_scale = qs.data_ptr<float>();
   p.indexer.k_idx_scale = kscale.data_ptr<float>();
   p.candidates = to_int(candidates, "candidates");
-  p.T = in.T;
-  p.T_kv = in.T_kv;
-  p.k_start = starts.data_ptr<int32_t>();
-  p.k_end = ends.data_ptr<int32_t>();
-  p.indices = indices.data_ptr<int32_t>();
-  p.scores = scores.data_ptr();
-  p.K = K;
-  throw_if_error(validate(p), "indexer_topk_fp8");
-  p.check_ranges = false;
-  const Tensor workspace = scope.workspace(indexer_topk_workspace_size(p));
-  p.workspace = workspace.data_ptr();
-  p.workspace_bytes = static_cast<size_t>(workspace.numel());
-  throw_if_error(run_indexer_topk(p), "indexer_topk_fp8");
-  return {indices, scores};
+  return run_topk_op(p, scope, in, q_idx, starts, ends, K, "indexer_topk_fp8");
 }
 
 std::tuple<Tensor, Tensor> sparse_mla_fwd(const Tensor& q, const Tensor& kv, const Tensor& indices, double scale) {
