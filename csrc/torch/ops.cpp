@@ -25,11 +25,16 @@ int value_width(int d_qk) {
   return d_qk - kRopeWidth;
 }
 
-// The common tail of the indexer top-k ops: outputs [T, K], the key ranges, validation (ranges
+// The common tail of the indexer top-k ops: the key ranges, outputs [T, K], validation (ranges
 // checked once), the workspace, the run. `p` holds the indexer part (and the re-score inputs).
-std::tuple<Tensor, Tensor> run_topk_op(IndexerTopkParams& p, const CallScope& scope, const IndexerInputs& in,
-                                       const Tensor& q_idx, const Tensor& starts, const Tensor& ends, int K,
+std::tuple<Tensor, Tensor> run_topk_op(IndexerTopkParams& p, const IndexerInputs& in, const Tensor& q_idx,
+                                       const Tensor& k_start, const Tensor& k_end, int64_t topk,
                                        const char* name) {
+  const Tensor starts = key_range(k_start, q_idx, in.T, "k_start");
+  const Tensor ends = key_range(k_end, q_idx, in.T, "k_end");
+  const int K = to_int(topk, "topk");
+  const CallScope scope(q_idx);
+  scope.fill(p);
   Tensor indices = at::empty({in.T, K}, q_idx.options().dtype(at::kInt));
   Tensor scores = at::empty({in.T, K}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
   p.T = in.T;
@@ -53,15 +58,9 @@ std::tuple<Tensor, Tensor> run_topk_op(IndexerTopkParams& p, const CallScope& sc
 std::tuple<Tensor, Tensor> indexer_topk(const Tensor& q_idx, const Tensor& k_idx, const Tensor& weights,
                                         const Tensor& k_start, const Tensor& k_end, int64_t topk, bool relu) {
   const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
-  const Tensor starts = key_range(k_start, q_idx, in.T, "k_start");
-  const Tensor ends = key_range(k_end, q_idx, in.T, "k_end");
-  const int K = to_int(topk, "topk");
-  const CallScope scope(q_idx);
-
   IndexerTopkParams p;
-  scope.fill(p);
   p.indexer = indexer_tensors(in, relu);
-  return run_topk_op(p, scope, in, q_idx, starts, ends, K, "indexer_topk");
+  return run_topk_op(p, in, q_idx, k_start, k_end, topk, "indexer_topk");
 }
 
 // FP8 (e4m3) quantization of indexer rows: x [N, D] or [N0, N1, D] -> (e4m3 of x's shape, fp32 scales
@@ -110,13 +109,7 @@ std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, 
   const Tensor k8_rows = strided_rows(k8);
   // The selection pass reads fp32 weights (the stat dtype of fp8).
   const Tensor w8 = in.dtype == DType::kFP64 ? in.weights.to(at::kFloat) : in.weights;
-  const Tensor starts = key_range(k_start, q_idx, in.T, "k_start");
-  const Tensor ends = key_range(k_end, q_idx, in.T, "k_end");
-  const int K = to_int(topk, "topk");
-  const CallScope scope(q_idx);
-
   IndexerTopkParams p;
-  scope.fill(p);
   p.rescore = indexer_tensors(in, relu);
   p.indexer = p.rescore;
   p.indexer.dtype = DType::kFP8E4M3;
@@ -130,7 +123,7 @@ std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, 
   p.indexer.q_idx_scale = qs.data_ptr<float>();
   p.indexer.k_idx_scale = kscale.data_ptr<float>();
   p.candidates = to_int(candidates, "candidates");
-  return run_topk_op(p, scope, in, q_idx, starts, ends, K, "indexer_topk_fp8");
+  return run_topk_op(p, in, q_idx, k_start, k_end, topk, "indexer_topk_fp8");
 }
 
 std::tuple<Tensor, Tensor> sparse_mla_fwd(const Tensor& q, const Tensor& kv, const Tensor& indices, double scale) {
