@@ -363,3 +363,45 @@ def test_peers_gpu_script_unpacks_parts_arriving_over_several_calls(tmp_path):
     (staged / "cudnn.tar.xz.part01").write_bytes(b"corrupt")
     out = call("cudnn.tar.xz.part00", "cudnn.tar.xz.part01")
     assert "checksum mismatch in cudnn.tar.xz.part01" in out and not (bad_peers / "cudnn").exists()
+
+
+def test_peers_gpu_script_uses_only_the_parts_its_manifest_lists(tmp_path):
+    """A new (slim, one-file) staging replaces an earlier split one: scripts/peers_gpu.sh unpacks the
+    file the MANIFEST lists and ignores split parts left in its parts folder by an earlier call."""
+    repo, peers = tmp_path / "repo", tmp_path / "peers"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "peers_gpu.sh").write_text((ROOT / "scripts" / "peers_gpu.sh").read_text())
+    env = dict(os.environ, FLASHDSA_PEERS_DIR=str(peers), PEERS_SKIP_BUILD="1")
+
+    def archive(value, name):
+        site = tmp_path / f"site_{value}" / "fakepkg"
+        site.mkdir(parents=True)
+        (site / "__init__.py").write_text(f"VALUE = {value}\n")
+        _sh(["tar", "-cJf", str(tmp_path / name), "-C", str(site.parent), "."])
+        return tmp_path / name
+
+    def stage(files, listed_only=()):
+        """Sends `files` with a MANIFEST that lists them and the `listed_only` names (not sent)."""
+        stage_dir = repo / ".peers"
+        if stage_dir.exists():
+            for f in stage_dir.iterdir():
+                f.unlink()
+        stage_dir.mkdir(exist_ok=True)
+        listed = dict(files, **{name: files_all[name] for name in listed_only})
+        (stage_dir / "MANIFEST").write_text("".join(
+            f"{name} {path.stat().st_size} {_sh(['sha256sum', str(path)]).stdout.split()[0]}\n"
+            for name, path in listed.items()))
+        for name, path in files.items():
+            (stage_dir / name).write_bytes(path.read_bytes())
+        return _sh(["bash", str(repo / "scripts" / "peers_gpu.sh")], env=env).stdout
+
+    old = archive(1, "old.tar.xz")
+    _sh(["split", "-n", "2", "-d", "-a", "2", str(old), str(tmp_path / "old.part")])
+    files_all = {"cudnn.tar.xz.part00": tmp_path / "old.part00", "cudnn.tar.xz.part01": tmp_path / "old.part01"}
+    # an earlier split staging: only its first part arrived (the set waits for the second one)
+    out = stage({"cudnn.tar.xz.part00": files_all["cudnn.tar.xz.part00"]}, listed_only=["cudnn.tar.xz.part01"])
+    assert "cudnn: waiting for cudnn.tar.xz.part01" in out and not (peers / "cudnn" / ".unpacked").exists(), out
+    new = archive(7, "cudnn.tar.xz")
+    out = stage({"cudnn.tar.xz": new})
+    assert (peers / "cudnn" / ".unpacked").exists(), out
+    assert (peers / "cudnn" / "fakepkg" / "__init__.py").read_text() == "VALUE = 7\n"
