@@ -902,6 +902,7 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
     const int32_t (&even)[kRowsPerThread] = cur.even;
     const int32_t (&odd)[kRowsPerThread] = cur.odd;
     const int32_t mask_key_even = cur.mask_even, mask_key_odd = cur.mask_odd;
+    const bool has_odd = 2 * i + 1 < a.num_blocks;  // the gathers below skip a missing odd block
 #else
     const bool has_odd = 2 * i + 1 < a.num_blocks;
     const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
