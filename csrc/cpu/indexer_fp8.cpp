@@ -136,15 +136,7 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
       }
 
       // 3. The K best of the candidates, in increasing key order.
-      const int kept = std::min(C, K);
-      if (C > K) std::nth_element(cand, cand + K, cand + C, ranks_before<Acc>);
-      std::sort(cand, cand + kept, [](const Candidate<Acc>& a, const Candidate<Acc>& b) { return a.key < b.key; });
-      int32_t* idx_out = p.indices + t * K;
-      Acc* sc_out = scores_out ? scores_out + t * K : nullptr;
-      for (int j = 0; j < K; ++j) {
-        idx_out[j] = j < kept ? cand[j].key : -1;
-        if (sc_out) sc_out[j] = j < kept ? cand[j].score : neg_inf<Acc>();
-      }
+      write_row_top_k(cand, C, K, p.indices + t * K, scores_out ? scores_out + t * K : nullptr);
     }
   });
   return Status::OK();

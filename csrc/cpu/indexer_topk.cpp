@@ -48,18 +48,8 @@ Status indexer_topk_impl(const IndexerTopkParams& p) {
         in.scores(q, in.w(t), rows, c, qk, kKeyTile, score + i0);
       }
 
-      const int kept = std::min(n, K);
       for (int i = 0; i < n; ++i) cand[i] = {score[i], static_cast<int32_t>(ks + i)};
-      if (n > K) {
-        std::nth_element(cand, cand + K, cand + n, ranks_before<Acc>);
-        std::sort(cand, cand + K, [](const Candidate<Acc>& a, const Candidate<Acc>& b) { return a.key < b.key; });
-      }
-      int32_t* idx_out = p.indices + t * K;
-      Acc* sc_out = scores_out ? scores_out + t * K : nullptr;
-      for (int j = 0; j < K; ++j) {
-        idx_out[j] = j < kept ? cand[j].key : -1;
-        if (sc_out) sc_out[j] = j < kept ? cand[j].score : neg_inf<Acc>();
-      }
+      write_row_top_k(cand, n, K, p.indices + t * K, scores_out ? scores_out + t * K : nullptr);
     }
   });
   return Status::OK();

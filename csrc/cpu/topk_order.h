@@ -2,8 +2,11 @@
 // docs/spec.md §3).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "cpu/tensor_access.h"
 
 namespace flashdsa::cpu {
 
@@ -27,6 +30,19 @@ bool ranks_before(const TopkCandidate<Acc>& a, const TopkCandidate<Acc>& b) {
   if (a_nan != b_nan) return a_nan;
   if (!a_nan && a.score != b.score) return a.score > b.score;
   return a.key < b.key;
+}
+
+// Writes a row's result from its n scored candidates: the K best (by ranks_before) in increasing key
+// order, then -1 / -inf for the slots beyond n. Reorders `cand`. `scores_out` may be null.
+template <class Acc>
+void write_row_top_k(TopkCandidate<Acc>* cand, int64_t n, int K, int32_t* indices_out, Acc* scores_out) {
+  const int64_t kept = std::min<int64_t>(n, K);
+  if (n > K) std::nth_element(cand, cand + K, cand + n, ranks_before<Acc>);
+  std::sort(cand, cand + kept, [](const TopkCandidate<Acc>& a, const TopkCandidate<Acc>& b) { return a.key < b.key; });
+  for (int j = 0; j < K; ++j) {
+    indices_out[j] = j < kept ? cand[j].key : -1;
+    if (scores_out) scores_out[j] = j < kept ? cand[j].score : neg_inf<Acc>();
+  }
 }
 
 }  // namespace flashdsa::cpu
