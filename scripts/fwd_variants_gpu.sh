@@ -9,14 +9,17 @@
 #   4. the benchmark (--bench-only, 60 s timeout) alternated over the variants that passed, ROUNDS rounds,
 #   and prints a summary and one table (shape x variant: ms / TFLOP/s, best of the rounds' medians) last.
 #   bash scripts/fwd_variants_gpu.sh [--rounds N] [--variants "base new ..."] [--build-only] [--no-check]
-# Logs and counts go to $OUT (default /tmp/fwd_variants); binaries to /tmp/fwd_variants_bin.
+#                                    [--prebuilt]
+# Logs and counts go to $OUT (default /tmp/fwd_variants); binaries to $BIN (default /tmp/fwd_variants_bin).
+# --prebuilt: skip step 1 and use the binaries (and their build_<variant>.log) already in $BIN, e.g. built
+# on a machine without a GPU with --build-only and carried to the GPU machine.
 # Budget: about 6 minutes on one H200 with 16 cores (builds ~1, checks ~1.5, 2 bench rounds ~3);
 # bench steps that would start after 7 minutes are skipped (reported).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fwd_variants}; mkdir -p "$OUT"
-BIN=/tmp/fwd_variants_bin; mkdir -p "$BIN"
-rounds=2; build_only=0; run_check=1
+BIN=${BIN:-/tmp/fwd_variants_bin}; mkdir -p "$BIN"
+rounds=2; build_only=0; run_check=1; prebuilt=0
 # name -> -D flags. The switches default to 0 (the measured kernel) in the sources; NEW is the set of
 # new best guesses and every other variant is NEW with one switch changed (spec_exp is opt-in).
 NEW="-DFLASHDSA_FWD_PRODUCER=1 -DFLASHDSA_FWD_DESC=1 -DFLASHDSA_FWD_SOFTMAX=1 -DFLASHDSA_FWD_RESCALE=2 -DFLASHDSA_FWD_EPILOGUE=1"
@@ -41,6 +44,7 @@ while [ $# -gt 0 ]; do
     --variants) variants=$2; shift 2 ;;
     --build-only) build_only=1; shift ;;
     --no-check) run_check=0; shift ;;
+    --prebuilt) prebuilt=1; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
 done
@@ -54,11 +58,14 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 srcs=(tests/cuda/sparse_mla_fwd_check.cu csrc/sm90/sparse_mla_fwd/sparse_mla_fwd.cu csrc/common/ranges.cpp
       csrc/common/status.cpp)
 for v in $variants; do
+  if [ $prebuilt = 1 ]; then cp "$BIN/build_$v.log" "$OUT/build_$v.log" 2>/dev/null; continue; fi
+  while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-$(nproc)}" ]; do sleep 1; done
   # shellcheck disable=SC2086
   timeout 300 "$NVCC" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xptxas -v \
     -Iinclude -Icsrc ${FLAGS[$v]} -o "$BIN/$v" "${srcs[@]}" >"$OUT/build_$v.log" 2>&1 &
 done
 wait
+[ $prebuilt = 1 ] || for v in $variants; do cp "$OUT/build_$v.log" "$BIN/build_$v.log"; done
 built=""
 for v in $variants; do
   if [ -x "$BIN/$v" ] && ! grep -q "error" "$OUT/build_$v.log"; then
