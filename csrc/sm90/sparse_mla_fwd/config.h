@@ -44,7 +44,7 @@ constexpr int kProducerWarpgroup = kNumConsumers;
 constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;  // 168
 // FLASHDSA_FWD_REGS (A/B builds): 0 (default) 40 / 232; 1: 72 / 216 (FlashMLA's split).
 #ifndef FLASHDSA_FWD_REGS
-#define FLASHDSA_FWD_REGS 0
+#define FLASHDSA_FWD_REGS 1
 #endif
 constexpr int kProducerRegs = FLASHDSA_FWD_REGS ? 72 : 40;
 constexpr int kConsumerRegs = FLASHDSA_FWD_REGS ? 216 : 232;

@@ -85,7 +85,7 @@ __device__ __forceinline__ void fence_frags(uint32_t (&f)[4][4]) {
 // the explicit low-word add saves ~90 uniform instructions per pair in consumer 0 and costs ~80 in
 // consumer 1, so consumer 1 keeps the 64-bit add. 0: the 64-bit add everywhere.
 #ifndef FLASHDSA_FWD_DESC
-#define FLASHDSA_FWD_DESC 0
+#define FLASHDSA_FWD_DESC 1
 #endif
 template <bool kLowWord = false>
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
@@ -138,7 +138,7 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
 //     the output equals that of 0 as long as ex2.approx(0) = 1.
 //   0: always rescale.
 #ifndef FLASHDSA_FWD_RESCALE
-#define FLASHDSA_FWD_RESCALE 0
+#define FLASHDSA_FWD_RESCALE 2
 #endif
 #if FLASHDSA_FWD_RESCALE == 2
 constexpr float kLazyMaxSlack = 8.f;
@@ -201,7 +201,7 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* v
 // scales (0, negative, NaN) use the kernel instance without it. 0: always scale every logit (FMUL)
 // before the max, then exp2(s - m).
 #ifndef FLASHDSA_FWD_SOFTMAX
-#define FLASHDSA_FWD_SOFTMAX 0
+#define FLASHDSA_FWD_SOFTMAX 1
 #endif
 
 // mask_and_scale of the fused-scale path: invalid keys -> -inf, logits unscaled.
@@ -366,7 +366,7 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
 //     does not push kv rows out of L2.
 //   0: bf16x2 stores straight from the accumulators.
 #ifndef FLASHDSA_FWD_EPILOGUE
-#define FLASHDSA_FWD_EPILOGUE 0
+#define FLASHDSA_FWD_EPILOGUE 1
 #endif
 
 // Adds the peer's row sums, writes out = O / l (bf16) for this consumer's 256 columns and, from
@@ -665,7 +665,7 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 //     nothing read; nobody waits for it), so the loop body has no data-dependent branches.
 //   0: the previous version (64-bit element offsets per copy, branches per pair).
 #ifndef FLASHDSA_FWD_PRODUCER
-#define FLASHDSA_FWD_PRODUCER 0
+#define FLASHDSA_FWD_PRODUCER 1
 #endif
 // FLASHDSA_FWD_IDX_PREFETCH (FLASHDSA_FWD_PRODUCER = 1 only): 1 loads the next pair's key slots right
 // after the last gather of a pair, so their latency overlaps the wait for the consumers instead of
