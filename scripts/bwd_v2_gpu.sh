@@ -48,7 +48,7 @@ else
 # 1. builds: the check program's translation unit once, sparse_mla_bwd.cu per variant, all in parallel
 echo "=== build v1 and v2 ($(date -u +%H:%M:%S))"
 variants=(v1 v2)
-declare -A vflags=([v1]="" [v2]="-DFLASHDSA_BWD_V2=1" [v2_nodkv]="-DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_V2_NO_DKV=1")
+declare -A vflags=([v1]="-DFLASHDSA_BWD_V2=0" [v2]="-DFLASHDSA_BWD_V2=1" [v2_nodkv]="-DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_V2_NO_DKV=1")
 [ "${NO_REDS:-0}" = 1 ] && variants+=(v2_nodkv)
 timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/check.o" tests/cuda/sparse_mla_bwd_check.cu > "$OUT/build_check.log" 2>&1 &
 pids=($!)

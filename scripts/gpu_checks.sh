@@ -26,7 +26,6 @@ while [ $# -gt 0 ]; do
 done
 programs=(hopper_primitives_check indexer_topk_check indexer_topk_fp8_check sparse_mla_fwd_check sparse_mla_bwd_check
           kl_loss_check)
-export FLASHDSA_EXPERIMENTAL_FP8=1  # the FP8 selection is gated until validated on a GPU
 summary=()
 t0=$(date +%s)
 bindir=$OUT/build
