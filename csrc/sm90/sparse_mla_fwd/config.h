@@ -44,8 +44,10 @@ constexpr int kProducerWarpgroup = kNumConsumers;
 constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;  // 168
 // 72 / 216 (FlashMLA's split; 72 * 128 + 216 * 256 = 64,512 = the whole launch allocation): the
 // producer needs the 72 for the prefetched key slots of the next pair (sparse_mla_fwd.cu, producer());
-// the consumers use R0-R212 and do not spill. Measured (H200, 2026-12-02): 1.135x geomean over
-// the pre-2026-12-02 kernel vs 1.100x with a 40 / 232 split (which cannot hold the prefetch).
+// the consumers use R0-R212 and do not spill. Measured (H200, 2026-12-02, geomean over 11 shapes vs
+// the kernel before that day): 1.135x, against 1.100x with 40 / 232 and no prefetch (40 registers are
+// too few for it: ptxas spilled 12 bytes) and 1.094x with 72 / 216 but no prefetch (the split alone
+// does not help; the prefetch it makes room for does).
 constexpr int kProducerRegs = 72;
 constexpr int kConsumerRegs = 216;
 static_assert(kWarpgroupThreads * (kProducerRegs + kNumConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs,

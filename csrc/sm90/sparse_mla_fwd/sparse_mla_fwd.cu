@@ -9,7 +9,13 @@
 //   WG1: S1 = Q K1^T; m1 = max(m0, rowmax S1) -> WG0; O_right *= exp2(m - m1); P1 = exp2(S1 - m1);
 //        O_right += P1 V1_right; P1 -> smem -> WG0; O_right += P0 V0_right (P0 from smem).
 // Both consumers end every pair relative to the same running max m1, so each scales its half of O
-// with the same factors; the row sums of the even / odd blocks are added at the end.
+// with the same factors; the row sums of the even / odd blocks are added at the end. "max" is the
+// lazy running max (next_max: it only moves by more than 8), so the rescale factors are almost always 1.
+//
+// "Measured" notes below: H200, 2026-12-02, 11 shapes, geomean speed-up over the kernel before that
+// day's instruction-count work. This kernel: 1.135x; without the 72 / 216 register split and the key
+// prefetch: 1.100x; "vs X" = that 1.100x kernel with one choice reverted (docs/kernels/sparse_mla_fwd.md,
+// "Design choices measured 2026-12-02").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -82,8 +88,8 @@ __device__ __forceinline__ void fence_frags(uint32_t (&f)[4][4]) {
 // (no carry is possible: the 14-bit address field stays below 2^14). ptxas (CUDA 13.0) moves consumer
 // 0's descriptors with 32-bit halves and a carry (UIADD3 + UIADD3.X + UMOV of the constant high word)
 // but consumer 1's with one UIADD3.64 each; the low-word add saves ~90 uniform instructions per pair
-// in consumer 0 and would cost ~80 in consumer 1, so consumer 1 keeps the 64-bit add. (H200,
-// 2026-12-02: no measurable time difference against the 64-bit add everywhere; kept as the shorter code.)
+// in consumer 0 and would cost ~80 in consumer 1, so consumer 1 keeps the 64-bit add. Measured: 1.100x
+// vs 1.100x with the 64-bit add everywhere (no time difference; kept as the shorter code).
 template <bool kLowWord = false>
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
   if constexpr (kLowWord) {
@@ -128,9 +134,9 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
 // every rescale factor is exactly 1, and the 128-FMUL O rescales are skipped (rescale_o): consumer 0
 // skips 256 and consumer 1 128 FMULs per pair, all on the path from S to the PV issue. The P tiles for
 // the other consumer are then stored straight from the packed RS fragments (store_p_frags; always for
-// P1, for P0 when the warp's pair max did not move): no FMUL / F2FP. Measured (H200, 2026-12-02,
-// geomean speed-up over the pre-2026-12-02 kernel): 1.100x with it, 1.080x always rescaling, 1.061x
-// with an exact max and the same skipping (a 16-row warp rarely keeps all 16 maxima).
+// P1, for P0 when the warp's pair max did not move): no FMUL / F2FP. Measured: 1.100x vs 1.080x always
+// rescaling and vs 1.061x with an exact max and the same skipping (a 16-row warp rarely keeps all 16
+// maxima, so the vote rarely skips, and the skip test costs more than it saves).
 constexpr float kLazyMaxSlack = 8.f;
 
 // The running max after seeing a candidate (a block's max, log2 domain; -inf: no valid key).
@@ -168,7 +174,7 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* v
 // row (x -> x * scale is monotonic for scale > 0, so max(s) * scale = max(s * scale) exactly), and the
 // exponent is one FFMA, exp2(s * scale - m), instead of an FMUL per logit before the max. Other scales
 // (0, negative, NaN) run the instance that scales every logit first (mask_and_scale), then exp2(s - m).
-// Measured (H200, 2026-12-02): 1.100x vs 1.092x geomean with every logit scaled.
+// Measured: 1.100x vs 1.092x with every logit scaled.
 
 // mask_and_scale of the fused-scale path: invalid keys -> -inf, logits unscaled.
 __device__ __forceinline__ void mask_only(float (&s)[32], const uint32_t* valid_words, int quad) {
@@ -325,8 +331,8 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
 // chunk c of row r stored at chunk c ^ (r % 8): conflict-free stmatrix and reads), then each warp
 // stores whole 512-byte row segments with 16-byte st.global, so every L2 sector is written once and
 // fully (bf16x2 stores straight from the accumulators wrote each 32-byte sector in two halves).
-// Measured (H200, 2026-12-02): 1.100x vs 1.068x geomean with the bf16x2 stores; .cs (evict-first)
-// stores on top made no difference (1.101x).
+// Measured: 1.100x vs 1.068x with the bf16x2 stores; .cs (evict-first) stores on top made no
+// difference (1.101x).
 __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, int consumer, const float (&o)[128],
                                              const float (&partial_sum)[2], const float (&max)[2]) {
   const ConsumerThread ct = consumer_thread();
@@ -572,8 +578,9 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 // int32). The free-barrier waits of the first pair rely on a fresh mbarrier's "previous phase"
 // (parity 1) being complete instead of a branch, and a missing odd block (K/64 odd, last pair) is
 // gathered as a block of empty slots (zero-fill, nothing read; nobody waits for it), so the pair
-// loop has no data-dependent branch. Measured (H200, 2026-12-02): 1.100x vs 1.059x geomean with
-// 64-bit element offsets per copy and branches per pair (633 -> 207 instructions per pair).
+// loop has no data-dependent branch (static loop body: 228 instructions per pair, 72 of them cp.async,
+// scripts/fwd_sass_counts.py). Measured: 1.100x vs 1.059x with 64-bit element offsets per copy and
+// branches per pair (633 instructions per pair).
 // The gathers are plain 16-byte cp.async: the 256-byte L2 prefetch size measured +-1% (2026-12-01),
 // and an L2 cache-policy hint faults (see producer()).
 
@@ -677,7 +684,7 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   // The next pair's key slots are loaded right after a pair's last gather, so their latency overlaps
   // the wait for the consumers instead of preceding the next pair's first gather. Their 10 live
   // registers need the 72-register producer (config.h; at 40 registers ptxas spilled 12 bytes).
-  // Measured (H200, 2026-12-02): 1.135x vs 1.094x geomean with the keys loaded at the top of each pair.
+  // Measured: 1.135x vs 1.094x with the keys loaded at the top of each pair (both with 72 / 216).
   const auto load_keys = [&](int i) {
     PairKeys k;
     const bool has_odd = 2 * i + 1 < a.num_blocks;
