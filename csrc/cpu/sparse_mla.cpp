@@ -165,26 +165,19 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
     Acc** dout_rows = q_rows + H;
     row_pointers(q, H, D_qk, q_rows);
     row_pointers(dout, H, D_v, dout_rows);
-    Buffer<Acc*> dkv_rows(K);
-    std::fill(dkv + key_begin * D_qk, dkv + key_end * D_qk, Acc(0));
-    int64_t loaded_row = -1;
-    for_each_key_batch(idx, key_begin, key_end, every_slot, [&](int64_t t, const int32_t* slots, int n) {
-      if (loaded_row != t) {
-        in.load_q(t, q);
-        load_dout(t, dout);
-        loaded_row = t;
-      }
-      for (int i = 0; i < n; ++i) {
-        const int64_t key = idx.row(t)[slots[i]];
-        rows[i] = in.kv_row(key);
-        dkv_rows[i] = dkv + key * D_qk;
-      }
+    auto load = [&](int64_t t) {
+      in.load_q(t, q);
+      load_dout(t, dout);
+    };
+    scatter_key_batches(idx, key_begin, key_end, every_slot, dkv, D_qk, load,
+                        [&](int64_t t, const int32_t* slots, int n, Acc* const* dkv_rows) {
+      for (int i = 0; i < n; ++i) rows[i] = in.kv_row(idx.row(t)[slots[i]]);
       in.scores(q, rows, n, s, K);
       dot_rows(dout, D_v, H, rows, n, D_v, Acc(1), dp, K);
       probabilities_and_score_grads(H, K, n, in.scale, lse + t * H, delta.data() + t * H, s, dp);
       // dkv[key_i] += sum_h scale dS[h, i] q[h];  dkv[key_i, :D_v] += sum_h P[h, i] dout[h]
-      combine_rows(n, H, D_qk, s, 1, K, q_rows, dkv_rows.data(), true);
-      combine_rows(n, H, D_v, dp, 1, K, dout_rows, dkv_rows.data(), true);
+      combine_rows(n, H, D_qk, s, 1, K, q_rows, dkv_rows, true);
+      combine_rows(n, H, D_v, dp, 1, K, dout_rows, dkv_rows, true);
     });
   });
   return Status::OK();
