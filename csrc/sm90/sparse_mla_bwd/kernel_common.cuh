@@ -64,6 +64,28 @@ __device__ __forceinline__ Work make_work(const MainParams& p) {
   return w;
 }
 
+// The CTA's smem plan: the first 1024-byte boundary of the dynamic shared memory (SW128 tiles).
+template <class Plan>
+__device__ __forceinline__ Plan& smem_plan(uint8_t* raw) {
+  return *reinterpret_cast<Plan*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+// One mbarrier of the smem plan and its expected arrivals.
+struct BarrierInit {
+  uint64_t* bar;
+  int count;
+};
+
+// Thread 0 initialises the CTA's mbarriers (in argument order); then the whole CTA syncs.
+template <class... Inits>
+__device__ __forceinline__ void init_barriers(Inits... inits) {
+  if (threadIdx.x == 0) {
+    (hw::mbar_init(inits.bar, inits.count), ...);
+    hw::mbar_fence_init();
+  }
+  __syncthreads();
+}
+
 // ---- setup: lse / Delta, the block list -------------------------------------------------------
 
 // Threads tid < 64 of the loading warpgroup: lse * log2(e) and Delta of head h0 + tid (+inf and 0 on

@@ -146,17 +146,18 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 }
 
 // Consumers: waits for Q, dO, lse, Delta and the block list (cp.async data, generic proxy, is read
-// by wgmma, async proxy); returns the number of list blocks.
-__device__ __forceinline__ int wait_setup(SmemPlan& sm) {
+// by wgmma, async proxy).
+__device__ __forceinline__ void wait_setup(SmemPlan& sm) {
   hw::mbar_wait(&sm.qdo_full, 0);
   hw::fence_proxy_async();
-  return sm.num_blocks;
 }
 
-// Consumers: waits for the kv tile (and idx) of a list block; phase = its list position % 2.
-__device__ __forceinline__ void wait_kv(SmemPlan& sm, uint32_t phase) {
-  hw::mbar_wait(&sm.kv_full, phase);
+// Consumers: waits for the kv tile (and idx) of list block i; returns i % 2, its idx stage and the
+// phase of every per-block barrier.
+__device__ __forceinline__ int wait_kv(SmemPlan& sm, int i) {
+  hw::mbar_wait(&sm.kv_full, i & 1);
   hw::fence_proxy_async();
+  return i & 1;
 }
 
 // A fragments of the transposed [64 h][64 keys] tile (M = keys, K = heads), 4 k-steps of 16 heads.
@@ -181,17 +182,14 @@ __device__ void wg0_scores(const MainParams& p, SmemPlan& sm, const Work& w, int
 #pragma unroll
   for (int i = 0; i < 32; ++i) dq_b[i] = 0.f;
 
-  hw::mbar_wait(&sm.qdo_full, 0);
-  hw::fence_proxy_async();  // cp.async (generic proxy) data is read by wgmma (async proxy)
+  wait_setup(sm);
   const float lse2_lo = sm.lse2[r0], lse2_hi = sm.lse2[r0 + 8];
   const int num_blocks = sm.num_blocks;
   char* const p_tile = reinterpret_cast<char*>(sm.p);
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
-    const int st = i & 1;
-    const uint32_t ph = i & 1;
-    wait_kv(sm, ph);
+    const int st = wait_kv(sm, i);
     // Mass output: slots of keys 2 lane, 2 lane + 1 of this block (warp 0 writes them after S).
     int2 mass_slot = make_int2(0, 0);
     if (p.mass != nullptr && warp == 0) mass_slot = mass_slot_of(p, w, sm.block_list[i], lane);
@@ -214,7 +212,7 @@ __device__ void wg0_scores(const MainParams& p, SmemPlan& sm, const Work& w, int
     if (p.mass != nullptr) emit_mass<kBarWg0Mass>(p, sm, w, s, mass_slot, warp, lane);
 
     // dQ[:, kv blocks 0..4] += dS . KV (A = dS tile, K-major; B = kv, MN-major).
-    hw::mbar_wait(&sm.ds_full, ph);
+    hw::mbar_wait(&sm.ds_full, st);
     mma_dq_ss(dq_a, dq_b, sm, 0);
     const DkvRows rows = dkv_rows<kDeterministic>(p, sm, w, st, sm.block_list[i], warp, lane);
     hw::wgmma_wait<0>();
@@ -247,8 +245,7 @@ __device__ void wg1_grads(const MainParams& p, SmemPlan& sm, const Work& w, int 
 #pragma unroll
   for (int i = 0; i < kWg1DqBlocks * 32; ++i) dq[i] = 0.f;
 
-  hw::mbar_wait(&sm.qdo_full, 0);
-  hw::fence_proxy_async();
+  wait_setup(sm);
   const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
   const int num_blocks = sm.num_blocks;
   char* const p_tile = reinterpret_cast<char*>(sm.p);
@@ -256,9 +253,7 @@ __device__ void wg1_grads(const MainParams& p, SmemPlan& sm, const Work& w, int 
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
-    const int st = i & 1;
-    const uint32_t ph = i & 1;
-    wait_kv(sm, ph);
+    const int st = wait_kv(sm, i);
 
     float dp[32];  // dP = dO . V^T: [64 heads x 64 keys]
     hw::wgmma_fence();
@@ -269,7 +264,7 @@ __device__ void wg1_grads(const MainParams& p, SmemPlan& sm, const Work& w, int 
     hw::fence_regs(dp);
 
     // dS = scale P (dP - Delta), in place, with P (bf16) from WG0's tile.
-    hw::mbar_wait(&sm.p_full, ph);
+    hw::mbar_wait(&sm.p_full, st);
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
       const float2 p_lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p_tile + tile_pair_offset(r0, n, q4)));
@@ -323,19 +318,12 @@ __device__ void wg1_grads(const MainParams& p, SmemPlan& sm, const Work& w, int 
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SmemPlan& sm = *reinterpret_cast<SmemPlan*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  SmemPlan& sm = detail::smem_plan<SmemPlan>(smem_raw);
   const detail::Work w = detail::make_work(p);
-
-  if (threadIdx.x == 0) {
-    hw::mbar_init(&sm.qdo_full, 256);  // 128 cp.async arrivals + 128 producer arrivals
-    hw::mbar_init(&sm.kv_full, 256);
-    hw::mbar_init(&sm.kv_empty, 256);  // every consumer thread
-    hw::mbar_init(&sm.p_full, 128);
-    hw::mbar_init(&sm.ds_full, 128);
-    hw::mbar_init(&sm.tiles_free, 128);
-    hw::mbar_fence_init();
-  }
-  __syncthreads();
+  // qdo_full, kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: every consumer thread.
+  detail::init_barriers(detail::BarrierInit{&sm.qdo_full, 256}, detail::BarrierInit{&sm.kv_full, 256},
+                        detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.p_full, 128},
+                        detail::BarrierInit{&sm.ds_full, 128}, detail::BarrierInit{&sm.tiles_free, 128});
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 2) {

@@ -393,16 +393,10 @@ __device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v2(const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SmemPlanV2& sm =
-      *reinterpret_cast<SmemPlanV2*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  if (threadIdx.x == 0) {
-    hw::mbar_init(&sm.setup_full, 128);
-    hw::mbar_init(&sm.pds_full, 128);
-    hw::mbar_init(&sm.kv_empty, 128);
-    hw::mbar_init(&sm.tiles_free, 128);
-    hw::mbar_fence_init();
-  }
-  __syncthreads();
+  SmemPlanV2& sm = sparse_mla_bwd_impl::detail::smem_plan<SmemPlanV2>(smem_raw);
+  using sparse_mla_bwd_impl::detail::BarrierInit;
+  sparse_mla_bwd_impl::detail::init_barriers(BarrierInit{&sm.setup_full, 128}, BarrierInit{&sm.pds_full, 128},
+                                             BarrierInit{&sm.kv_empty, 128}, BarrierInit{&sm.tiles_free, 128});
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 0) detail::front<kDeterministic>(p, sm, tid);
