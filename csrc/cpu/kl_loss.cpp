@@ -80,7 +80,7 @@ Status sparse_kl_impl(const SparseKlParams& p, bool backward) {
     Acc** dq_rows = dq_rows_scratch(worker);
     row_pointers(dq, H, D, dq_rows);
     for (int64_t t = begin; t < end; ++t) {
-      const int n = idx.valid_slots(t, in.k_idx.data(), D, slots, rows);
+      const int n = idx.valid_slots(t, in.keys.data(), D, slots, rows);
       double mass_sum = 0;
       for (int i = 0; i < n; ++i) mass_sum += mass[t * K + slots[i]];
       double loss = 0;
@@ -166,7 +166,7 @@ struct DenseRow {
   // Main scores and index scores of keys [s0, s0 + c).
   void tile_scores(int64_t s0, int c, int64_t t, const Acc* q_idx) {
     for (int i = 0; i < c; ++i) {
-      kv_rows[i] = main.kv_row(s0 + i);
+      kv_rows[i] = main.key_row(s0 + i);
       k_rows[i] = indexer.key_row(s0 + i);
     }
     main.scores(q, kv_rows, c, s, kKeyTile);

@@ -51,7 +51,7 @@ Status sparse_mla_fwd_impl(const SparseMlaFwdParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       Act* out_t = out + t * H * D_v;
       Acc* lse_t = lse_out + t * H;
-      const int n = idx.valid_slots(t, in.kv.data(), p.attn.D_qk, scratch.slots(worker), rows);
+      const int n = idx.valid_slots(t, in.keys.data(), p.attn.D_qk, scratch.slots(worker), rows);
       if (n == 0) {
         std::fill(out_t, out_t + H * D_v, from_acc<Act>(Acc(0)));
         std::fill(lse_t, lse_t + H, neg_inf<Acc>());
@@ -132,7 +132,7 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
         for (int d = 0; d < D_v; ++d) sum += dout[h * D_v + d] * to_acc(out_th[d]);
         delta_t[h] = sum;
       }
-      const int n = idx.valid_slots(t, in.kv.data(), D_qk, slots, rows);
+      const int n = idx.valid_slots(t, in.keys.data(), D_qk, slots, rows);
       if (n > 0) {
         in.load_q(t, q);
         in.scores(q, rows, n, s, K);
@@ -171,7 +171,7 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
     };
     scatter_key_batches(idx, key_begin, key_end, every_slot, dkv, D_qk, load,
                         [&](int64_t t, const int32_t* slots, int n, Acc* const* dkv_rows) {
-      for (int i = 0; i < n; ++i) rows[i] = in.kv_row(idx.row(t)[slots[i]]);
+      for (int i = 0; i < n; ++i) rows[i] = in.key_row(idx.row(t)[slots[i]]);
       in.scores(q, rows, n, s, K);
       dot_rows(dout, D_v, H, rows, n, D_v, Acc(1), dp, K);
       probabilities_and_score_grads(H, K, n, in.scale, lse + t * H, delta.data() + t * H, s, dp);
@@ -201,7 +201,7 @@ Status attention_mass_impl(const AttnMassParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       Acc* mass_t = mass + t * K;
       std::fill(mass_t, mass_t + K, Acc(0));
-      const int n = idx.valid_slots(t, in.kv.data(), p.attn.D_qk, slots, rows);
+      const int n = idx.valid_slots(t, in.keys.data(), p.attn.D_qk, slots, rows);
       if (n == 0) continue;
       in.load_q(t, q);
       in.scores(q, rows, n, s, K);
