@@ -88,16 +88,6 @@ __device__ __forceinline__ void init_barriers(Inits... inits) {
 
 // ---- setup: lse / Delta, the block list -------------------------------------------------------
 
-// Threads tid < 64 of the loading warpgroup: lse * log2(e) and Delta of head h0 + tid (+inf and 0 on
-// padded heads, so that P = 0 there).
-template <class Smem>
-__device__ __forceinline__ void load_lse_delta(const MainParams& p, Smem& sm, const Work& w, int h0, int tid) {
-  const bool real = tid < w.heads;
-  const int64_t at = w.token * p.H + h0 + tid;
-  sm.lse2[tid] = real ? p.lse[at] * hw::kLog2e : __int_as_float(0x7f800000);  // +inf: P = 0
-  sm.delta[tid] = real ? p.delta[at] : 0.f;
-}
-
 // The non-empty key blocks of the row (rows are often -1-padded at the end) into sm.block_list, in
 // processing order, and their count into sm.num_blocks; called by the 128 threads of one warpgroup,
 // which synchronise on named barrier kBar. Sweep mode: all CTAs walk their (key-sorted) rows in step,

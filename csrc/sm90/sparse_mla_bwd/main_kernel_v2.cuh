@@ -96,7 +96,6 @@ using sparse_mla_bwd_impl::detail::emit_mass;
 using sparse_mla_bwd_impl::detail::exp_scores;
 using sparse_mla_bwd_impl::detail::issue_dkv_chunk;
 using sparse_mla_bwd_impl::detail::key_valid;
-using sparse_mla_bwd_impl::detail::load_lse_delta;
 using sparse_mla_bwd_impl::detail::make_work;
 using sparse_mla_bwd_impl::detail::mass_slot_of;
 using sparse_mla_bwd_impl::detail::mma_dq_rs;
@@ -183,10 +182,10 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
   const Work w = make_work(p);
   const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
   const int r0 = 16 * warp + lane / 4;  // accumulator rows (heads) r0, r0 + 8
+  const Copier cp(tid);                 // this thread's 16-byte pieces of every tile row it gathers
   const int h0 = w.head_group * kHeadsPerCta;
   const int32_t* idx_row = p.indices + w.local_token * p.indices_stride_t;
   const int num_row_blocks = p.K / kBlockKeys;
-  const Copier cp(tid);
   const uint32_t q_tile = hw::smem_u32(sm.q), do_tile = hw::smem_u32(sm.dout), kv_tile = hw::smem_u32(sm.kv);
 
   // Q and dO (padded heads zero-filled, never read).
