@@ -86,7 +86,7 @@ __device__ __forceinline__ void init_barriers(Inits... inits) {
   __syncthreads();
 }
 
-// ---- setup: lse / Delta, the block list -------------------------------------------------------
+// ---- setup: the block list ----------------------------------------------------------------
 
 // The non-empty key blocks of the row (rows are often -1-padded at the end) into sm.block_list, in
 // processing order, and their count into sm.num_blocks; called by the 128 threads of one warpgroup,
