@@ -114,6 +114,31 @@ __device__ __forceinline__ void load_query_block(__nv_bfloat16* qs, const Kernel
   }
 }
 
+// wgmma descriptors (hopper.cuh make_desc_sw128) split into 32-bit halves: the high half is the same
+// for every K-major SW128 operand (stride byte offset 1024, 128-byte swizzle), the low half is the
+// start address >> 4 plus the leading byte offset (16 >> 4 = 1 at bit 16). A k-step only moves the
+// address field (shared addresses < 228 KB: the 14-bit field never carries), so each wgmma needs one
+// 32-bit add per operand; with warp-uniform inputs these stay in uniform registers.
+constexpr uint32_t kDescHi = (static_cast<uint32_t>(hw::kSw128AtomBytes) >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr) { return ((smem_addr & 0x3FFFFu) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (static_cast<uint64_t>(kDescHi) << 32) | lo; }
+
+// Issues (does not wait for) acc = K_tile [64, D] x Q_wg^T [D, 128] (fp32): the warpgroup's 128
+// columns. ka / qb: desc_lo of the key tile and of the warpgroup's first Q row (both K-major SW128;
+// the Q tile has kCols rows per 64-column block). The same instructions as kernel.cuh issue_score_half.
+template <int D>
+__device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka, uint32_t qb) {
+  auto step = [](int rows, int ks) -> uint32_t {
+    return static_cast<uint32_t>(((ks >> 2) * rows * hw::kSw128RowBytes + (ks & 3) * 32) >> 4);
+  };
+  hw::wgmma_fence();
+  hw::wgmma_ss_m64n128k16_overwrite<0, 0>(acc, desc_of(ka), desc_of(qb));
+#pragma unroll
+  for (int ks = 1; ks < D / 16; ++ks)
+    hw::wgmma_ss_m64n128k16<0, 0>(acc, desc_of(ka + step(kTileKeys, ks)), desc_of(qb + step(kCols, ks)), true);
+  hw::wgmma_commit();
+}
+
 // Compacts every list that might overflow before the next check to its top K (raises the row's
 // threshold). All 256 threads, after a barrier that follows the last appends.
 template <int NT>
@@ -143,7 +168,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   auto& sm = *reinterpret_cast<Smem<H, D>*>(hw::align_smem(smem_raw));
 
   const int tid = threadIdx.x, lane = tid & 31, quad = lane & 3;
-  const int wg = tid >> 7;                                // warpgroup: columns [128 wg, 128 wg + 128)
+  // Warpgroup: columns [128 wg, 128 wg + 128). Read through a shuffle so that the compiler knows it is
+  // warp-uniform and keeps the wgmma descriptors in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int acc_row = 16 * ((tid >> 5) & 3) + (lane >> 2);  // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
   const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
   float* const cand_s = a.cand_scores + list_base;
@@ -159,6 +186,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     hw::mbar_fence_init();
     hw::prefetch_tensormap(&args.tmap_k);
   }
+  const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
+  const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
   uint32_t ring = 0;  // tiles this CTA has consumed: tile `it` of a block sits in ring slot (ring + it) % S
 
 #if FLASHDSA_V2_ABLATE != 0
@@ -224,7 +253,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const uint32_t slot = g % S;
       hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
       float acc[kHalfAcc];
-      issue_score_half<D>(acc, sm.k[slot], sm.q, wg);
+      {
+        const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);  // warp-uniform for the compiler
+        issue_wg_mma<D>(acc, k_desc0 + uslot * (Cfg::kTileBytes >> 4), q_desc);
+      }
       // While the MMA runs: OR the flags of the previous tile's appends; every warp has waited for
       // its MMAs of the previous tile, so that tile's stage is free for tile it - 1 + S.
       const bool compact = __syncthreads_or(list_nearly_full) != 0;
