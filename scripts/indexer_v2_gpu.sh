@@ -67,6 +67,7 @@ if [ $prebuilt = 0 ]; then
       >> "$OUT/build_$v.log" 2>&1 || build_rc=1; }
   done
   echo "  builds done after $(( $(date +%s) - T0 )) s"
+  rm -f "$BIN"/*.o  # the binaries alone are carried (about 36 MB)
   if [ $build_rc -ne 0 ]; then
     echo "build failed"; tail -n 20 "$OUT"/build_*.log; exit 2
   fi

@@ -179,12 +179,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // and acc_row + 8; H_I = 64 (V = 1): row wg * 2 + q / 2, key acc_row + 8 (q % 2).
   const int my_row = wg * NTW + (V == 2 ? quad : quad >> 1);
   const int my_key_off = V == 2 ? 0 : 8 * (quad & 1);
+  // This lane's row's candidate list (appends index it directly: no 64-bit row arithmetic per append).
+  float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
+  int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
 
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) hw::mbar_init(&sm.full[s], 1);
     hw::mbar_fence_init();
-    hw::prefetch_tensormap(&args.tmap_k);
+    if (a.T_kv > 0) hw::prefetch_tensormap(&args.tmap_k);  // (the map is zero when there are no keys)
   }
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
@@ -311,9 +314,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         base = __shfl_sync(0xffffffffu, base, leader);
         if (pass) {
           const int pos = base + __popc(group & ((1u << lane) - 1u));
-          const size_t at = static_cast<size_t>(my_row) * a.cap + pos;
-          cand_s[at] = s;
-          cand_i[at] = key;
+          my_list_s[pos] = s;
+          my_list_i[pos] = key;
           list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
         }
 #endif
