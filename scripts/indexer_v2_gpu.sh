@@ -5,7 +5,7 @@
 #
 #   bash scripts/indexer_v2_gpu.sh                      builds, then runs (about 5 minutes with 16 cores)
 #   BUILD_ONLY=1 bash scripts/indexer_v2_gpu.sh         only the builds (e.g. on the CPU box), into $BIN
-#   BIN=build-itk2 bash scripts/indexer_v2_gpu.sh --prebuilt   runs binaries built earlier (carry $BIN)
+#   BIN=build-itk2 bash scripts/indexer_v2_gpu.sh --prebuilt   (or PREBUILT=1) runs binaries built earlier (carry $BIN)
 #
 # Steps (each under its own timeout; logs in $OUT, default /tmp/indexer_v2_gpu):
 #   1. builds the check program tests/cuda/indexer_topk_check.cu six times, in parallel: base (today's
@@ -15,10 +15,10 @@
 #      double CPU reference) and the T = 0 case;
 #   3. A/B: base / v2 alternated, 2 rounds, --bench-only --bench-T $T_BENCH --bench-H 32,64 (each run
 #      also spot-checks 9 rows at the first T against the CPU reference);
-#   4. the four ablation builds once each, same shapes (their spot checks fail by design);
-#   5. compute-sanitizer memcheck, racecheck, synccheck of v2 --small.
+#   4. compute-sanitizer memcheck, racecheck, synccheck of v2 --small;
+#   5. the four ablation builds once each, same shapes (their spot checks fail by design).
 # Prints a summary table last. Exit status 0 when v2 is correct and the sanitizers are clean. The run
-# is bounded by BUDGET seconds (default 350 after the builds); a step with < 15 s left is skipped.
+# is bounded by BUDGET seconds (default 290 after the builds, which take about 70 s); a step with < 15 s left is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/indexer_v2_gpu}; mkdir -p "$OUT"
@@ -28,7 +28,7 @@ BIN=${BIN:-build-itk2}; mkdir -p "$BIN"
 T_BENCH=${T_BENCH:-8192,32768,131072}
 H_BENCH=${H_BENCH:-32,64}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-240}
-prebuilt=0
+prebuilt=${PREBUILT:-0}
 while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) prebuilt=1; shift ;;
@@ -85,7 +85,7 @@ else
   status+=("builds|prebuilt ($BIN)")
 fi
 
-START=$(date +%s); BUDGET=${BUDGET:-350}
+START=$(date +%s); BUDGET=${BUDGET:-290}
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, output to LOG (tail on the console)
   local name=$1 limit=$2 log=$3; shift 3
@@ -108,24 +108,24 @@ status+=("v2 correctness|rc=$rc; $(grep -c ' PASS' "$OUT/v2_correctness.log") PA
 # 3. A/B, alternated
 for r in 1 2; do
   for v in base v2; do
-    step "round $r $v bench" 100 "$OUT/bench_${v}_r$r.log" "$BIN/itk_$v" --bench-only --bench-T "$T_BENCH" --bench-H "$H_BENCH" --seed 7
+    step "round $r $v bench" 60 "$OUT/bench_${v}_r$r.log" "$BIN/itk_$v" --bench-only --bench-T "$T_BENCH" --bench-H "$H_BENCH" --seed 7
   done
 done
 
-# 4. ablations, once each
-for v in base_a1 base_a2 v2_a1 v2_a2; do
-  step "$v bench (attribution; spot checks fail by design)" 80 "$OUT/bench_$v.log" "$BIN/itk_$v" --bench-only --bench-T "$T_BENCH" --bench-H "$H_BENCH" --seed 7
-done
-
-# 5. sanitizers on v2 --small
+# 4. sanitizers on v2 --small
 if [ -x "$SAN" ]; then
   for tool in memcheck racecheck synccheck; do
-    step "v2 $tool --small" 90 "$OUT/v2_$tool.log" "$SAN" --tool $tool "$BIN/itk_v2" --small --seed 1
+    step "v2 $tool --small" 75 "$OUT/v2_$tool.log" "$SAN" --tool $tool "$BIN/itk_v2" --small --seed 1
     status+=("v2 $tool --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: .*' "$OUT/v2_$tool.log" | tail -1)")
   done
 else
   status+=("sanitizers|compute-sanitizer not found")
 fi
+
+# 5. ablations, once each
+for v in base_a1 base_a2 v2_a1 v2_a2; do
+  step "$v bench (attribution; spot checks fail by design)" 45 "$OUT/bench_$v.log" "$BIN/itk_$v" --bench-only --bench-T "$T_BENCH" --bench-H "$H_BENCH" --seed 7
+done
 
 # Summary. Bench lines of the check program: "  H T ms TFLOP/s workspace MiB delta MiB  spot".
 ms() { awk -v H="$2" -v T="$3" '$1 == H && $2 == T && NF >= 7 { print $3; exit }' "$1" 2>/dev/null; }
