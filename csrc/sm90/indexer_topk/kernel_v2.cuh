@@ -9,10 +9,10 @@
 //     (tokens [w kTokens / 2, (w + 1) kTokens / 2)) with one m64n128 accumulator (8 wgmma per tile),
 //   - __launch_bounds__(256, 2): 128 registers per thread, two CTAs per SM (4 warps per scheduler),
 //   - key tiles by TMA (SW128 boxes of 64 keys x 64 columns) into an S-stage ring with one "full"
-//     mbarrier per stage (transaction count); thread 0 issues them,
+//     mbarrier per stage (transaction count) and one "done" counter per stage: the last of the 8 warps
+//     to finish its MMA on a stage refills it (thread 0 issues the first S tiles of a block),
 //   - one CTA barrier per tile, placed right after the MMA issue (it overlaps the MMA): it ORs the
-//     "list nearly full" flags and proves that both warpgroups are done with the previous tile's
-//     stage, which is refilled right after it (so no "empty" mbarrier is needed),
+//     "list nearly full" flags, so that compactions are decided uniformly,
 //   - compactions and final selects over all 256 threads (select_v2.cuh: 16 + 16 registers per
 //     thread for a 4096-entry list).
 // The scores are bitwise those of kernel.cuh: the same wgmma instructions on the same operands, the
@@ -70,6 +70,7 @@ struct alignas(1024) Smem {
   __nv_bfloat16 k[Cfg::kStages][kTileKeys * D];  // SW128 [64, D] key tiles (TMA, D / 64 boxes each)
   float w[kCols];                                // weights of the block's columns (0 past T)
   uint64_t full[Cfg::kStages];                   // stage s holds its tile (TMA transaction count)
+  int done[Cfg::kStages];  // warps done reading stage s ("empty" count; the 8th refills the stage)
   sel2::Scratch<kThreads> sel;
   int count[Cfg::kTokens];     // candidates held per row
   uint32_t thr[Cfg::kTokens];  // admission threshold (score key) per row: append iff key > thr
@@ -185,7 +186,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < S; ++s) hw::mbar_init(&sm.full[s], 1);
+    for (int s = 0; s < S; ++s) {
+      hw::mbar_init(&sm.full[s], 1);
+      sm.done[s] = 0;
+    }
     hw::mbar_fence_init();
     if (a.T_kv > 0) hw::prefetch_tensormap(&args.tmap_k);  // (the map is zero when there are no keys)
   }
@@ -260,13 +264,20 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);  // warp-uniform for the compiler
         issue_wg_mma<D>(acc, k_desc0 + uslot * (Cfg::kTileBytes >> 4), q_desc);
       }
-      // While the MMA runs: OR the flags of the previous tile's appends; every warp has waited for
-      // its MMAs of the previous tile, so that tile's stage is free for tile it - 1 + S.
+      // While the MMA runs: OR the flags of the previous tile's appends.
       const bool compact = __syncthreads_or(list_nearly_full) != 0;
       list_nearly_full = false;
-      if (tid == 0 && it >= 1 && it - 1 + S < ntiles) issue_key_tile(it - 1 + S);
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
+      // This warp is done reading the stage. The last of the 8 warps to get here refills it with tile
+      // it + S at once (the "empty" side of the ring, without a barrier: it does not wait for the
+      // epilogues). The counter is reset before the refill, and its next use is after tile it + S.
+      if (lane == 0) {
+        if (atomicAdd(&sm.done[slot], 1) == kThreads / 32 - 1) {
+          sm.done[slot] = 0;
+          if (it + S < ntiles) issue_key_tile(it + S);
+        }
+      }
 
 #if FLASHDSA_V2_ABLATE == 1
       ablate_sink += __float_as_uint(acc[0]) ^ __float_as_uint(acc[kHalfAcc - 1]);
