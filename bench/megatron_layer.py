@@ -57,7 +57,8 @@ def _build(backend: str, shape: dict, device: str):
                       indexer_head_dim=shape["d_i"], topk=shape["topk"])
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     # Weights are initialized on the CPU (no CUDA RNG tracker needed), then moved.
-    config = T.build_config(ms, backend=mg_backend, sparse_loss=True, loss_coeff=0.01, dtype=dtype)
+    config = T.build_config(ms, backend=mg_backend, sparse_loss=True, loss_coeff=0.01, dtype=dtype,
+                            relu=True)  # Megatron's default scoring (DeepSeek-V3.2); cuDNN's kernels require it
     spec = T.dsa_layer_spec(flashdsa_attention=backend == "flashdsa-spec")
     core_spec = spec.submodules.self_attention.submodules.core_attention
     d_qk = shape["kv_lora_rank"] + 64

@@ -1,4 +1,10 @@
-"""PNG plots of a run (matplotlib, Agg backend): layer time vs T, kernel TFLOP/s vs T, memory vs T."""
+"""PNG plots of a run (matplotlib, Agg backend): layer time vs T, kernel TFLOP/s vs T, memory vs T, and
+the vs-peers ratios when the run measured the peers.
+
+    python -m bench.plots --peers RUN1/results.json [RUN2/results.json ...] --out peers.png [--title T]
+
+re-draws the vs-peers plot from the results of one or more runs (e.g. the two device calls that
+measure different peers), rows of later files replacing equal (kernel, peer, T, heads) rows."""
 
 from __future__ import annotations
 
@@ -140,9 +146,86 @@ def plot_memory(cfg: BenchConfig, records: Sequence[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+_PEER_KERNEL_TITLES = {"sparse_mla_fwd": "sparse MLA forward", "sparse_mla_bwd": "sparse MLA backward",
+                       "indexer_topk": "indexer + top-k"}
+
+
+_PEER_PLOT_HEADS = {"sparse_mla_fwd": (64,), "sparse_mla_bwd": (64,), "indexer_topk": (32, 64)}
+
+
+def plot_peer_ratios(rows: Sequence[dict], path: Path, title: str = "FlashDSA vs public peers") -> Path:
+    """One panel per kernel: ratio = peer ms / ours ms vs T, a line per (peer, heads); > 1: FlashDSA faster.
+
+    `rows` are the vs-peers rows of bench/peers (summary["peers"]["rows"]); rows without a ratio
+    (absent peer, skipped case) are left out, and so are head counts other than the production ones
+    (H = 64; H_I = 32, 64), which the report's table lists."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("ratio")
+          and r["heads"] in _PEER_PLOT_HEADS.get(r["kernel"], (r["heads"],))]
+    kernels = [k for k in _PEER_KERNEL_TITLES if any(r["kernel"] == k for r in ok)]
+    fig, axes = plt.subplots(1, max(1, len(kernels)), figsize=(5.2 * max(1, len(kernels)), 4.6), squeeze=False)
+    if not kernels:
+        _empty(axes[0][0], "no peer measured")
+    for ax, kernel in zip(axes[0], kernels):
+        mine = [r for r in ok if r["kernel"] == kernel]
+        ts = sorted({r["t"] for r in mine})
+        lines = sorted({(r["peer"], r["heads"]) for r in mine}, key=lambda x: (x[0], x[1]))
+        for peer, heads in lines:
+            pts = sorted((r["t"], r["ratio"]) for r in mine if r["peer"] == peer and r["heads"] == heads)
+            label = f"{peer}, {'H_I' if kernel == 'indexer_topk' else 'H'}={heads}"
+            ax.plot([t for t, _ in pts], [v for _, v in pts], "-o", label=label)
+            for t, v in pts:
+                ax.annotate(f"{v:.2f}", (t, v), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.axhline(1.0, color="red", linestyle="--", linewidth=1)
+        _t_axis(ax, ts)
+        ax.set_yscale("log", base=2)
+        ax.set_ylabel("peer ms / FlashDSA ms (> 1: FlashDSA faster)")
+        ax.set_title(_PEER_KERNEL_TITLES[kernel])
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
 def write_plots(out_dir: Path, cfg: BenchConfig, records: Sequence[dict], summary: dict) -> Dict[str, Path]:
-    return {
+    plots = {
         "time_vs_T": plot_layer_times(cfg, records, summary, out_dir / "time_vs_T.png"),
         "kernel_tflops": plot_kernel_tflops(cfg, records, summary, out_dir / "kernel_tflops.png"),
         "memory_vs_T": plot_memory(cfg, records, out_dir / "memory_vs_T.png"),
     }
+    peers = (summary.get("peers") or {}).get("rows")
+    if peers:
+        plots["vs_peers"] = plot_peer_ratios(peers, out_dir / "vs_peers.png")
+    return plots
+
+
+def merge_peer_rows(paths: Sequence[Path]) -> List[dict]:
+    """The vs-peers rows of several results.json files; a later file's row replaces an earlier one with the
+    same (kernel, peer, T, heads) when it has a ratio."""
+    merged: Dict[tuple, dict] = {}
+    for path in paths:
+        import json
+        with open(path) as f:
+            rows = ((json.load(f).get("summary") or {}).get("peers") or {}).get("rows") or []
+        for r in rows:
+            key = (r["kernel"], r["peer"], r["t"], r["heads"])
+            if key not in merged or r.get("ratio"):
+                merged[key] = r
+    return list(merged.values())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI: re-draw the vs-peers plot from one or more results.json files."""
+    import argparse
+    p = argparse.ArgumentParser(description="re-draw the vs-peers plot from bench results")
+    p.add_argument("--peers", nargs="+", type=Path, required=True, help="results.json files of bench/run.py")
+    p.add_argument("--out", type=Path, required=True, help="PNG path")
+    p.add_argument("--title", default="FlashDSA vs public peers (ratio = peer ms / ours)")
+    args = p.parse_args(argv)
+    rows = merge_peer_rows(args.peers)
+    if not rows:
+        raise SystemExit("no vs-peers rows in " + ", ".join(map(str, args.peers)))
+    print(plot_peer_ratios(rows, args.out, args.title))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

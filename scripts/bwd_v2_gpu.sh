@@ -13,7 +13,8 @@
 # BUDGET seconds (default 470): each step's timeout is cut to what is left, a step with < 15 s left is
 # skipped. NO_REDS=1 adds a third build (v2 without any dkv write: the compute-path floor, wrong dkv)
 # and one --bench-only --fast-only --T 4096,32768 run of it. BUILD_ONLY=1 stops after the builds;
-# BUILD_TIMEOUT (default 300 s) bounds each nvcc process.
+# BUILD_TIMEOUT (default 300 s) bounds each nvcc process. PREBUILT=1 skips the builds and uses the binaries
+# already in $BIN (e.g. built with BUILD_ONLY=1 on a machine without a GPU and carried over).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bwd_v2_gpu}; mkdir -p "$OUT"
@@ -40,10 +41,14 @@ step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, output to LOG
   return $rc
 }
 
+if [ "${PREBUILT:-0}" = 1 ]; then
+  echo "=== PREBUILT=1: using $BIN/bwd_v1 and $BIN/bwd_v2"
+  for v in v1 v2; do [ -x "$BIN/bwd_$v" ] || { echo "missing $BIN/bwd_$v"; exit 2; }; done
+else
 # 1. builds: the check program's translation unit once, sparse_mla_bwd.cu per variant, all in parallel
 echo "=== build v1 and v2 ($(date -u +%H:%M:%S))"
 variants=(v1 v2)
-declare -A vflags=([v1]="" [v2]="-DFLASHDSA_BWD_V2=1" [v2_nodkv]="-DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_V2_NO_DKV=1")
+declare -A vflags=([v1]="-DFLASHDSA_BWD_V2=0" [v2]="-DFLASHDSA_BWD_V2=1" [v2_nodkv]="-DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_V2_NO_DKV=1")
 [ "${NO_REDS:-0}" = 1 ] && variants+=(v2_nodkv)
 timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/check.o" tests/cuda/sparse_mla_bwd_check.cu > "$OUT/build_check.log" 2>&1 &
 pids=($!)
@@ -65,6 +70,7 @@ for v in v1 v2; do
 done
 if [ $build_rc -ne 0 ]; then
   echo "build failed"; tail -n 20 "$OUT"/build_*.log; exit 2
+fi
 fi
 status+=("build v1 / v2|ok")
 [ "${BUILD_ONLY:-0}" = 1 ] && { echo "BUILD_ONLY=1: builds in $BIN, stopping"; exit 0; }

@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1"; exit 2 ;;
   esac
 done
-export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FLASHDSA_WITH_CUDA=1 FLASHDSA_BUILD_DIR=$BUILD FLASHDSA_EXPERIMENTAL_FP8=1
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FLASHDSA_WITH_CUDA=1 FLASHDSA_BUILD_DIR=$BUILD
 rows=()
 step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, records "NAME | status | seconds | log"
   local name=$1 limit=$2 log=$3; shift 3

@@ -142,6 +142,8 @@ PYEOF
     {
         echo "export FLASHDSA_PEERS_DIR=$peers"
         echo "export TILELANG_CACHE_DIR=$peers/tilelang_cache"
+        # Megatron's cudnn backend imports flash_mla: our op around FlashMLA's kernel stands in for it.
+        [ -f "$peers/flashmla/build/flashdsa_peer_flashmla.so" ] && path="${path:+$path:}$root/bench/peers/flash_mla_shim"
         [ -n "$path" ] && echo "export PYTHONPATH=$path\${PYTHONPATH:+:\$PYTHONPATH}"
     } > "$peers/env.sh"
     # shellcheck disable=SC1091

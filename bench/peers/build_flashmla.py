@@ -19,6 +19,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 NAME = "flashdsa_peer_flashmla"
 KERNEL = "csrc/sm90/prefill/sparse/instantiations/phase1_k576.cu"
+# The HAVE_TOPK_LENGTH instantiation (topk_length argument; Megatron's cudnn backend passes it): built
+# when the source tree has it.
+KERNEL_TOPKLEN = "csrc/sm90/prefill/sparse/instantiations/phase1_k576_topklen.cu"
 
 NVCC_FLAGS = [
     "-O3", "-std=c++20", "-DNDEBUG", "-D_USE_MATH_DEFINES", "-Wno-deprecated-declarations",
@@ -53,9 +56,14 @@ def main(argv=None) -> int:
     build = args.dest / "build"
     build.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    cpp_extension.load(name=NAME, sources=[str(HERE / "flashmla_binding.cpp"), str(kernel)],
+    sources = [str(HERE / "flashmla_binding.cpp"), str(kernel)]
+    defines = []
+    if (args.src / KERNEL_TOPKLEN).is_file():
+        sources.append(str(args.src / KERNEL_TOPKLEN))
+        defines.append("-DFLASHDSA_PEER_FLASHMLA_TOPKLEN")
+    cpp_extension.load(name=NAME, sources=sources,
                        extra_include_paths=include_dirs(args.src),
-                       extra_cflags=["-O3", "-std=c++20", "-DNDEBUG", "-Wno-deprecated-declarations"],
+                       extra_cflags=["-O3", "-std=c++20", "-DNDEBUG", "-Wno-deprecated-declarations"] + defines,
                        extra_cuda_cflags=NVCC_FLAGS + ["--threads", os.environ.get("NVCC_THREADS", "8")],
                        build_directory=str(build), is_python_module=False, verbose=True)
     print(f"build_flashmla: built {build / (NAME + '.so')} in {time.time() - start:.0f} s", flush=True)

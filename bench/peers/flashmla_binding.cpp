@@ -2,11 +2,15 @@
 // that the suite can time FlashMLA without compiling FlashMLA's whole extension (its decode and SM100
 // kernels). Built on the GPU machine by bench/peers/build_flashmla.py against a FlashMLA source tree
 // that scripts/peers_stage.sh / scripts/peers_gpu.sh bring there; FlashMLA itself is not part of this
-// repository. The op mirrors the contract of flash_mla.flash_mla_sparse_fwd (no attention sink, no
-// topk_length):
+// repository. The op mirrors the contract of flash_mla.flash_mla_sparse_fwd:
 //
 //   flashdsa_peer_flashmla::sparse_prefill_fwd(q [s_q, h_q, d_qk] bf16, kv [s_kv, 1, d_qk] bf16,
-//       indices [s_q, 1, topk] int32 (-1 = empty), sm_scale, d_v = 512) -> (out, max_logits, lse)
+//       indices [s_q, 1, topk] int32 (-1 = empty), sm_scale, d_v = 512,
+//       attn_sink [h_q] fp32 = None, topk_length [s_q] int32 = None) -> (out, max_logits, lse)
+//
+// With topk_length it runs FlashMLA's HAVE_TOPK_LENGTH instantiation (phase1_k576_topklen.cu), which
+// build_flashmla.py compiles when the source tree has it (Megatron's cudnn backend passes both
+// arguments, through bench/peers/flash_mla_shim).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -27,7 +31,9 @@ int to_int(int64_t v, const char* what) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_prefill_fwd(const at::Tensor& q, const at::Tensor& kv,
                                                                   const at::Tensor& indices, double sm_scale,
-                                                                  int64_t d_v) {
+                                                                  int64_t d_v,
+                                                                  const c10::optional<at::Tensor>& attn_sink,
+                                                                  const c10::optional<at::Tensor>& topk_length) {
     TORCH_CHECK(q.is_cuda() && kv.is_cuda() && indices.is_cuda(), "flashmla peer: CUDA tensors expected");
     TORCH_CHECK(q.dim() == 3 && kv.dim() == 3 && indices.dim() == 3,
                 "flashmla peer: q [s_q, h_q, d_qk], kv [s_kv, 1, d_qk], indices [s_q, 1, topk] expected");
@@ -66,6 +72,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_prefill_fwd(const at::Tens
     params.indices = indices.data_ptr<int>();
     params.attn_sink = nullptr;
     params.topk_length = nullptr;
+    if (attn_sink.has_value()) {
+        const at::Tensor& sink = *attn_sink;
+        TORCH_CHECK(sink.is_cuda() && sink.scalar_type() == at::kFloat && sink.dim() == 1 && sink.size(0) == h_q &&
+                        sink.is_contiguous(),
+                    "flashmla peer: attn_sink must be a contiguous fp32 CUDA tensor [h_q]");
+        params.attn_sink = sink.data_ptr<float>();
+    }
+    if (topk_length.has_value()) {
+        const at::Tensor& len = *topk_length;
+        TORCH_CHECK(len.is_cuda() && len.scalar_type() == at::kInt && len.dim() == 1 && len.size(0) == s_q &&
+                        len.is_contiguous(),
+                    "flashmla peer: topk_length must be a contiguous int32 CUDA tensor [s_q]");
+        params.topk_length = len.data_ptr<int>();
+    }
     params.stride_q_s_q = to_int(q.stride(0), "q stride");
     params.stride_q_h_q = to_int(q.stride(1), "q stride");
     params.stride_kv_s_kv = to_int(kv.stride(0), "kv stride");
@@ -77,14 +97,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_prefill_fwd(const at::Tens
     params.lse = lse.data_ptr<float>();
     params.num_sm = props->multiProcessorCount;
     params.stream = at::cuda::getCurrentCUDAStream().stream();
-    sm90::fwd::run_fwd_phase1_kernel<576, false>(params);
+    if (params.topk_length != nullptr) {
+#ifdef FLASHDSA_PEER_FLASHMLA_TOPKLEN
+        sm90::fwd::run_fwd_phase1_kernel<576, true>(params);
+#else
+        TORCH_CHECK(false, "flashmla peer: built without phase1_k576_topklen.cu; topk_length is not supported");
+#endif
+    } else {
+        sm90::fwd::run_fwd_phase1_kernel<576, false>(params);
+    }
     return {out, max_logits, lse};
 }
 
 }  // namespace
 
 TORCH_LIBRARY(flashdsa_peer_flashmla, m) {
-    m.def("sparse_prefill_fwd(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v) -> (Tensor, Tensor, Tensor)");
+    m.def("sparse_prefill_fwd(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v, Tensor? attn_sink=None, "
+          "Tensor? topk_length=None) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flashdsa_peer_flashmla, CUDA, m) { m.impl("sparse_prefill_fwd", &sparse_prefill_fwd); }

@@ -39,4 +39,19 @@ constexpr int64_t kBwdSortChunkEntries = int64_t(1) << 24;
 // then rounded down to a multiple of the SM count (whole waves of one CTA per SM).
 constexpr int64_t kBwdDetChunkBytes = int64_t(2) << 30;
 
+// Sparse MLA backward main kernel: v2 (main_kernel_v2.cuh, front/back warpgroups, natural column order)
+// or v1 (main_kernel.cuh). Measured on the H200 (2026-12-02, H = 64, K = 2048, docs/kernels/sparse_mla_bwd.md):
+// v2 is 1.17-1.18x v1 in fast mode without the sorted sweep (T_kv 4K, 8K) and 1.19x in the deterministic
+// mode at 32K, but 0.89x (32K) / 0.92x (128K) in fast mode with the sorted sweep. Build with
+// -DFLASHDSA_BWD_V2=0 or =1 to force one kernel everywhere (A/B builds); the default picks per call.
+inline bool bwd_use_v2(bool deterministic, bool sweep) {
+#if defined(FLASHDSA_BWD_V2)
+  (void)deterministic;
+  (void)sweep;
+  return FLASHDSA_BWD_V2 != 0;
+#else
+  return deterministic || !sweep;
+#endif
+}
+
 }  // namespace flashdsa::sm90::tuning

@@ -406,7 +406,7 @@ int main(int argc, char** argv) {
       {"T=300 H=16 K=256 T_kv=40000 strided", 300, 40000, 16, 256, 0.05f, 0.2, true},
       {"T=150 H=128 K=192 T_kv=17000", 150, 17000, 128, 192, 0.05f, 0.3, false},
       {"T=9 H=32 K=4096 T_kv=16384 all valid", 9, 16384, 32, 4096, 0.05f, 0.0, false},
-      // scale <= 0 runs the kernel instance without the fused-scale softmax (FLASHDSA_FWD_SOFTMAX).
+      // scale <= 0 runs the kernel instance without the fused-scale softmax (kFusedScale = false).
       {"T=7 H=64 K=192 scale<0 (odd blocks)", 7, 400, 64, 192, -0.05f, 0.2, false},
       {"T=7 H=32 K=128 scale=0", 7, 100, 32, 128, 0.f, 0.2, false},
   };

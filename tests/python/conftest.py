@@ -5,9 +5,6 @@
 - `device` runs a test on "cpu" and "cuda". The CUDA case is skipped when no GPU is present or
   when the extension was built without CUDA (flashdsa.built_with_cuda).
 - `@pytest.mark.kernels("op", ...)` names the raw ops a test runs (documentation and selection).
-- The CUDA FP8 selection runs only with FLASHDSA_EXPERIMENTAL_FP8=1 until it has been validated on a
-  GPU; the tests exist to validate it, so the session sets the variable (test_ops_indexer_fp8.py
-  checks the refusal without it).
 """
 
 import os
@@ -20,7 +17,6 @@ import flashdsa
 
 
 def pytest_configure(config):
-    os.environ.setdefault("FLASHDSA_EXPERIMENTAL_FP8", "1")
     config.addinivalue_line(
         "markers", "kernels(*ops): raw flashdsa ops the test runs")
 

@@ -405,3 +405,29 @@ def test_peers_gpu_script_uses_only_the_parts_its_manifest_lists(tmp_path):
     out = stage({"cudnn.tar.xz": new})
     assert (peers / "cudnn" / ".unpacked").exists(), out
     assert (peers / "cudnn" / "fakepkg" / "__init__.py").read_text() == "VALUE = 7\n"
+
+
+def test_peer_ratio_plot_merges_runs_and_draws(tmp_path):
+    """Rows of a later results.json replace equal (kernel, peer, T, heads) rows only when they carry a
+    ratio; the plot is written and leaves out rows without a ratio."""
+    import json
+
+    from bench import plots
+
+    def row(kernel, peer, t, heads, ratio, status="ok"):
+        return dict(kernel=kernel, peer=peer, t=t, heads=heads, ratio=ratio, status=status)
+
+    first = [row("sparse_mla_fwd", "FlashMLA", 8192, 64, 1.03), row("sparse_mla_bwd", "cuDNN", 8192, 64, None, "absent")]
+    second = [row("sparse_mla_fwd", "FlashMLA", 8192, 64, None, "absent"), row("sparse_mla_bwd", "cuDNN", 8192, 64, 1.06),
+              row("indexer_topk", "cuDNN", 32768, 32, 0.84)]
+    paths = []
+    for i, rows in enumerate((first, second)):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(json.dumps({"summary": {"peers": {"status": "ok", "rows": rows}}}))
+        paths.append(path)
+    merged = {(r["kernel"], r["peer"]): r for r in plots.merge_peer_rows(paths)}
+    assert merged[("sparse_mla_fwd", "FlashMLA")]["ratio"] == 1.03  # not replaced by the later absent row
+    assert merged[("sparse_mla_bwd", "cuDNN")]["ratio"] == 1.06
+    assert len(merged) == 3
+    out = plots.plot_peer_ratios(list(merged.values()), tmp_path / "peers.png")
+    assert out.stat().st_size > 10_000

@@ -230,14 +230,3 @@ def test_fp8_selection_cuda_recall_and_exact_scores(device):
         want = ref.indexer_logits(q_c[t:t + 1], k_c[keys][None], w_c[t:t + 1], True)[0]
         tol = 1e-5 * (1 + want.abs().max().item())
         assert (sc[t, :n].cpu().double() - want).abs().max() <= tol, f"row {t}"
-
-
-def test_cuda_fp8_selection_is_refused_unless_experimental_is_set(monkeypatch):
-    """Until validated on a GPU, the CUDA FP8 path answers NotSupported naming the switch."""
-    if not torch.cuda.is_available() or not flashdsa.built_with_cuda():
-        pytest.skip("needs a CUDA device and a CUDA build")
-    monkeypatch.delenv("FLASHDSA_EXPERIMENTAL_FP8", raising=False)
-    q = torch.randn(128, 32, 128, device="cuda").bfloat16()
-    k = torch.randn(128, 128, device="cuda").bfloat16()
-    with pytest.raises(Exception, match="FLASHDSA_EXPERIMENTAL_FP8"):
-        flashdsa.quantize_indexer_fp8(q, k)

@@ -337,6 +337,28 @@ __device__ __forceinline__ void st_global_v4(void* gmem, uint4 v) {
                  : "memory");
 }
 
+// 2^x with the SFU (ex2.approx.ftz: flush-to-zero, ~2 ulp; exp2(-inf) = +0).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// {lo, hi} -> one 64-bit value (mov.b64 of a register pair: no shift / or).
+__device__ __forceinline__ uint64_t pack_b64(uint32_t lo, uint32_t hi) {
+  uint64_t r;
+  asm("mov.b64 %0, {%1, %2};\n" : "=l"(r) : "r"(lo), "r"(hi));
+  return r;
+}
+
+// blockIdx.x read through volatile asm: the compiler re-reads it where it is used instead of keeping
+// values derived from it alive across a long loop (where they would be spilled).
+__device__ __forceinline__ uint32_t ctaid_x_volatile() {
+  uint32_t cta;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
+  return cta;
+}
+
 }  // namespace flashdsa::sm90::hw
 
 // ---- additions for the v2 indexer top-k (2026-12-02): TMA tensor loads ---------------------------

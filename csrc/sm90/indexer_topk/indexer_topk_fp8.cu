@@ -75,19 +75,7 @@ int candidates(const IndexerTopkParams& p) { return p.candidates ? p.candidates 
 
 int candidate_capacity(int C) { return std::max(4096, C + 1024); }
 
-// The FP8 kernels have compiled (0 spills) but not yet run on a GPU: until their check program,
-// sanitizers and recall have been measured on the H200 they run only on request.
-Status experimental_gate(const char* op) {
-  const char* env = std::getenv("FLASHDSA_EXPERIMENTAL_FP8");
-  if (env != nullptr && std::string(env) == "1") return Status::OK();
-  return Status::NotSupported(std::string(op) +
-                              ": the CUDA FP8 selection is experimental (not yet validated on a GPU, "
-                              "docs/kernels/indexer_topk.md); use selection='bf16', or set "
-                              "FLASHDSA_EXPERIMENTAL_FP8=1 to run it");
-}
-
 Status supports(const IndexerTopkParams& p, const char* op) {
-  FLASHDSA_RETURN_IF_ERROR(experimental_gate(op));
   const Check c{op};
   const IndexerTensors& in = p.indexer;
   if (in.dtype != DType::kFP8E4M3) return c.fail("dtype", dtype_name(in.dtype), "the FP8 selection needs kFP8E4M3");
@@ -176,7 +164,6 @@ Status run(const IndexerTopkParams& p) {
 }
 
 Status supports_quantize(const QuantizeFp8Params& p, const char* op) {
-  FLASHDSA_RETURN_IF_ERROR(experimental_gate(op));
   const Check c{op};
   if (p.dtype != DType::kBF16) return c.fail("dtype", dtype_name(p.dtype), "the CUDA quantization takes bf16");
   return Status::OK();

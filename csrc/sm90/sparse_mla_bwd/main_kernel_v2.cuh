@@ -1,4 +1,4 @@
-// Internal: v2 of the sparse MLA backward main kernel (compile-time variant, -DFLASHDSA_BWD_V2=1;
+// Internal: v2 of the sparse MLA backward main kernel (picked per call by tuning::bwd_use_v2, heuristics.h;
 // design: docs/kernels/sparse_mla_bwd.md, section "v2"). Same work unit and outputs as v1
 // (main_kernel.cuh): one CTA per (query token, group of 64 heads), 64-key blocks.
 //

@@ -24,9 +24,7 @@
 #include "sm90/backend.h"
 #include "sm90/heuristics.h"
 #include "sm90/sparse_mla_bwd/main_kernel.cuh"
-#if FLASHDSA_BWD_V2  // compile-time variant: main_kernel_v2.cuh (docs/kernels/sparse_mla_bwd.md, "v2")
-#include "sm90/sparse_mla_bwd/main_kernel_v2.cuh"
-#endif
+#include "sm90/sparse_mla_bwd/main_kernel_v2.cuh"  // picked per call: tuning::bwd_use_v2 (heuristics.h)
 
 namespace flashdsa::sm90 {
 namespace sparse_mla_bwd_impl {
@@ -218,18 +216,16 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
 }
 
 template <bool kDeterministic>
-Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, cudaStream_t stream) {
-#if FLASHDSA_BWD_V2
+Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, bool v2_kernel, cudaStream_t stream) {
   // v2 writes dkv (and the deterministic partials) in the v2_dkv_pos column order; sparse_mla_bwd()
   // restores the natural order after the last reduction.
-  return launch_with_smem(v2::sparse_mla_bwd_main_kernel_v2<kDeterministic>,
-                          dim3(static_cast<unsigned>(tokens), num_head_groups), v2::kThreads, int(v2::kSmemBytes),
-                          stream, "sparse_mla_bwd_main_kernel_v2", mp);
-#else
+  if (v2_kernel)
+    return launch_with_smem(v2::sparse_mla_bwd_main_kernel_v2<kDeterministic>,
+                            dim3(static_cast<unsigned>(tokens), num_head_groups), v2::kThreads, int(v2::kSmemBytes),
+                            stream, "sparse_mla_bwd_main_kernel_v2", mp);
   return launch_with_smem(sparse_mla_bwd_main_kernel<kDeterministic>,
                           dim3(static_cast<unsigned>(tokens), num_head_groups), kThreads, int(kSmemBytes), stream,
                           "sparse_mla_bwd_main_kernel", mp);
-#endif
 }
 
 unsigned grid_for(int64_t n, int threads) {
@@ -245,17 +241,10 @@ size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) {
   return plan.total;
 }
 
-#if FLASHDSA_BWD_V2
-// The v1 host flow with the v2 main kernel; sparse_mla_bwd() below adds the column un-permutation.
-static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p) {
-#else
-Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
-#endif
+// The host flow for either main kernel; sparse_mla_bwd() below adds v2's column un-permutation.
+static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_impl::Plan& pl, bool v2_kernel) {
   using namespace sparse_mla_bwd_impl;
-  // Limits (bf16, production shapes, aligned rows): supports_sparse_mla_bwd in backend.cpp.
-  Plan pl;
-  Status st = make_plan(p, &pl);
-  if (!st.ok()) return st;
+  Status st;
   if (p.workspace == nullptr || p.workspace_bytes < pl.total)
     return Status::InvalidArgument("sm90 sparse_mla_bwd: workspace must hold sparse_mla_bwd_workspace_size() = " +
                                    std::to_string(pl.total) + " bytes");
@@ -294,7 +283,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   if (!p.deterministic && !pl.sweep) {
     mp.indices = p.topk.indices;
     mp.indices_stride_t = p.topk.stride_t;
-    return launch_main<false>(mp, p.T, pl.num_head_groups, stream);
+    return launch_main<false>(mp, p.T, pl.num_head_groups, v2_kernel, stream);
   }
 
   int32_t* keys_in = reinterpret_cast<int32_t*>(ws + pl.keys_in);
@@ -331,7 +320,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
       mp.mass_slots = pair_ids_out;
       mp.token_begin = t0;
       mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
-      st = launch_main<false>(mp, tokens, pl.num_head_groups, stream);
+      st = launch_main<false>(mp, tokens, pl.num_head_groups, v2_kernel, stream);
       if (!st.ok()) return st;
     }
     return Status::OK();
@@ -353,7 +342,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
     mp.indices = p.topk.indices + t0 * p.topk.stride_t;
     mp.indices_stride_t = p.topk.stride_t;
     mp.token_begin = t0;
-    st = launch_main<true>(mp, tokens, pl.num_head_groups, stream);
+    st = launch_main<true>(mp, tokens, pl.num_head_groups, v2_kernel, stream);
     if (!st.ok()) return st;
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(key_count, 0, size_t(p.T_kv + 1) * 4, stream));
     keys_kernel<<<grid_for(pairs, kMapThreads), kMapThreads, 0, stream>>>(
@@ -374,10 +363,14 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   return Status::OK();
 }
 
-#if FLASHDSA_BWD_V2
 Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
-  const Status st = sparse_mla_bwd_flow(p);
-  if (!st.ok() || p.T == 0 || p.T_kv == 0) return st;
+  // Limits (bf16, production shapes, aligned rows): supports_sparse_mla_bwd in backend.cpp.
+  sparse_mla_bwd_impl::Plan pl;
+  Status st = sparse_mla_bwd_impl::make_plan(p, &pl);
+  if (!st.ok()) return st;
+  const bool v2_kernel = tuning::bwd_use_v2(p.deterministic, pl.sweep);
+  st = sparse_mla_bwd_flow(p, pl, v2_kernel);
+  if (!st.ok() || !v2_kernel || p.T == 0 || p.T_kv == 0) return st;
   // Every atomic / reduction into dkv of this call precedes this launch on the stream.
   const int64_t groups = p.T_kv * (sparse_mla_bwd_impl::kQkCols / 16);
   sparse_mla_bwd_impl::v2::v2_unpermute_kernel<<<sparse_mla_bwd_impl::grid_for(groups, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
@@ -385,6 +378,5 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   FLASHDSA_CHECK_LAUNCH("v2_unpermute_kernel");
   return Status::OK();
 }
-#endif
 
 }  // namespace flashdsa::sm90

@@ -40,14 +40,16 @@ constexpr int kProducerWarpgroup = kNumConsumers;
 // Register split through setmaxnreg. setmaxnreg.inc only draws on the registers that setmaxnreg.dec
 // released inside the CTA, so the split must fit the launch allocation: __launch_bounds__(384, 1)
 // gives 168 registers per thread (65536 / 384 rounded down to a multiple of 8). A larger split (e.g. a
-// 48-register producer) makes the consumers' setmaxnreg.inc wait forever.
+// 48-register producer with 232-register consumers) makes the consumers' setmaxnreg.inc wait forever.
 constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;  // 168
-// FLASHDSA_FWD_REGS (A/B builds): 0 (default) 40 / 232; 1: 72 / 216 (FlashMLA's split).
-#ifndef FLASHDSA_FWD_REGS
-#define FLASHDSA_FWD_REGS 0
-#endif
-constexpr int kProducerRegs = FLASHDSA_FWD_REGS ? 72 : 40;
-constexpr int kConsumerRegs = FLASHDSA_FWD_REGS ? 216 : 232;
+// 72 / 216 (FlashMLA's split; 72 * 128 + 216 * 256 = 64,512 = the whole launch allocation): the
+// producer needs the 72 for the prefetched key slots of the next pair (sparse_mla_fwd.cu, producer());
+// the consumers use R0-R212 and do not spill. Measured (H200, 2026-12-02, geomean over 11 shapes vs
+// the kernel before that day): 1.135x, against 1.100x with 40 / 232 and no prefetch (40 registers are
+// too few for it: ptxas spilled 12 bytes) and 1.094x with 72 / 216 but no prefetch (the split alone
+// does not help; the prefetch it makes room for does).
+constexpr int kProducerRegs = 72;
+constexpr int kConsumerRegs = 216;
 static_assert(kWarpgroupThreads * (kProducerRegs + kNumConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs,
               "register split exceeds the launch allocation");
 
@@ -78,7 +80,7 @@ enum Exchange : int {
 // Named barrier (0 is __syncthreads): both consumers, once, for the row-sum exchange.
 constexpr int kRowSumExchange = 5;
 // Named barriers 6 (consumer 0), 7 (consumer 1): the warpgroup's O tile is in shared memory
-// (FLASHDSA_FWD_EPILOGUE >= 1; the tiles reuse the Q region, 2 x 64 x 512 B).
+// (epilogue, write_output; the tiles reuse the Q region, 2 x 64 x 512 B).
 constexpr int kOutTileBarrier = 6;
 
 // Dynamic shared memory (the kernel aligns its base to 1024 bytes; every tile offset below is a

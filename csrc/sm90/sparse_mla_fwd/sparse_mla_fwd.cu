@@ -9,7 +9,13 @@
 //   WG1: S1 = Q K1^T; m1 = max(m0, rowmax S1) -> WG0; O_right *= exp2(m - m1); P1 = exp2(S1 - m1);
 //        O_right += P1 V1_right; P1 -> smem -> WG0; O_right += P0 V0_right (P0 from smem).
 // Both consumers end every pair relative to the same running max m1, so each scales its half of O
-// with the same factors; the row sums of the even / odd blocks are added at the end.
+// with the same factors; the row sums of the even / odd blocks are added at the end. "max" is the
+// lazy running max (next_max: it only moves by more than 8), so the rescale factors are almost always 1.
+//
+// "Measured" notes below: H200, 2026-12-02, 11 shapes, geomean speed-up over the kernel before that
+// day's instruction-count work. This kernel: 1.135x; without the 72 / 216 register split and the key
+// prefetch: 1.100x; "vs X" = that 1.100x kernel with one choice reverted (docs/kernels/sparse_mla_fwd.md,
+// "Design choices measured 2026-12-02").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,7 +26,10 @@
 #include <type_traits>
 
 #include "sm90/common/cuda_check.cuh"
+#include "sm90/common/constants.h"
 #include "sm90/common/hopper.cuh"
+#include "sm90/common/reduce.cuh"
+#include "sm90/common/wgmma_dispatch.cuh"
 #include "sm90/backend.h"
 #include "sm90/sparse_mla_fwd/config.h"
 
@@ -44,57 +53,31 @@ struct KernelArgs {
 };
 
 constexpr float kLn2 = 0.693147180559945309f;
-constexpr float kLog2e = 1.442695040888963407f;
+using hw::fence_frags;
+using hw::kLog2e;
+using hw::quad_max;
+using hw::quad_sum;
 
 // ---- small numeric helpers -------------------------------------------------------------------
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+__device__ __forceinline__ float fast_exp2(float x) { return hw::ex2_approx(x); }
 
 // Exponent offset for a running max: a row that has seen no valid key keeps max = -inf, and its
 // logits are all -inf, so offsetting by 0 gives exp2(-inf) = 0 instead of NaN.
 __device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
 
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// Keeps the compiler from reusing the registers of RS A-fragments while a wgmma may still read them.
-__device__ __forceinline__ void fence_frags(uint32_t (&f)[4][4]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[k][i])::"memory");
-}
-
 // A descriptor's start address field is address >> 4 and never overflows inside shared memory, so
 // moving a descriptor by a byte offset is an add.
-// FLASHDSA_FWD_DESC (A/B builds): 1 (default): consumer 0 adds to the low 32-bit word only and
-// re-pairs it with the unchanged high word (no carry is possible: the 14-bit address field stays
-// below 2^14). ptxas (CUDA 13.0) moved consumer 0's descriptors with 32-bit halves and a carry
-// (UIADD3 + UIADD3.X + UMOV of the constant high word) but consumer 1's with one UIADD3.64 each;
-// the explicit low-word add saves ~90 uniform instructions per pair in consumer 0 and costs ~80 in
-// consumer 1, so consumer 1 keeps the 64-bit add. 0: the 64-bit add everywhere.
-#ifndef FLASHDSA_FWD_DESC
-#define FLASHDSA_FWD_DESC 0
-#endif
+// kLowWord (consumer 0): add to the low 32-bit word only and re-pair it with the unchanged high word
+// (no carry is possible: the 14-bit address field stays below 2^14). ptxas (CUDA 13.0) moves consumer
+// 0's descriptors with 32-bit halves and a carry (UIADD3 + UIADD3.X + UMOV of the constant high word)
+// but consumer 1's with one UIADD3.64 each; the low-word add saves ~90 uniform instructions per pair
+// in consumer 0 and would cost ~80 in consumer 1, so consumer 1 keeps the 64-bit add. Measured: 1.100x
+// vs 1.100x with the 64-bit add everywhere (no time difference; kept as the shorter code).
 template <bool kLowWord = false>
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
-  if constexpr (kLowWord && FLASHDSA_FWD_DESC) {
-    uint64_t r;
-    asm("mov.b64 %0, {%1, %2};\n"
-        : "=l"(r)
-        : "r"(static_cast<uint32_t>(desc) + (bytes >> 4)), "r"(static_cast<uint32_t>(desc >> 32)));
-    return r;
+  if constexpr (kLowWord) {
+    return hw::pack_b64(static_cast<uint32_t>(desc) + (bytes >> 4), static_cast<uint32_t>(desc >> 32));
   } else {
     return desc + (bytes >> 4);
   }
@@ -109,8 +92,7 @@ struct CtaWork {
 };
 
 __device__ __forceinline__ CtaWork cta_work(int H) {
-  uint32_t cta;
-  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
+  const uint32_t cta = hw::ctaid_x_volatile();
   const int ctas_per_token = H > kHeadsPerCta ? H / kHeadsPerCta : 1;  // 1 or 2
   return {static_cast<int64_t>(cta / ctas_per_token), static_cast<int>(cta % ctas_per_token) * kHeadsPerCta};
 }
@@ -124,60 +106,32 @@ __device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&factor
   for (int i = 0; i < N; ++i) acc[i] *= factor[(i >> 1) & 1];
 }
 
-// O rescaling variants (FLASHDSA_FWD_RESCALE, for A/B builds):
-//   2 (default): lazy running max. A row's max (log2 domain) only moves when a block's max exceeds it
-//     by more than kLazyMaxSlack = 8, so P = exp2(s - m) <= 2^8 (exact in fp32, same relative precision
-//     in bf16); l and O are kept relative to the same stale m, so out = O / l and lse = (m + log2 l) ln 2
-//     are unchanged mathematically. Once a row has seen its first blocks its max practically never
-//     moves, every rescale factor is exactly 1, and the 128-FMUL O rescales are skipped (below), i.e.
-//     consumer 0 skips 256 and consumer 1 128 FMULs per pair, all on the path from S to the PV issue.
-//   Also (>= 1): P tiles for the other consumer are stored from the packed RS fragments when their
-//   factor is 1 (always for P1; for P0 when the warp's pair max did not move): no FMUL / F2FP.
-//   1: exact running max; an O rescale is skipped when all factors of the warp's 16 rows are exactly 1
-//     (no max of the warp moved); a factor is set to 1 (not computed) when the max did not move, so
-//     the output equals that of 0 as long as ex2.approx(0) = 1.
-//   0: always rescale.
-#ifndef FLASHDSA_FWD_RESCALE
-#define FLASHDSA_FWD_RESCALE 0
-#endif
-#if FLASHDSA_FWD_RESCALE == 2
+// Lazy running max. A row's max (log2 domain) only moves when a block's max exceeds it by more than
+// kLazyMaxSlack = 8, so P = exp2(s - m) <= 2^8 (exact in fp32, the same relative precision in bf16);
+// l and O are kept relative to the same stale m, so out = O / l and lse = (m + log2 l) ln 2 are
+// unchanged mathematically. Once a row has seen its first blocks its max practically never moves,
+// every rescale factor is exactly 1, and the 128-FMUL O rescales are skipped (rescale_o): consumer 0
+// skips 256 and consumer 1 128 FMULs per pair, all on the path from S to the PV issue. The P tiles for
+// the other consumer are then stored straight from the packed RS fragments (store_p_frags; always for
+// P1, for P0 when the warp's pair max did not move): no FMUL / F2FP. Measured: 1.100x vs 1.080x always
+// rescaling and vs 1.061x with an exact max and the same skipping (a 16-row warp rarely keeps all 16
+// maxima, so the vote rarely skips, and the skip test costs more than it saves).
 constexpr float kLazyMaxSlack = 8.f;
-#endif
-// FLASHDSA_FWD_SPEC_EXP (A/B builds; needs FLASHDSA_FWD_RESCALE = 2; default 0, opt-in): consumer 1
-// computes P1 = exp2(S1 - m) against its current running max m right after its own row max, when no
-// row of the warp has a block max above m + kLazyMaxSlack (so P1 <= 2^8), instead of waiting for WG0's
-// max first; once the pair max m' is known, P1 and its row sums are multiplied by exp2(m - m') like
-// O (skipped when every factor of the warp is 1, the common case with the lazy max). Takes the
-// 32 exp2 (MUFU) of consumer 1 off the path behind WG0's softmax.
-#ifndef FLASHDSA_FWD_SPEC_EXP
-#define FLASHDSA_FWD_SPEC_EXP 0
-#endif
-#if FLASHDSA_FWD_SPEC_EXP && FLASHDSA_FWD_RESCALE != 2
-#error "FLASHDSA_FWD_SPEC_EXP needs FLASHDSA_FWD_RESCALE = 2 (lazy running max)"
-#endif
 
 // The running max after seeing a candidate (a block's max, log2 domain; -inf: no valid key).
 __device__ __forceinline__ float next_max(float cur, float cand) {
-#if FLASHDSA_FWD_RESCALE == 2
   return cand > cur + kLazyMaxSlack ? cand : cur;  // cur = -inf: any valid candidate is taken
-#else
-  return fmaxf(cur, cand);
-#endif
 }
 
-// Factor that moves values kept relative to old_max to new_max (exactly 1 when the max did not move).
+// Factor that moves values kept relative to old_max to new_max (exactly 1, not computed, when the
+// max did not move).
 __device__ __forceinline__ float rescale_factor(float old_max, float new_max) {
-#if FLASHDSA_FWD_RESCALE
   return old_max == new_max ? 1.f : fast_exp2(old_max - finite_or_zero(new_max));
-#else
-  return fast_exp2(old_max - finite_or_zero(new_max));
-#endif
 }
 
+// O *= factor per row, skipped when every factor of the warp's 16 rows is exactly 1 (the common case).
 __device__ __forceinline__ void rescale_o(float (&o)[128], const float (&factor)[2]) {
-#if FLASHDSA_FWD_RESCALE
   if (!__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) return;
-#endif
   scale_rows(o, factor);
 }
 
@@ -194,15 +148,12 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[32], const uint32_t* v
   }
 }
 
-// Softmax variants (FLASHDSA_FWD_SOFTMAX, for A/B builds). 1 (default): when scale > 0 (the kernel
-// instance kFusedScale, chosen on the host), S is only masked (FSEL to -inf) and stays unscaled: the
-// row max is taken on raw logits and scaled once per row (x -> x * scale is monotonic for scale > 0,
-// so max(s) * scale = max(s * scale) exactly), and the exponent is one FFMA, exp2(s * scale - m). Other
-// scales (0, negative, NaN) use the kernel instance without it. 0: always scale every logit (FMUL)
-// before the max, then exp2(s - m).
-#ifndef FLASHDSA_FWD_SOFTMAX
-#define FLASHDSA_FWD_SOFTMAX 0
-#endif
+// Fused-scale softmax (kernel instance kFusedScale, chosen on the host for scale > 0): S is only
+// masked (FSEL to -inf) and stays unscaled; the row max is taken on raw logits and scaled once per
+// row (x -> x * scale is monotonic for scale > 0, so max(s) * scale = max(s * scale) exactly), and the
+// exponent is one FFMA, exp2(s * scale - m), instead of an FMUL per logit before the max. Other scales
+// (0, negative, NaN) run the instance that scales every logit first (mask_and_scale), then exp2(s - m).
+// Measured: 1.100x vs 1.092x with every logit scaled.
 
 // mask_and_scale of the fused-scale path: invalid keys -> -inf, logits unscaled.
 __device__ __forceinline__ void mask_only(float (&s)[32], const uint32_t* valid_words, int quad) {
@@ -272,7 +223,6 @@ __device__ __forceinline__ void store_p_tile(char* tile, const float (&s)[32], c
   }
 }
 
-#if FLASHDSA_FWD_RESCALE
 // store_p_tile with factor 1 from the already packed RS fragments (pair p = frag[p / 4][p % 4], see
 // hw::acc_to_a_frag): no conversions. Reading the fragments while the RS wgmma that uses them is in
 // flight is allowed (only writing them is not).
@@ -283,18 +233,15 @@ __device__ __forceinline__ void store_p_frags(char* tile, const uint32_t (&frag)
     hw::st_shared_u32(tile + hw::sw128_offset(row, chunk) + 4 * quad, frag[p >> 2][p & 3]);
   }
 }
-#endif
 
-// P0 for consumer 1: rescaled to the pair max, or (FLASHDSA_FWD_RESCALE >= 1, all factors of the warp 1)
-// the packed fragments as they are.
+// P0 for consumer 1: rescaled to the pair max, or, when every factor of the warp is 1 (the pair max
+// did not move: the common case with the lazy max), the packed fragments as they are.
 __device__ __forceinline__ void store_p0(char* tile, const float (&s)[32], const uint32_t (&frag)[4][4],
                                          const float (&factor)[2], int row0, int quad) {
-#if FLASHDSA_FWD_RESCALE
   if (__all_sync(0xffffffffu, factor[0] == 1.f && factor[1] == 1.f)) {
     store_p_frags(tile, frag, row0, quad);
     return;
   }
-#endif
   store_p_tile(tile, s, factor, row0, quad);
 }
 
@@ -356,21 +303,15 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
   return {t % 4, (t / 32) * 16 + (t % 32) / 4};
 }
 
-// Epilogue variants (FLASHDSA_FWD_EPILOGUE, for A/B builds):
-//   1 (default): O / l goes through shared memory: stmatrix into the Q region (free: both consumers
-//     passed the row-sum barrier after their last S), one 64 x 256 bf16 tile per consumer (rows of
-//     512 B, 16-byte chunk c of row r stored at chunk c ^ (r % 8): conflict-free stmatrix and reads),
-//     then each warp stores whole 512-byte row segments with 16-byte st.global: every L2 sector is
-//     written once and fully (the bf16x2 stores of version 0 wrote each 32-byte sector in two halves).
-//   2: as 1 with the .cs (evict-first) hint on the output stores, so the 64 KB of output per CTA
-//     does not push kv rows out of L2.
-//   0: bf16x2 stores straight from the accumulators.
-#ifndef FLASHDSA_FWD_EPILOGUE
-#define FLASHDSA_FWD_EPILOGUE 0
-#endif
-
 // Adds the peer's row sums, writes out = O / l (bf16) for this consumer's 256 columns and, from
 // consumer 0, lse. Rows beyond H (padding of H = 16 / 32) are never written.
+// O / l goes through shared memory: stmatrix into the Q region (free: both consumers passed the
+// row-sum barrier after their last S), one 64 x 256 bf16 tile per consumer (rows of 512 B, 16-byte
+// chunk c of row r stored at chunk c ^ (r % 8): conflict-free stmatrix and reads), then each warp
+// stores whole 512-byte row segments with 16-byte st.global, so every L2 sector is written once and
+// fully (bf16x2 stores straight from the accumulators wrote each 32-byte sector in two halves).
+// Measured: 1.100x vs 1.068x with the bf16x2 stores; .cs (evict-first) stores on top made no
+// difference (1.101x).
 __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, int consumer, const float (&o)[128],
                                              const float (&partial_sum)[2], const float (&max)[2]) {
   const ConsumerThread ct = consumer_thread();
@@ -380,7 +321,6 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
   for (int h = 0; h < 2; ++h) sum[h] = quad_sum(partial_sum[h]);
   publish_rows(sm.row_sum[consumer], sum, ct.row0, ct.quad);
   hw::named_bar_sync(kRowSumExchange, kNumConsumers * kWarpgroupThreads);
-#if FLASHDSA_FWD_EPILOGUE
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -427,27 +367,8 @@ __device__ __forceinline__ void write_output(const KernelArgs& a, SmemPlan& sm, 
     const int row = r0 + 4 * k;
     if (row >= rows) break;
     const uint4 v = hw::ld_shared_v4(tile + row * kRowBytes + ((c ^ (row & 7)) << 4));
-    hw::st_global_v4<FLASHDSA_FWD_EPILOGUE == 2>(dst + static_cast<int64_t>(4 * k) * kDv * 2, v);
+    hw::st_global_v4(dst + static_cast<int64_t>(4 * k) * kDv * 2, v);
   }
-#else
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = ct.row0 + 8 * h;
-    const int head = work.head0 + row;
-    if (head >= a.H) continue;
-    const float total = sum[h] + hw::ld_shared_f32(&sm.row_sum[consumer ^ 1][row]);
-    const float inv = total > 0.f ? 1.f / total : 0.f;  // empty row: O is 0 and stays 0
-    const int64_t out_row = work.token * a.H + head;
-    __nv_bfloat16* dst = a.out + out_row * kDv + consumer * (kDv / 2) + 2 * ct.quad;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
-          __floats2bfloat162_rn(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-    // total is 0 only for a row without valid keys (lse -inf). A NaN score makes total NaN (fmaxf drops
-    // it from max, exp2 does not): lse is then NaN too, never -inf (docs/reliability.md).
-    if (consumer == 0 && ct.quad == 0) a.lse[out_row] = total == 0.f ? -INFINITY : (max[h] + log2f(total)) * kLn2;
-  }
-#endif
 }
 
 // Consumer 0: even key blocks (stage 0) and output columns [0, 256).
@@ -565,10 +486,6 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
   for (int i = 0; i < num_pairs; ++i) {
     const bool has_odd = 2 * i + 1 < a.num_blocks;
     float blk_max[2] = {-INFINITY, -INFINITY};  // a missing odd block contributes nothing
-#if FLASHDSA_FWD_SPEC_EXP
-    bool spec = false;                  // P1 already in s, relative to the old running max
-    float spec_sum[2] = {0.f, 0.f};     // its row sums (0 unless spec)
-#endif
     if (has_odd) {
       // The producer fills stage 1's right half first.
       const uint32_t parity = i & 1;
@@ -584,13 +501,6 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       const float pending_scale = mask_logits<kFusedScale>(s, sm.valid_mask[1], a.scale_log2, ct.quad);
 #pragma unroll
       for (int h = 0; h < 2; ++h) blk_max[h] = row_max(s, h) * pending_scale;
-#if FLASHDSA_FWD_SPEC_EXP
-      // When no row max of the warp moves on this block's account, P1 is computed now, relative to
-      // the current running max, instead of after WG0's max arrives (see FLASHDSA_FWD_SPEC_EXP).
-      spec = __all_sync(0xffffffffu, !(blk_max[0] > run_max[0] + kLazyMaxSlack) &&
-                                         !(blk_max[1] > run_max[1] + kLazyMaxSlack));
-      if (spec) exp_rows<kFusedScale>(s, run_max, kFusedScale ? a.scale_log2 : 1.f, spec_sum);
-#endif
     }
 
     // Pair max = max(WG0's running max after block 2i, this block); publish it for WG0.
@@ -604,36 +514,22 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       rescale[h] = rescale_factor(run_max[h], pair_max[h]);
-#if FLASHDSA_FWD_SPEC_EXP
-      partial_sum[h] = (partial_sum[h] + spec_sum[h]) * rescale[h];  // a speculative P1 moves with O
-#else
       partial_sum[h] *= rescale[h];
-#endif
       run_max[h] = pair_max[h];
     }
     rescale_o(o, rescale);
 
     uint32_t p_frag[4][4];
     if (has_odd) {
-      float blk_sum[2] = {0.f, 0.f};
-#if FLASHDSA_FWD_SPEC_EXP
-      if (spec) {  // P1 relative to the old max -> relative to the pair max (rare: factor != 1)
-        if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) scale_rows(s, rescale);
-      } else
-#endif
-        exp_rows<kFusedScale>(s, pair_max, kFusedScale ? a.scale_log2 : 1.f, blk_sum);
+      float blk_sum[2];
+      exp_rows<kFusedScale>(s, pair_max, kFusedScale ? a.scale_log2 : 1.f, blk_sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) partial_sum[h] += blk_sum[h];
       pack_p(s, p_frag);
       hw::wgmma_fence();
       issue_pv_rs(o, p_frag, v1_desc);
       hw::wgmma_commit();
-#if FLASHDSA_FWD_RESCALE
-      store_p_frags(p1_tile, p_frag, ct.row0, ct.quad);
-#else
-      const float unscaled[2] = {1.f, 1.f};
-      store_p_tile(p1_tile, s, unscaled, ct.row0, ct.quad);
-#endif
+      store_p_frags(p1_tile, p_frag, ct.row0, ct.quad);  // P1 is relative to the pair max: factor 1
     }
 
     hw::mbar_wait(&sm.exchange[kPFromWg0], i & 1);
@@ -654,93 +550,48 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
 }
 
 // ---- producer ---------------------------------------------------------------------------------------
+//
+// Each thread turns each of its 4 key slots of a block into one byte pointer (kv row + its 16-byte
+// chunk) once, so every copy of the 9 tiles addresses [pointer + 128 t] -> [smem base + 8192 t +
+// 2048 j] with immediate offsets; validity is one unsigned compare (T_kv clamped to 2^31, keys are
+// int32). The free-barrier waits of the first pair rely on a fresh mbarrier's "previous phase"
+// (parity 1) being complete instead of a branch, and a missing odd block (K/64 odd, last pair) is
+// gathered as a block of empty slots (zero-fill, nothing read; nobody waits for it), so the pair
+// loop has no data-dependent branch (static loop body: 228 instructions per pair, 72 of them cp.async,
+// scripts/fwd_sass_counts.py). Measured: 1.100x vs 1.059x with 64-bit element offsets per copy and
+// branches per pair (633 instructions per pair).
+// The gathers are plain 16-byte cp.async: the 256-byte L2 prefetch size measured +-1% (2026-12-01),
+// and an L2 cache-policy hint faults (see producer()).
 
-// Producer variants (FLASHDSA_FWD_PRODUCER, for A/B builds):
-//   1 (default): each thread turns each of its 4 key slots into one byte pointer
-//     (kv row + its 16-byte chunk) once per block, so every copy of the 9 tiles addresses
-//     [pointer + 128 t] and [smem base + 8192 t + 2048 j] with immediate offsets; validity is one
-//     unsigned compare (T_kv clamped to 2^31, keys are int32); the free-barrier waits of the first
-//     pair rely on a fresh mbarrier's "previous phase" (parity 1) being complete instead of a branch;
-//     a missing odd block (K/64 odd, last pair) is gathered as a block of empty slots (zero-fill,
-//     nothing read; nobody waits for it), so the loop body has no data-dependent branches.
-//   0: the previous version (64-bit element offsets per copy, branches per pair).
-#ifndef FLASHDSA_FWD_PRODUCER
-#define FLASHDSA_FWD_PRODUCER 0
-#endif
-// FLASHDSA_FWD_IDX_PREFETCH (FLASHDSA_FWD_PRODUCER = 1 only): 1 loads the next pair's key slots right
-// after the last gather of a pair, so their latency overlaps the wait for the consumers instead of
-// preceding the next pair's first gather; 0: loaded at the top of each pair. The 10 extra live
-// registers only fit the 72-register producer (FLASHDSA_FWD_REGS = 1: 0 spills; at 40 registers
-// ptxas spills 12 bytes), so it defaults to FLASHDSA_FWD_REGS.
-#ifndef FLASHDSA_FWD_IDX_PREFETCH
-#define FLASHDSA_FWD_IDX_PREFETCH FLASHDSA_FWD_REGS
-#endif
-
-// How the producer's 16-byte gathers are issued (FLASHDSA_FWD_GATHER, for A/B builds): 0 plain
-// cp.async, 1 with the 256-byte L2 prefetch size, 2 prefetch + L2 evict_last policy.
-#ifndef FLASHDSA_FWD_GATHER
-#define FLASHDSA_FWD_GATHER 0
-#endif
-__device__ __forceinline__ void gather_copy(void* dst, const void* src, bool valid) {
-#if FLASHDSA_FWD_GATHER == 2
-  hw::cp_async_16_hint_pf256(dst, src, valid, hw::make_l2_evict_last());
-#elif FLASHDSA_FWD_GATHER == 1
-  hw::cp_async_16_pf256(dst, src, valid);
-#else
-  hw::cp_async_16(dst, src, valid);
-#endif
-}
-
-// Copies rows (row_base + 16 j, j < 4) of 64-column tiles [kBegin, kEnd) into SW128 tiles; this
-// thread moves 16-byte chunk `chunk` of each. Rows whose `valid` is false are zero-filled, unread.
-template <int kBegin, int kEnd>
-__device__ __forceinline__ void gather_rows(char* tiles, const __nv_bfloat16* const (&src)[kRowsPerThread],
-                                            const bool (&valid)[kRowsPerThread], int row_base, int chunk) {
+// Copies Q rows (row_base + 16 j, j < 4) of all 9 tiles into SW128 tiles; this thread moves 16-byte
+// chunk `chunk` of each. Rows whose `valid` is false are zero-filled, unread.
+__device__ __forceinline__ void gather_q(char* tiles, const __nv_bfloat16* const (&src)[kRowsPerThread],
+                                         const bool (&valid)[kRowsPerThread], int row_base, int chunk) {
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) {
     const int row = row_base + kRowsPerPass * j;
 #pragma unroll
-    for (int t = kBegin; t < kEnd; ++t)
-      gather_copy(tiles + t * kTileBytes + hw::sw128_offset(row, chunk), src[j] + t * kTileCols + chunk * 8,
-                  valid[j]);
+    for (int t = 0; t < kQkTiles; ++t)
+      hw::cp_async_16(tiles + t * kTileBytes + hw::sw128_offset(row, chunk), src[j] + t * kTileCols + chunk * 8,
+                      valid[j]);
   }
-}
-
-template <int kBegin, int kEnd>
-__device__ __forceinline__ void gather_kv(const KernelArgs& a, char* stage, const int32_t (&keys)[kRowsPerThread],
-                                          int row_base, int chunk) {
-  const __nv_bfloat16* src[kRowsPerThread];
-  bool valid[kRowsPerThread];
-#pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) {
-    valid[j] = keys[j] >= 0 && keys[j] < a.T_kv;
-    src[j] = a.kv + (valid[j] ? keys[j] * a.kv_stride_t : 0);
-  }
-  gather_rows<kBegin, kEnd>(stage, src, valid, row_base, chunk);
 }
 
 // The half of each stage that the producer fills first (the one its consumer's S starts with)
 // carries the validity mask.
 __host__ __device__ constexpr int mask_half(int stage) { return stage == 0 ? kLeft : kRight; }
 
-// Warps 0 and 1 publish the 32-key validity word of a block, then arrive on the half's barrier.
+// Every producer warp votes on its key slot (no divergent branch around the ballot); lane 0 of warps
+// 0 and 1 publishes the 32-key validity word of a block and arrives on the half's barrier.
 __device__ __forceinline__ void publish_valid_mask(const KernelArgs& a, SmemPlan& sm, int stage, int32_t key,
                                                    int warp) {
-#if FLASHDSA_FWD_PRODUCER
-  // Every producer warp votes (no divergent branch around the ballot); warps 0 and 1 publish.
   const uint32_t bits = __ballot_sync(0xffffffffu, static_cast<uint32_t>(key) < a.t_kv_clamped);
   if (warp < kMaskWriters && threadIdx.x % 32 == 0) {
-#else
-  if (warp >= kMaskWriters) return;
-  const uint32_t bits = __ballot_sync(0xffffffffu, key >= 0 && key < a.T_kv);
-  if (threadIdx.x % 32 == 0) {
-#endif
     hw::st_shared_u32(&sm.valid_mask[stage][warp], bits);
     hw::mbar_arrive(&sm.kv_ready[stage][mask_half(stage)]);
   }
 }
 
-#if FLASHDSA_FWD_PRODUCER
 // Byte pointers of this thread's chunk of the 4 kv rows of one block (row_base + 16 j) and their
 // validity. An empty slot points at kv itself (never read: src-size 0 zero-fills).
 struct RowPtrs {
@@ -772,7 +623,12 @@ __device__ __forceinline__ void gather_block(uint32_t dst, const RowPtrs& r) {
       hw::cp_async_16_u32(dst + t * kTileBytes + j * kRowsPerPass * hw::kSw128RowBytes,
                           r.src[j] + t * kTileCols * 2, r.valid[j]);
 }
-#endif
+
+// A pair's key slots: 4 rows of each block for the gathers, one slot per thread for the mask ballot.
+// A missing odd block reads as empty slots (-1).
+struct PairKeys {
+  int32_t even[kRowsPerThread], odd[kRowsPerThread], mask_even, mask_odd;
+};
 
 __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   const CtaWork work = cta_work(a.H);
@@ -790,7 +646,7 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
       valid[j] = head < a.H;
       src[j] = a.q + (valid[j] ? work.token * a.q_stride_t + head * a.q_stride_h : 0);
     }
-    gather_rows<0, kQkTiles>(reinterpret_cast<char*>(sm.q), src, valid, row_base, chunk);
+    gather_q(reinterpret_cast<char*>(sm.q), src, valid, row_base, chunk);
     hw::cp_async_arrive(&sm.q_ready);
   }
 
@@ -800,16 +656,14 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
   // issue, see docs/kernels/sparse_mla_fwd.md ("No L2 cache-policy hint").
   const int32_t* token_keys = a.indices + work.token * a.indices_stride_t;
   const int num_pairs = (a.num_blocks + 1) / 2;
-#if FLASHDSA_FWD_PRODUCER
   const char* const kv_base = reinterpret_cast<const char*>(a.kv) + chunk * 16;
   const uint32_t thread_off = hw::sw128_offset(row_base, chunk);
   const uint32_t stage0 = hw::smem_u32(sm.kv[0]) + thread_off;
   const uint32_t stage1 = hw::smem_u32(sm.kv[1]) + thread_off;
-#if FLASHDSA_FWD_IDX_PREFETCH
-  // A pair's key slots: 4 rows of each block for the gathers, one slot per thread for the mask ballot.
-  struct PairKeys {
-    int32_t even[kRowsPerThread], odd[kRowsPerThread], mask_even, mask_odd;
-  };
+  // The next pair's key slots are loaded right after a pair's last gather, so their latency overlaps
+  // the wait for the consumers instead of preceding the next pair's first gather. Their 10 live
+  // registers need the 72-register producer (config.h; at 40 registers ptxas spilled 12 bytes).
+  // Measured: 1.135x vs 1.094x with the keys loaded at the top of each pair (both with 72 / 216).
   const auto load_keys = [&](int i) {
     PairKeys k;
     const bool has_odd = 2 * i + 1 < a.num_blocks;
@@ -825,41 +679,23 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
     return k;
   };
   PairKeys next = load_keys(0);
-#endif
   for (int i = 0; i < num_pairs; ++i) {
-#if FLASHDSA_FWD_IDX_PREFETCH
     const PairKeys cur = next;
-    const int32_t (&even)[kRowsPerThread] = cur.even;
-    const int32_t (&odd)[kRowsPerThread] = cur.odd;
-    const int32_t mask_key_even = cur.mask_even, mask_key_odd = cur.mask_odd;
-#else
-    const bool has_odd = 2 * i + 1 < a.num_blocks;
-    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
-    const int32_t* keys_odd = keys_even + kBlockKeys;
-    int32_t even[kRowsPerThread], odd[kRowsPerThread];
-#pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
-      odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
-    }
-    const int32_t mask_key_even = __ldg(keys_even + tid % kBlockKeys);
-    const int32_t mask_key_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
-#endif
 
     // Refill order = the order in which the consumers release the halves of the previous pair. For
     // i = 0 the parity is 1: the phase before a fresh mbarrier's first one counts as complete.
     const uint32_t free_parity = (i & 1) ^ 1;
-    const RowPtrs re = row_ptrs(a, even, kv_base);
+    const RowPtrs re = row_ptrs(a, cur.even, kv_base);
     hw::mbar_wait(&sm.kv_free[0][kLeft], free_parity);
     gather_block<0, kVTilesPerConsumer>(stage0, re);
     hw::cp_async_arrive(&sm.kv_ready[0][kLeft]);
-    publish_valid_mask(a, sm, 0, mask_key_even, warp);
+    publish_valid_mask(a, sm, 0, cur.mask_even, warp);
 
-    const RowPtrs ro = row_ptrs(a, odd, kv_base);
+    const RowPtrs ro = row_ptrs(a, cur.odd, kv_base);
     hw::mbar_wait(&sm.kv_free[1][kRight], free_parity);
     gather_block<kVTilesPerConsumer, kQkTiles>(stage1, ro);
     hw::cp_async_arrive(&sm.kv_ready[1][kRight]);
-    publish_valid_mask(a, sm, 1, mask_key_odd, warp);
+    publish_valid_mask(a, sm, 1, cur.mask_odd, warp);
 
     hw::mbar_wait(&sm.kv_free[0][kRight], free_parity);
     gather_block<kVTilesPerConsumer, kQkTiles>(stage0, re);
@@ -868,84 +704,12 @@ __device__ __forceinline__ void producer(const KernelArgs& a, SmemPlan& sm) {
     hw::mbar_wait(&sm.kv_free[1][kLeft], free_parity);
     gather_block<0, kVTilesPerConsumer>(stage1, ro);
     hw::cp_async_arrive(&sm.kv_ready[1][kLeft]);
-#if FLASHDSA_FWD_IDX_PREFETCH
     if (i + 1 < num_pairs) next = load_keys(i + 1);
-#endif
   }
-#else
-  char* const stage0 = reinterpret_cast<char*>(sm.kv[0]);
-  char* const stage1 = reinterpret_cast<char*>(sm.kv[1]);
-#if FLASHDSA_FWD_IDX_PREFETCH
-  // A pair's key slots: 4 rows of each block for the gathers, one slot per thread for the mask ballot.
-  struct PairKeys {
-    int32_t even[kRowsPerThread], odd[kRowsPerThread], mask_even, mask_odd;
-  };
-  const auto load_keys = [&](int i) {
-    PairKeys k;
-    const bool has_odd = 2 * i + 1 < a.num_blocks;
-    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
-    const int32_t* keys_odd = keys_even + kBlockKeys;
-#pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      k.even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
-      k.odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
-    }
-    k.mask_even = __ldg(keys_even + tid % kBlockKeys);
-    k.mask_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
-    return k;
-  };
-  PairKeys next = load_keys(0);
-#endif
-  for (int i = 0; i < num_pairs; ++i) {
-#if FLASHDSA_FWD_IDX_PREFETCH
-    const PairKeys cur = next;
-    const int32_t (&even)[kRowsPerThread] = cur.even;
-    const int32_t (&odd)[kRowsPerThread] = cur.odd;
-    const int32_t mask_key_even = cur.mask_even, mask_key_odd = cur.mask_odd;
-    const bool has_odd = 2 * i + 1 < a.num_blocks;  // the gathers below skip a missing odd block
-#else
-    const bool has_odd = 2 * i + 1 < a.num_blocks;
-    const int32_t* keys_even = token_keys + 2 * i * kBlockKeys;
-    const int32_t* keys_odd = keys_even + kBlockKeys;
-    int32_t even[kRowsPerThread], odd[kRowsPerThread];
-#pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      even[j] = __ldg(keys_even + row_base + kRowsPerPass * j);
-      odd[j] = has_odd ? __ldg(keys_odd + row_base + kRowsPerPass * j) : -1;
-    }
-    const int32_t mask_key_even = __ldg(keys_even + tid % kBlockKeys);
-    const int32_t mask_key_odd = has_odd ? __ldg(keys_odd + tid % kBlockKeys) : -1;
-#endif
-
-    // Refill order = the order in which the consumers release the halves of the previous pair.
-    const uint32_t free_parity = (i - 1) & 1;
-    if (i > 0) hw::mbar_wait(&sm.kv_free[0][kLeft], free_parity);
-    gather_kv<0, kVTilesPerConsumer>(a, stage0, even, row_base, chunk);
-    hw::cp_async_arrive(&sm.kv_ready[0][kLeft]);
-    publish_valid_mask(a, sm, 0, mask_key_even, warp);
-
-    if (has_odd) {
-      if (i > 0) hw::mbar_wait(&sm.kv_free[1][kRight], free_parity);
-      gather_kv<kVTilesPerConsumer, kQkTiles>(a, stage1, odd, row_base, chunk);
-      hw::cp_async_arrive(&sm.kv_ready[1][kRight]);
-      publish_valid_mask(a, sm, 1, mask_key_odd, warp);
-    }
-
-    if (i > 0) hw::mbar_wait(&sm.kv_free[0][kRight], free_parity);
-    gather_kv<kVTilesPerConsumer, kQkTiles>(a, stage0, even, row_base, chunk);
-    hw::cp_async_arrive(&sm.kv_ready[0][kRight]);
-
-    if (has_odd) {
-      if (i > 0) hw::mbar_wait(&sm.kv_free[1][kLeft], free_parity);
-      gather_kv<0, kVTilesPerConsumer>(a, stage1, odd, row_base, chunk);
-      hw::cp_async_arrive(&sm.kv_ready[1][kLeft]);
-    }
-  }
-#endif
   hw::cp_async_wait<0>();
 }
 
-// kFusedScale: scale > 0, softmax with the scale fused into the exponent's FFMA (FLASHDSA_FWD_SOFTMAX).
+// kFusedScale: scale > 0, softmax with the scale fused into the exponent's FFMA (see mask_only).
 template <bool kFusedScale>
 __global__ void __launch_bounds__(kNumThreads, 1) sparse_mla_fwd_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -1017,11 +781,7 @@ Status sparse_mla_fwd(const SparseMlaFwdParams& p) {
   args.t_kv_clamped = static_cast<uint32_t>(std::min<int64_t>(p.T_kv, int64_t(1) << 31));
 
   // The fused-scale softmax needs scale > 0 (false for 0, negative and NaN scales).
-#if FLASHDSA_FWD_SOFTMAX
   const auto kernel = args.scale_log2 > 0.f ? sparse_mla_fwd_kernel<true> : sparse_mla_fwd_kernel<false>;
-#else
-  const auto kernel = sparse_mla_fwd_kernel<false>;
-#endif
   FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<static_cast<unsigned>(ctas), kNumThreads, kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
       args);
