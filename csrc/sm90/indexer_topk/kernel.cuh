@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
     // Half 1's head sums, the quad reduce-scatter and the appends of tile `tile` (from acc1, part).
     auto append_tile = [&](int tile) {
 #if defined(FLASHDSA_INDEXER_ABLATE) && FLASHDSA_INDEXER_ABLATE == 1
-      ablate_sink += __float_as_uint(acc1[0]) ^ __float_as_uint(acc1[kHalfAcc - 1]) ^ __float_as_uint(part[0]);
+      ablate_sink += __float_as_uint(acc1[0]) ^ __float_as_uint(acc1[kHalfAcc - 1]);
       return;
 #endif
       partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
       hw::wgmma_wait<1>();
       hw::fence_regs(acc0);
 #if defined(FLASHDSA_INDEXER_ABLATE) && FLASHDSA_INDEXER_ABLATE == 1
-      part[0] = acc0[0] + acc0[kHalfAcc - 1];
+      ablate_sink += __float_as_uint(acc0[0]) ^ __float_as_uint(acc0[kHalfAcc - 1]);
 #else
       partial_head_sums<H, D, kRelu, 0>(acc0, sm.w, quad, part);
 #endif

@@ -199,6 +199,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
 #if FLASHDSA_V2_ABLATE != 0
   uint32_t ablate_sink = 0u;
+  (void)my_list_s;
+  (void)my_list_i;
 #endif
 
   for (;;) {
