@@ -70,7 +70,7 @@ struct alignas(1024) Smem {
   __nv_bfloat16 k[Cfg::kStages][kTileKeys * D];  // SW128 [64, D] key tiles (TMA, D / 64 boxes each)
   float w[kCols];                                // weights of the block's columns (0 past T)
   uint64_t full[Cfg::kStages];                   // stage s holds its tile (TMA transaction count)
-  int done[Cfg::kStages];  // warps done reading stage s ("empty" count; the 8th refills the stage)
+  uint32_t done[Cfg::kStages];  // warps done reading stage s, over all its uses (8 per use; the 8th refills)
   sel2::Scratch<kThreads> sel;
   int count[Cfg::kTokens];     // candidates held per row
   uint32_t thr[Cfg::kTokens];  // admission threshold (score key) per row: append iff key > thr
@@ -273,12 +273,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       hw::fence_regs(acc);
       // This warp is done reading the stage. The last of the 8 warps to get here refills it with tile
       // it + S at once (the "empty" side of the ring, without a barrier: it does not wait for the
-      // epilogues). The counter is reset before the refill, and its next use is after tile it + S.
+      // epilogues). The counter only grows (8 per use of the stage), so nothing but atomics touch it.
       if (lane == 0) {
-        if (atomicAdd(&sm.done[slot], 1) == kThreads / 32 - 1) {
-          sm.done[slot] = 0;
-          if (it + S < ntiles) issue_key_tile(it + S);
-        }
+        if (atomicAdd(&sm.done[slot], 1u) % (kThreads / 32) == kThreads / 32 - 1 && it + S < ntiles)
+          issue_key_tile(it + S);
       }
 
 #if FLASHDSA_V2_ABLATE == 1
