@@ -424,6 +424,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     bool list_nearly_full = false;
     float acc1[kHalfAcc];
     float part[2 * NT];
+#if FLASHDSA_FP8_ABLATE == 1
+    part[0] = 0.f;
+#endif
 
     auto tile_barrier = [&]() {
       hw::fence_proxy_async();
@@ -439,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
 #pragma unroll
       for (int i = 0; i < kHalfAcc; ++i) f[i & 3] += acc1[i];
       list_nearly_full |= (f[0] + f[1]) + (f[2] + f[3]) == 1.2345e-30f;  // never in practice; harmless
-      (void)tile;
+      (void)tile, (void)quad, (void)acc_row, (void)my_thr;
 #else
       partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
       float sums[NT / 2];
@@ -658,11 +661,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
 #if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
 #if FLASHDSA_FP8_RESCORE_PIPE
-      static_assert(sizeof(RescorePipeSmem<H, D>) <= RescorePipeSmem<H, D>::kArea &&
-                        offsetof(Fp8Smem<H, D>, k) == sizeof(Fp8Smem<H, D>::q) &&
-                        offsetof(Fp8Smem<H, D>, w) >= RescorePipeSmem<H, D>::kArea,
+      using Pipe = RescorePipeSmem<H, D>;
+      using Sm = Fp8Smem<H, D>;
+      static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
                     "the re-score ring overlays the Q block and the key ring, which are contiguous");
-      rescore_row_pipe<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<RescorePipeSmem<H, D>*>(sm.q));
+      rescore_row_pipe<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<Pipe*>(sm.q));
 #else
       rescore_row<H, D, kRelu>(a, t, list_s, list_i, m, sm.rs);
 #endif
