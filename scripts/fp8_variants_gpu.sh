@@ -18,9 +18,11 @@
 # (default "walk all"), BEST (sanitized variant, default all), ROUNDS (2), BENCH_T
 # (8192,32768,131072), BENCH_H (32,64), BUILD (the CMake build dir holding libflashdsa.a, default
 # build), LIB (default $BUILD/libflashdsa.a), BIN (default $OUT/bin), NVCC, JOBS.
-# The build phase needs the library: `cmake --build build --target flashdsa` (or
-# scripts/fp8_indexer_gpu.sh --phases build) first; it builds it if missing (a cold build of every
-# kernel takes several minutes).
+# The build phase first brings $BUILD/libflashdsa.a up to date (ninja, incremental; a cold build of
+# every kernel takes several minutes: then run `--phases build` alone), unless LIB points elsewhere.
+# The variant binaries are ≈ 32 MB each (every kernel of the library is linked in): to carry them
+# from another machine, `tar -cJf $BIN/fp8_variants.tar.xz -C $BIN .` (≈ 4–5 MB per variant) and
+# PREBUILT=1 unpacks it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashdsa_fp8v}; mkdir -p "$OUT"
@@ -107,7 +109,7 @@ bg_step() {
 collect_bg() { wait; for f in "$OUT"/rows.d/*; do [ -f "$f" ] && rows+=("$(cat "$f")"); done; rm -f "$OUT"/rows.d/*; }
 
 if has build && [ "${PREBUILT:-0}" != 1 ]; then
-  if [ ! -f "$LIB" ]; then
+  if [ "$LIB" = "$BUILD/libflashdsa.a" ]; then  # (incremental: only what changed since the last build)
     [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -G Ninja -DFLASHDSA_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
       >"$OUT/configure.log" 2>&1
     step "build libflashdsa.a" 540 build_lib.log cmake --build "$BUILD" --target flashdsa -j "$JOBS"
@@ -164,7 +166,7 @@ echo "==== steps (logs in $OUT)"
 printf 'step | status | time | log\n'
 printf '%s\n' "${rows[@]}"
 if has bench; then
-  echo "==== benchmark: FP8 ms (quantize + select; min over rounds) and speed vs the bf16 fused kernel of the same run"
+  echo "==== benchmark: FP8 ms (quantize + select; min over rounds), speed vs the bf16 fused kernel of the same runs and vs base, spread over rounds"
   python3 - "$OUT" "$ROUNDS" $VARIANTS <<'PY'
 import glob, os, re, sys
 out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -181,18 +183,20 @@ for v in variants:
                 H, T = int(m.group(1)), int(m.group(2))
                 res.setdefault((v, H, T), []).append(tuple(float(m.group(i)) for i in (3, 4, 5, 8, 9)))
 shapes = sorted({(H, T) for (_, H, T) in res})
-print("%-8s " % "variant" + " ".join("%-24s" % ("H%d T%dK" % (H, T // 1024)) for H, T in shapes))
+print("%-8s " % "variant" + " ".join("%-38s" % ("H%d T%dK" % (H, T // 1024)) for H, T in shapes))
 for v in variants:
     cells = []
     for H, T in shapes:
         rs = res.get((v, H, T))
         if not rs:
-            cells.append("%-24s" % "-")
+            cells.append("%-38s" % "-")
             continue
         fp8 = min(x[1] for x in rs)
         bf = min(x[0] for x in rs)
         spread = max(x[1] for x in rs) / fp8 - 1
-        cells.append("%-24s" % ("%.3f (%.2fx, ±%.0f%%)" % (fp8, bf / fp8, 100 * spread)))
+        base = res.get(("base", H, T))
+        vs_base = ", %.2fx base" % (min(x[1] for x in base) / fp8) if base and v != "base" else ""
+        cells.append("%-38s" % ("%.3f (%.2fx bf16%s, ±%.0f%%)" % (fp8, bf / fp8, vs_base, 100 * spread)))
     print("%-8s " % v + " ".join(cells))
 print("recall (mean / min row) of the exact bf16 top-K per variant and shape:")
 for v in variants:
