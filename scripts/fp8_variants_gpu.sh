@@ -14,8 +14,9 @@
 #        (dir holds fp8check_<variant> binaries or fp8_variants.tar.xz of them, built elsewhere with
 #         --phases build, e.g. on the CPU box: BIN=/path LIB=/path/to/libflashdsa.a ... --phases build)
 #
-# Environment: VARIANTS (names below, default "base a1 a2 a3 dense walk all"), CHECK_VARIANTS
-# (default "walk all"), BEST (sanitized variant, default all), ROUNDS (2), BENCH_T
+# Environment: VARIANTS (base, a1-a4, dense, append1, kscale, pipe, walk, all: see flags_of; default
+# "base a1 a2 a3 pipe walk all"), CHECK_VARIANTS
+# (default "pipe walk all"), BEST (sanitized variant, default all), ROUNDS (2), BENCH_T
 # (8192,32768,131072), BENCH_H (32,64), BUILD (the CMake build dir holding libflashdsa.a, default
 # build), LIB (default $BUILD/libflashdsa.a), BIN (default $OUT/bin), NVCC, JOBS.
 # The build phase first brings $BUILD/libflashdsa.a up to date (ninja, incremental; a cold build of
@@ -31,8 +32,8 @@ LIB=${LIB:-$BUILD/libflashdsa.a}
 BIN=${BIN:-$OUT/bin}
 NVCC=${NVCC:-nvcc}
 JOBS=${JOBS:-$(nproc)}
-VARIANTS=${VARIANTS:-"base a1 a2 a3 dense walk all"}
-CHECK_VARIANTS=${CHECK_VARIANTS:-"walk all"}
+VARIANTS=${VARIANTS:-"base a1 a2 a3 pipe walk all"}
+CHECK_VARIANTS=${CHECK_VARIANTS:-"pipe walk all"}
 BEST=${BEST:-all}
 ROUNDS=${ROUNDS:-2}
 BENCH_T=${BENCH_T:-8192,32768,131072}
@@ -55,9 +56,10 @@ flags_of() {  # the -D flags of a variant
     a1|a2|a3|a4) echo "-DFLASHDSA_FP8_ABLATE=${1#a}" ;;  # attribution only: results are wrong
     dense) echo "-DFLASHDSA_FP8_DENSE=1" ;;
     append1) echo "-DFLASHDSA_FP8_APPEND1=1" ;;
+    kscale) echo "-DFLASHDSA_FP8_KSCALE=1" ;;
     pipe) echo "-DFLASHDSA_FP8_RESCORE_PIPE=1" ;;
-    walk) echo "-DFLASHDSA_FP8_DENSE=1 -DFLASHDSA_FP8_APPEND1=1" ;;
-    all) echo "-DFLASHDSA_FP8_DENSE=1 -DFLASHDSA_FP8_APPEND1=1 -DFLASHDSA_FP8_RESCORE_PIPE=1" ;;
+    walk) echo "-DFLASHDSA_FP8_DENSE=1 -DFLASHDSA_FP8_APPEND1=1 -DFLASHDSA_FP8_KSCALE=1" ;;
+    all) echo "-DFLASHDSA_FP8_DENSE=1 -DFLASHDSA_FP8_APPEND1=1 -DFLASHDSA_FP8_KSCALE=1 -DFLASHDSA_FP8_RESCORE_PIPE=1" ;;
     *) echo "BAD" ;;
   esac
 }
@@ -70,9 +72,10 @@ describe() {
     a4) echo "attribution: walk + C cut, no re-score" ;;
     dense) echo "DENSE" ;;
     append1) echo "APPEND1" ;;
+    kscale) echo "KSCALE" ;;
     pipe) echo "RESCORE_PIPE" ;;
-    walk) echo "DENSE + APPEND1" ;;
-    all) echo "DENSE + APPEND1 + RESCORE_PIPE" ;;
+    walk) echo "DENSE + APPEND1 + KSCALE (the walk's fixes)" ;;
+    all) echo "DENSE + APPEND1 + KSCALE + RESCORE_PIPE" ;;
   esac
 }
 for v in $VARIANTS $CHECK_VARIANTS $BEST; do

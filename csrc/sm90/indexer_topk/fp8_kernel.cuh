@@ -43,6 +43,13 @@
 //  - FLASHDSA_FP8_RESCORE_PIPE=1: the re-score gathers key rows with cp.async into a per-warp ring of
 //    kRescorePipe stages (in the Q block + key ring, free after the walk), the candidate indices
 //    prefetched one batch ahead, so several gathers per warp are in flight instead of one.
+//  - FLASHDSA_FP8_KSCALE=1: the tile's 64 key scales travel with the key tile (cp.async, 4 bytes per
+//    thread of the first 64) into a ring of 2 x kFp8Stages slots, so the epilogue reads them from
+//    shared memory; otherwise each thread loads its 2 scales from global memory in the epilogue (the
+//    second load sits ≈ 35 instructions before its use in the SASS: an L2 round trip per tile).
+#ifndef FLASHDSA_FP8_KSCALE
+#define FLASHDSA_FP8_KSCALE 0
+#endif
 #ifndef FLASHDSA_FP8_DENSE
 #define FLASHDSA_FP8_DENSE 0
 #endif
@@ -76,6 +83,9 @@ struct alignas(1024) Fp8Smem {
     RescoreSmem<H, D> rs;                             // the re-score (after the walk)
   };
   float w[kCols];  // w' = w · q_scale of the block's columns (0 past T)
+#if FLASHDSA_FP8_KSCALE
+  float ks[2 * kFp8Stages][kTileKeys];  // key scales of tile j in slot j % (2 S) (0 past T_kv)
+#endif
   SelectScratch sel;
   int count[Config<H, D>::kTokens];
   uint32_t thr[Config<H, D>::kTokens];
@@ -125,6 +135,19 @@ __device__ __forceinline__ void load_key_tile_fp8(uint8_t* tile, const Fp8Kernel
     hw::cp_async_16(tile + hw::sw128_offset(row, chunk), src, valid);
   }
 }
+
+#if FLASHDSA_FP8_KSCALE
+// The key scales of key rows [key0, key0 + 64) into `ks` (4-byte cp.async by the first 64 threads,
+// zero-filled past T_kv), in the same commit group as the tile. The slot ring is twice as deep as the
+// tile ring: the copy of tile j + S is issued before the epilogue of tile j - 1 reads its scales.
+__device__ __forceinline__ void load_key_scales_fp8(float* ks, const Fp8KernelArgs& a, int key0) {
+  if (threadIdx.x < kTileKeys) {
+    const int key = key0 + threadIdx.x;
+    const bool valid = key < a.T_kv;
+    hw::cp_async_4(hw::smem_u32(ks + threadIdx.x), a.k_scale + (valid ? key : 0), valid);
+  }
+}
+#endif
 
 // cp.async of the block's queries [t0, t0 + kTokens) x H heads (row = token * H + head); rows of
 // tokens >= T are zero-filled.
@@ -418,6 +441,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       if (s < ntiles) load_key_tile_fp8<D>(sm.k[s], a, (tile0 + s) * kTileKeys);
+#if FLASHDSA_FP8_KSCALE
+      if (s < ntiles) load_key_scales_fp8(sm.ks[s], a, (tile0 + s) * kTileKeys);
+#endif
       hw::cp_async_commit();
     }
 
@@ -434,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       list_nearly_full = false;
       return flagged;
     };
-#if FLASHDSA_FP8_DENSE || FLASHDSA_FP8_APPEND1 || defined(FLASHDSA_FP8_ABLATE)
+#if FLASHDSA_FP8_DENSE || FLASHDSA_FP8_APPEND1 || FLASHDSA_FP8_KSCALE || defined(FLASHDSA_FP8_ABLATE)
     auto append_tile = [&](int tile) {
 #if FLASHDSA_FP8_ABLATE == 1
       // Attribution: a cheap fold of the accumulators (and of half 0's), nothing else.
@@ -456,7 +482,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       }
       const int key0 = (tile0 + tile) * kTileKeys + acc_row;
       // The key scale, applied after the head sum (keys past T_kv are masked below).
+#if FLASHDSA_FP8_KSCALE
+      const float kscale[2] = {sm.ks[tile % (2 * S)][acc_row], sm.ks[tile % (2 * S)][acc_row + 8]};
+#else
       const float kscale[2] = {key0 < a.T_kv ? a.k_scale[key0] : 0.f, key0 + 8 < a.T_kv ? a.k_scale[key0 + 8] : 0.f};
+#endif
       float sv[TPL][2];
       bool pv[TPL][2];
 #pragma unroll
@@ -635,6 +665,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
         {
           const int next = it - 1 + S;
           if (next < ntiles) load_key_tile_fp8<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
+#if FLASHDSA_FP8_KSCALE
+          if (next < ntiles) load_key_scales_fp8(sm.ks[next % (2 * S)], a, (tile0 + next) * kTileKeys);
+#endif
           hw::cp_async_commit();
         }
         append_tile(it - 1);
