@@ -18,7 +18,8 @@
 # "base a1 a2 a3 pipe walk all"), CHECK_VARIANTS
 # (default "pipe walk all"), BEST (sanitized variant, default all), ROUNDS (2), BENCH_T
 # (8192,32768,131072), BENCH_H (32,64), BUILD (the CMake build dir holding libflashdsa.a, default
-# build), LIB (default $BUILD/libflashdsa.a), BIN (default $OUT/bin), NVCC, JOBS.
+# build), LIB (default $BUILD/libflashdsa.a), BIN / OBJ (binaries / objects, default
+# $BUILD/fp8_variants/{bin,obj}: outside $OUT, which holds only the logs), NVCC, JOBS.
 # The build phase first brings $BUILD/libflashdsa.a up to date (ninja, incremental; a cold build of
 # every kernel takes several minutes: then run `--phases build` alone), unless LIB points elsewhere.
 # The variant binaries are ≈ 32 MB each (every kernel of the library is linked in): to carry them
@@ -29,7 +30,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashdsa_fp8v}; mkdir -p "$OUT"
 BUILD=${BUILD:-build}
 LIB=${LIB:-$BUILD/libflashdsa.a}
-BIN=${BIN:-$OUT/bin}
+BIN=${BIN:-$BUILD/fp8_variants/bin}
+OBJ=${OBJ:-$BUILD/fp8_variants/obj}
 NVCC=${NVCC:-nvcc}
 JOBS=${JOBS:-$(nproc)}
 VARIANTS=${VARIANTS:-"base a1 a2 a3 pipe walk all"}
@@ -90,8 +92,8 @@ if [ -n "$build_one" ]; then
   v=$build_one
   # shellcheck disable=SC2046
   "$NVCC" "${NVFLAGS[@]}" -DFLASHDSA_WITH_CUDA=1 -Xptxas -v $(flags_of "$v") -c \
-    csrc/sm90/indexer_topk/indexer_topk_fp8.cu -o "$OUT/obj/fp8_$v.o" || exit 1
-  exec "$NVCC" -gencode=arch=compute_90a,code=sm_90a "$OUT/obj/check.o" "$OUT/obj/fp8_$v.o" "$LIB" -lpthread \
+    csrc/sm90/indexer_topk/indexer_topk_fp8.cu -o "$OBJ/fp8_$v.o" || exit 1
+  exec "$NVCC" -gencode=arch=compute_90a,code=sm_90a "$OBJ/check.o" "$OBJ/fp8_$v.o" "$LIB" -lpthread \
     -o "$BIN/fp8check_$v"
 fi
 rows=()
@@ -117,9 +119,9 @@ if has build && [ "${PREBUILT:-0}" != 1 ]; then
       >"$OUT/configure.log" 2>&1
     step "build libflashdsa.a" 540 build_lib.log cmake --build "$BUILD" --target flashdsa -j "$JOBS"
   fi
-  mkdir -p "$BIN" "$OUT/obj"
+  mkdir -p "$BIN" "$OBJ"
   step "build check object" 300 build_check_obj.log "$NVCC" "${NVFLAGS[@]}" -Itests/cuda -c \
-    tests/cuda/indexer_topk_fp8_check.cu -o "$OUT/obj/check.o"
+    tests/cuda/indexer_topk_fp8_check.cu -o "$OBJ/check.o"
   for v in $(echo $VARIANTS $CHECK_VARIANTS $BEST | tr ' ' '\n' | sort -u); do
     bg_step "build $v" 420 "build_$v.log" bash "$0" --build-one "$v"
   done
@@ -127,11 +129,11 @@ if has build && [ "${PREBUILT:-0}" != 1 ]; then
   grep -H "spill stores" "$OUT"/build_*.log | grep -v " 0 bytes spill stores" && echo "SPILLS (see above)"
   grep -Hi "C7514\|C7518\|serializ" "$OUT"/build_*.log && echo "wgmma serialization warnings (see above)"
 fi
-if [ "${PREBUILT:-0}" = 1 ] && [ -f "$BIN/fp8_variants.tar.xz" ] && [ ! -d "$OUT/bin_x" ]; then
-  mkdir -p "$OUT/bin_x" && tar -xJf "$BIN/fp8_variants.tar.xz" -C "$OUT/bin_x"
+if [ "${PREBUILT:-0}" = 1 ] && [ -f "$BIN/fp8_variants.tar.xz" ] && [ ! -d "$BIN/x" ]; then
+  mkdir -p "$BIN/x" && tar -xJf "$BIN/fp8_variants.tar.xz" -C "$BIN/x"
 fi
 binary() {
-  if [ -x "$BIN/fp8check_$1" ]; then echo "$BIN/fp8check_$1"; else echo "$OUT/bin_x/fp8check_$1"; fi
+  if [ -x "$BIN/fp8check_$1" ]; then echo "$BIN/fp8check_$1"; else echo "$BIN/x/fp8check_$1"; fi
 }
 
 # ---- 2. correctness of the fix variants + sanitizers of the best guess (concurrent: no timing here).
