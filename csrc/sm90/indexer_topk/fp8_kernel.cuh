@@ -119,6 +119,9 @@ struct Fp8KernelArgs {
   int T, T_kv, K, C, cap, num_blocks;
 };
 
+// Compactions keep the C best candidates by the FP8 score (compact_full_lists of kernel.cuh).
+__device__ __forceinline__ int compaction_keep(const Fp8KernelArgs& a) { return a.C; }
+
 // cp.async of key rows [key0, key0 + 64) (D bytes each) into a SW128 tile of 128-byte rows; rows
 // >= T_kv are zero-filled without being read. For D = 64 the second half of each row is never read.
 template <int D>
@@ -368,24 +371,6 @@ __device__ __forceinline__ void rescore_row_pipe(const Fp8KernelArgs& a, int t, 
 }
 #endif  // FLASHDSA_FP8_RESCORE_PIPE
 
-// compact_full_lists of the bf16 kernel, selecting C (the candidate count) instead of K.
-template <int NT>
-__device__ __forceinline__ void compact_full_lists_fp8(const Fp8KernelArgs& a, float* cand_s, int* cand_i, int* count,
-                                                       uint32_t* thr, SelectScratch& sc) {
-  for (int r = 0; r < NT; ++r) {
-    const int n = count[r];
-    if (n <= a.cap - kMinCapacitySlack) continue;
-    float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
-    int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    const Kept kept = keep_top_k(list_s, list_i, n, a.C, list_s, list_i, sc);  // n > cap - 128 >= C
-    if (threadIdx.x == 0) {
-      count[r] = kept.count;
-      thr[r] = kept.thr;
-    }
-  }
-  __syncthreads();
-}
-
 template <int H, int D, bool kRelu>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(const __grid_constant__ Fp8KernelArgs a) {
   using Cfg = Config<H, D>;
@@ -424,16 +409,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     }
     __syncthreads();
 
-    int lo = INT_MAX, hi = 0;
-#pragma unroll
-    for (int r = 0; r < NT; ++r) {
-      if (sm.k_end[r] > sm.k_start[r]) {
-        lo = min(lo, sm.k_start[r]);
-        hi = max(hi, sm.k_end[r]);
-      }
-    }
-    const int tile0 = hi > 0 ? lo / kTileKeys : 0;
-    const int ntiles = hi > 0 ? (hi + kTileKeys - 1) / kTileKeys - tile0 : 0;
+    const TileRange tiles = block_tile_range<NT>(sm.k_start, sm.k_end);
+    const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
     uint32_t my_thr[TPL];
 
     // The software pipeline of the bf16 kernel (see kernel.cuh), with the e4m3 MMA.
@@ -673,7 +650,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
         append_tile(it - 1);
         if (compact) {
           __syncthreads();
-          compact_full_lists_fp8<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
         }
         finish_tile(acc0, it);
       }
@@ -706,11 +683,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
 #endif
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
       float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
-      const int kept = keep_top_k(list_s, list_i, m, a.K, out_s, out_i, sm.sel).count;
-      for (int j = kept + tid; j < a.K; j += kThreads) {
-        out_i[j] = -1;
-        if (out_s != nullptr) out_s[j] = -INFINITY;
-      }
+      write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);
     }
   }
 }

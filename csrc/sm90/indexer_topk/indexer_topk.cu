@@ -12,6 +12,7 @@
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/heuristics.h"
 #include "sm90/indexer_topk/kernel.cuh"
+#include "sm90/indexer_topk/launch.cuh"
 #if defined(FLASHDSA_INDEXER_V2) && FLASHDSA_INDEXER_V2
 #include "sm90/indexer_topk/kernel_v2.cuh"  // compile-time variant: two warpgroups, TMA key ring
 #endif
@@ -19,9 +20,6 @@
 
 namespace flashdsa::sm90::indexer_topk_impl {
 namespace {
-
-constexpr size_t kCounterBytes = 256;  // workspace header: the block scheduler's counter
-constexpr int kSmemPerCtaBudget = 228 * 1024 / kCtasPerSm - 1024;  // per-CTA share minus the reserved 1 KB
 
 template <int H, int D, bool kRelu>
 Status launch(const KernelArgs& args, int grid, cudaStream_t stream) {
@@ -31,47 +29,8 @@ Status launch(const KernelArgs& args, int grid, cudaStream_t stream) {
                           args);
 }
 
-template <int H, int D>
-Status launch_relu(bool relu, const KernelArgs& args, int grid, cudaStream_t stream) {
-  return relu ? launch<H, D, true>(args, grid, stream) : launch<H, D, false>(args, grid, stream);
-}
-
-template <int H>
-Status launch_dim(int d, bool relu, const KernelArgs& args, int grid, cudaStream_t stream) {
-  return d == 64 ? launch_relu<H, 64>(relu, args, grid, stream) : launch_relu<H, 128>(relu, args, grid, stream);
-}
-
 bool supported_shape(const IndexerTopkParams& p) {
   return (p.indexer.H_I == 32 || p.indexer.H_I == 64) && (p.indexer.D_I == 64 || p.indexer.D_I == 128);
-}
-
-// CTA slots of a full wave on the current device (the grid never exceeds it).
-Status wave_slots(int* slots) {
-  int sms = 0;
-  const Status st = tuning::sm_count(&sms);
-  if (!st.ok()) return st;
-  *slots = kCtasPerSm * sms;
-  return Status::OK();
-}
-
-struct LaunchShape {
-  int tokens;      // query rows per block
-  int num_blocks;  // blocks of query rows
-  int grid;        // persistent CTAs
-};
-
-Status launch_shape(const IndexerTopkParams& p, LaunchShape* shape) {
-  int slots = 0;
-  const Status st = wave_slots(&slots);
-  if (!st.ok()) return st;
-  shape->tokens = kCols / p.indexer.H_I;
-  shape->num_blocks = static_cast<int>((p.T + shape->tokens - 1) / shape->tokens);
-  shape->grid = std::min(shape->num_blocks, slots);
-  return Status::OK();
-}
-
-size_t list_bytes(const LaunchShape& s, int cap) {
-  return static_cast<size_t>(s.grid) * s.tokens * cap * sizeof(float);
 }
 
 }  // namespace
@@ -82,7 +41,7 @@ size_t workspace_size(const IndexerTopkParams& p, int candidate_capacity) {
   if (p.T <= 0 || p.T > INT_MAX || !supported_shape(p)) return 0;
   LaunchShape shape{};
   if (!launch_shape(p, &shape).ok()) return 0;
-  return kCounterBytes + 2 * list_bytes(shape, candidate_capacity);  // scores + key indices
+  return workspace_bytes(shape, candidate_capacity);
 }
 
 Status run(const IndexerTopkParams& p, int candidate_capacity) {
@@ -94,32 +53,12 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
   LaunchShape shape{};
   const Status st = launch_shape(p, &shape);
   if (!st.ok()) return st;
-  const size_t need = kCounterBytes + 2 * list_bytes(shape, candidate_capacity);
-  if (p.workspace == nullptr || p.workspace_bytes < need)
-    return Status::InvalidArgument("sm90 indexer_topk: workspace needs " + std::to_string(need) + " bytes, got " +
-                                   std::to_string(p.workspace_bytes));
+  const Status ws_st = check_workspace(p, workspace_bytes(shape, candidate_capacity), "sm90 indexer_topk");
+  if (!ws_st.ok()) return ws_st;
 
-  char* ws = static_cast<char*>(p.workspace);
   KernelArgs args{};
-  args.q = static_cast<const __nv_bfloat16*>(p.indexer.q_idx);
-  args.k = static_cast<const __nv_bfloat16*>(p.indexer.k_idx);
-  args.w = static_cast<const float*>(p.indexer.weights);
-  args.k_start = p.k_start;
-  args.k_end = p.k_end;
-  args.out_idx = p.indices;
-  args.out_scores = static_cast<float*>(p.scores);
-  args.block_counter = reinterpret_cast<int*>(ws);
-  args.cand_scores = reinterpret_cast<float*>(ws + kCounterBytes);
-  args.cand_idx = reinterpret_cast<int32_t*>(ws + kCounterBytes + list_bytes(shape, candidate_capacity));
-  args.q_st = p.indexer.q_idx_stride_t;
-  args.q_sh = p.indexer.q_idx_stride_h;
-  args.k_st = p.indexer.k_idx_stride_t;
-  args.w_st = p.indexer.weights_stride_t;
-  args.T = static_cast<int>(p.T);
-  args.T_kv = static_cast<int>(p.T_kv);
-  args.K = p.K;
-  args.cap = candidate_capacity;
-  args.num_blocks = shape.num_blocks;
+  fill_shared_args(p, shape, candidate_capacity, &args);
+  fill_bf16_inputs(p.indexer, &args);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
@@ -129,8 +68,10 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
                 "two v2 CTAs per SM must fit");
   return v2::run(args, p.indexer.H_I, p.indexer.D_I, p.indexer.relu, shape.grid, stream);
 #else
-  return p.indexer.H_I == 32 ? launch_dim<32>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream)
-                     : launch_dim<64>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream);
+  return dispatch_variant(p.indexer.H_I, p.indexer.D_I, p.indexer.relu, [&](auto v) {
+    using V = decltype(v);
+    return launch<V::H, V::D, V::kRelu>(args, shape.grid, stream);
+  });
 #endif
 }
 

@@ -15,57 +15,27 @@
 #include "common/status_macros.h"
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/indexer_topk/fp8_kernel.cuh"
+#include "sm90/indexer_topk/launch.cuh"
 
 namespace flashdsa::sm90::indexer_topk_fp8_impl {
 namespace {
 
 using detail::Check;
 using indexer_topk_impl::Fp8KernelArgs;
-using indexer_topk_impl::kCols;
-using indexer_topk_impl::kCtasPerSm;
+using indexer_topk_impl::kSmemPerCtaBudget;
 using indexer_topk_impl::kThreads;
+using indexer_topk_impl::LaunchShape;
 
-constexpr size_t kCounterBytes = 256;
-constexpr int kSmemPerCtaBudget = 228 * 1024 / kCtasPerSm - 1024;
 constexpr int kMaxCandidates = 2 * kMaxTopK;
 
 template <int H, int D, bool kRelu>
 Status launch(const Fp8KernelArgs& args, int grid, cudaStream_t stream) {
   static_assert(indexer_topk_impl::fp8_smem_bytes<H, D>() <= static_cast<size_t>(kSmemPerCtaBudget),
                 "two CTAs per SM must fit");
-  const auto kernel = indexer_topk_impl::indexer_topk_fp8_kernel<H, D, kRelu>;
   constexpr int kSmem = static_cast<int>(indexer_topk_impl::fp8_smem_bytes<H, D>());
-  FLASHDSA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kernel<<<grid, kThreads, kSmem, stream>>>(args);
-  FLASHDSA_CHECK_LAUNCH("indexer_topk_fp8_kernel");
-  return Status::OK();
+  return launch_with_smem(indexer_topk_impl::indexer_topk_fp8_kernel<H, D, kRelu>, dim3(grid), kThreads, kSmem, stream,
+                          "indexer_topk_fp8_kernel", args);
 }
-
-template <int H, int D>
-Status launch_relu(bool relu, const Fp8KernelArgs& args, int grid, cudaStream_t stream) {
-  return relu ? launch<H, D, true>(args, grid, stream) : launch<H, D, false>(args, grid, stream);
-}
-
-template <int H>
-Status launch_dim(int d, bool relu, const Fp8KernelArgs& args, int grid, cudaStream_t stream) {
-  return d == 64 ? launch_relu<H, 64>(relu, args, grid, stream) : launch_relu<H, 128>(relu, args, grid, stream);
-}
-
-struct LaunchShape {
-  int tokens, num_blocks, grid;
-};
-
-Status launch_shape(const IndexerTopkParams& p, LaunchShape* shape) {
-  int device = 0, sms = 0;
-  FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
-  FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  shape->tokens = kCols / p.indexer.H_I;
-  shape->num_blocks = static_cast<int>((p.T + shape->tokens - 1) / shape->tokens);
-  shape->grid = std::min(shape->num_blocks, kCtasPerSm * sms);
-  return Status::OK();
-}
-
-size_t list_bytes(const LaunchShape& s, int cap) { return static_cast<size_t>(s.grid) * s.tokens * cap * sizeof(float); }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
@@ -112,55 +82,36 @@ size_t workspace_size(const IndexerTopkParams& p) {
   if (p.T <= 0 || p.T > INT_MAX) return 0;
   if (!is_supported_indexer_heads(p.indexer.H_I)) return 0;
   LaunchShape shape{};
-  if (!launch_shape(p, &shape).ok()) return 0;
-  return kCounterBytes + 2 * list_bytes(shape, candidate_capacity(candidates(p)));
+  if (!indexer_topk_impl::launch_shape(p, &shape).ok()) return 0;
+  return indexer_topk_impl::workspace_bytes(shape, candidate_capacity(candidates(p)));
 }
 
 Status run(const IndexerTopkParams& p) {
   if (p.T == 0) return Status::OK();
   LaunchShape shape{};
-  FLASHDSA_RETURN_IF_ERROR(launch_shape(p, &shape));
+  FLASHDSA_RETURN_IF_ERROR(indexer_topk_impl::launch_shape(p, &shape));
   const int C = candidates(p), cap = candidate_capacity(C);
-  const size_t need = kCounterBytes + 2 * list_bytes(shape, cap);
-  if (p.workspace == nullptr || p.workspace_bytes < need) {
-    return Status::InvalidArgument("sm90 indexer_topk (fp8): workspace needs " + std::to_string(need) + " bytes, got " +
-                                   std::to_string(p.workspace_bytes));
-  }
-  char* ws = static_cast<char*>(p.workspace);
+  FLASHDSA_RETURN_IF_ERROR(
+      indexer_topk_impl::check_workspace(p, indexer_topk_impl::workspace_bytes(shape, cap), "sm90 indexer_topk (fp8)"));
   Fp8KernelArgs args{};
+  indexer_topk_impl::fill_shared_args(p, shape, cap, &args);
   args.q8 = static_cast<const uint8_t*>(p.indexer.q_idx);
   args.k8 = static_cast<const uint8_t*>(p.indexer.k_idx);
   args.q_scale = p.indexer.q_idx_scale;
   args.k_scale = p.indexer.k_idx_scale;
   args.w8 = static_cast<const float*>(p.indexer.weights);
-  args.q = static_cast<const __nv_bfloat16*>(p.rescore.q_idx);
-  args.k = static_cast<const __nv_bfloat16*>(p.rescore.k_idx);
-  args.w = static_cast<const float*>(p.rescore.weights);
-  args.k_start = p.k_start;
-  args.k_end = p.k_end;
-  args.out_idx = p.indices;
-  args.out_scores = static_cast<float*>(p.scores);
-  args.block_counter = reinterpret_cast<int*>(ws);
-  args.cand_scores = reinterpret_cast<float*>(ws + kCounterBytes);
-  args.cand_idx = reinterpret_cast<int32_t*>(ws + kCounterBytes + list_bytes(shape, cap));
   args.q8_st = p.indexer.q_idx_stride_t;
   args.q8_sh = p.indexer.q_idx_stride_h;
   args.k8_st = p.indexer.k_idx_stride_t;
   args.w8_st = p.indexer.weights_stride_t;
-  args.q_st = p.rescore.q_idx_stride_t;
-  args.q_sh = p.rescore.q_idx_stride_h;
-  args.k_st = p.rescore.k_idx_stride_t;
-  args.w_st = p.rescore.weights_stride_t;
-  args.T = static_cast<int>(p.T);
-  args.T_kv = static_cast<int>(p.T_kv);
-  args.K = p.K;
+  indexer_topk_impl::fill_bf16_inputs(p.rescore, &args);
   args.C = C;
-  args.cap = cap;
-  args.num_blocks = shape.num_blocks;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
-  return p.indexer.H_I == 32 ? launch_dim<32>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream)
-                             : launch_dim<64>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream);
+  return indexer_topk_impl::dispatch_variant(p.indexer.H_I, p.indexer.D_I, p.indexer.relu, [&](auto v) {
+    using V = decltype(v);
+    return launch<V::H, V::D, V::kRelu>(args, shape.grid, stream);
+  });
 }
 
 Status supports_quantize(const QuantizeFp8Params& p, const char* op) {

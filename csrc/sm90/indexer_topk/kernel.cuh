@@ -106,14 +106,14 @@ __device__ __forceinline__ void load_key_tile(__nv_bfloat16* tile, const KernelA
 }
 
 // Issues the cp.async copies of the block's queries [t0, t0 + kTokens) x H heads into the SW128
-// tile (row = token * H + head); rows of tokens >= T are zero-filled.
-template <int H, int D>
+// tile (row = token * H + head); rows of tokens >= T are zero-filled. All NTH threads (v1: 128, v2: 256).
+template <int H, int D, int NTH = kThreads>
 __device__ __forceinline__ void load_query_block(__nv_bfloat16* qs, const KernelArgs& a, int t0) {
   constexpr int kRowChunks = D / 8;
-  constexpr int kPerThread = kCols * kRowChunks / kThreads;
+  constexpr int kPerThread = kCols * kRowChunks / NTH;
 #pragma unroll 8
   for (int i = 0; i < kPerThread; ++i) {
-    const int c = threadIdx.x + kThreads * i;
+    const int c = threadIdx.x + NTH * i;
     const int row = c / kRowChunks, chunk = c % kRowChunks;
     const int t = t0 + row / H, h = row % H;
     const bool valid = t < a.T;
@@ -197,23 +197,96 @@ __device__ __forceinline__ void quad_reduce_scatter(const float (&v)[2 * NT], fl
   }
 }
 
-// Compacts every candidate list that might overflow during the next tile to its top K, raising the
-// row's threshold. All threads, right after a barrier (counts are stable until the next epilogue).
+// Starts a block of query rows [t0, t0 + NT): each row's key range ([0, 0) past T), an empty list
+// and a threshold below every score. The first NT threads; the caller's barrier publishes the values.
+// v1 and v2 only: the FP8 kernel keeps its inline copy (left as it was while its SASS was bisected).
 template <int NT>
-__device__ __forceinline__ void compact_full_lists(const KernelArgs& a, float* cand_s, int* cand_i, int* count,
-                                                   uint32_t* thr, SelectScratch& sc) {
+__device__ __forceinline__ void init_block_rows(const KernelArgs& a, int t0, int* k_start, int* k_end, int* count,
+                                                uint32_t* thr) {
+  const int tid = threadIdx.x;
+  if (tid < NT) {
+    const int t = t0 + tid;
+    const bool valid = t < a.T;
+    k_start[tid] = valid ? a.k_start[t] : 0;
+    k_end[tid] = valid ? a.k_end[t] : 0;
+    count[tid] = 0;
+    thr[tid] = 0u;  // every real score's key is > 0
+  }
+}
+
+// Key tiles [tile0, tile0 + ntiles) of kTileKeys keys covering the union of NT rows' key ranges.
+struct TileRange {
+  int tile0;
+  int ntiles;
+};
+template <int NT>
+__device__ __forceinline__ TileRange block_tile_range(const int* k_start, const int* k_end) {
+  int lo = INT_MAX, hi = 0;
+#pragma unroll
+  for (int r = 0; r < NT; ++r) {
+    if (k_end[r] > k_start[r]) {
+      lo = min(lo, k_start[r]);
+      hi = max(hi, k_end[r]);
+    }
+  }
+  const int tile0 = hi > 0 ? lo / kTileKeys : 0;
+  const int ntiles = hi > 0 ? (hi + kTileKeys - 1) / kTileKeys - tile0 : 0;
+  return TileRange{tile0, ntiles};
+}
+
+// How many candidates a compaction keeps: K (the FP8 pass keeps its C, fp8_kernel.cuh).
+__device__ __forceinline__ int compaction_keep(const KernelArgs& a) { return a.K; }
+
+// Compacts every candidate list (NT rows of a.cap entries) that might overflow during the next tile
+// to its top compaction_keep(a), raising the row's threshold. Shared by the v1, v2 and FP8 kernels;
+// Args: KernelArgs or Fp8KernelArgs, read in place (passing its fields by value moved the FP8 and
+// v2 kernels' SASS). All NTH threads, right after a barrier (counts are stable until the next epilogue).
+template <int NT, class Args, int NTH>
+__device__ __forceinline__ void compact_full_lists(const Args& a, float* cand_s, int* cand_i, int* count,
+                                                   uint32_t* thr, Scratch<NTH>& sc) {
   for (int r = 0; r < NT; ++r) {
     const int n = count[r];
     if (n <= a.cap - kMinCapacitySlack) continue;
     float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    const Kept kept = keep_top_k(list_s, list_i, n, a.K, list_s, list_i, sc);  // n > cap - 128 >= K
+    // n > cap - 128 >= the count kept
+    const Kept kept = keep_top_k(list_s, list_i, n, compaction_keep(a), list_s, list_i, sc);
     if (threadIdx.x == 0) {
       count[r] = kept.count;
       thr[r] = kept.thr;
     }
   }
   __syncthreads();
+}
+
+// Writes the top a.K of a row's list (scores, idx)[0, n) to out_i[0, K) (and out_s, which may be
+// null), padded with -1 / -inf past the entries kept. Shared by the v1, v2 and FP8 kernels (Args:
+// KernelArgs or Fp8KernelArgs). All NTH threads.
+template <class Args, int NTH>
+__device__ __forceinline__ void write_row_top_k(const Args& a, const float* list_s, const int* list_i, int n,
+                                                int32_t* out_i, float* out_s, Scratch<NTH>& sc) {
+  const int kept = keep_top_k(list_s, list_i, n, a.K, out_s, out_i, sc).count;
+  for (int j = kept + static_cast<int>(threadIdx.x); j < a.K; j += NTH) {
+    out_i[j] = -1;
+    if (out_s != nullptr) out_s[j] = -INFINITY;
+  }
+}
+
+// Final selection of a block of the bf16 kernels (v1, v2): each row's list (at most cap entries) ->
+// its top K in the outputs. All NTH threads, after a barrier that follows the last appends.
+template <int NT, int NTH>
+__device__ __forceinline__ void write_block_top_k(const KernelArgs& a, int t0, const float* cand_s, const int* cand_i,
+                                                  const int* count, Scratch<NTH>& sc) {
+  for (int r = 0; r < NT; ++r) {
+    const int t = t0 + r;
+    if (t >= a.T) break;
+    const int n = count[r];
+    const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+    const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+    int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+    float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+    write_row_top_k(a, list_s, list_i, n, out_i, out_s, sc);
+  }
 }
 
 template <int H, int D, bool kRelu>
@@ -239,14 +312,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first: they see the most keys
 
-    if (tid < NT) {
-      const int t = t0 + tid;
-      const bool valid = t < a.T;
-      sm.k_start[tid] = valid ? a.k_start[t] : 0;
-      sm.k_end[tid] = valid ? a.k_end[t] : 0;
-      sm.count[tid] = 0;
-      sm.thr[tid] = 0u;  // every real score's key is > 0
-    }
+    init_block_rows<NT>(a, t0, sm.k_start, sm.k_end, sm.count, sm.thr);
     for (int c = tid; c < kCols; c += kThreads) {
       const int t = t0 + c / H;
       sm.w[c] = t < a.T ? a.w[static_cast<int64_t>(t) * a.w_st + c % H] : 0.f;
@@ -254,16 +320,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
     __syncthreads();
 
     // Key tiles covering the union of the block's ranges; per-row ranges are applied per key below.
-    int lo = INT_MAX, hi = 0;
-#pragma unroll
-    for (int r = 0; r < NT; ++r) {
-      if (sm.k_end[r] > sm.k_start[r]) {
-        lo = min(lo, sm.k_start[r]);
-        hi = max(hi, sm.k_end[r]);
-      }
-    }
-    const int tile0 = hi > 0 ? lo / kTileKeys : 0;
-    const int ntiles = hi > 0 ? (hi + kTileKeys - 1) / kTileKeys - tile0 : 0;
+    const TileRange tiles = block_tile_range<NT>(sm.k_start, sm.k_end);
+    const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
     uint32_t my_thr[TPL];
 
     // Software pipeline over (tile, column half) so that the epilogue of one half runs on the CUDA
@@ -404,20 +462,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_kernel(cons
     __syncthreads();
 
     // Final selection: each row's list (at most cap entries) -> its top K, padded with -1 / -inf.
-    for (int r = 0; r < NT; ++r) {
-      const int t = t0 + r;
-      if (t >= a.T) break;
-      const int n = sm.count[r];
-      const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
-      const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-      int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
-      float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
-      const int kept = keep_top_k(list_s, list_i, n, a.K, out_s, out_i, sm.sel).count;
-      for (int j = kept + tid; j < a.K; j += kThreads) {
-        out_i[j] = -1;
-        if (out_s != nullptr) out_s[j] = -INFINITY;
-      }
-    }
+    write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
   }
 }
 

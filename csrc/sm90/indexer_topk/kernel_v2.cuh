@@ -13,7 +13,7 @@
 //     to finish its MMA on a stage refills it (thread 0 issues the first S tiles of a block),
 //   - one CTA barrier per tile, placed right after the MMA issue (it overlaps the MMA): it ORs the
 //     "list nearly full" flags, so that compactions are decided uniformly,
-//   - compactions and final selects over all 256 threads (select_v2.cuh: 16 + 16 registers per
+//   - compactions and final selects over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per
 //     thread for a 4096-entry list).
 // The scores are bitwise those of kernel.cuh: the same wgmma instructions on the same operands, the
 // same per-lane fmaf chain over a thread's columns and the same quad butterfly ((p0 + p2) + (p1 + p3)).
@@ -34,7 +34,8 @@
 #include "sm90/common/hopper.cuh"
 #include "sm90/common/indexer_score.cuh"
 #include "sm90/indexer_topk/kernel.cuh"
-#include "sm90/indexer_topk/select_v2.cuh"
+#include "sm90/indexer_topk/launch.cuh"
+#include "sm90/indexer_topk/select.cuh"
 
 // Attribution builds of the check program only (docs/kernels/indexer_topk.md, plan step 0):
 // 1 = MMA only (the accumulators are folded into a sink), 2 = head sums and reduce-scatter with the
@@ -71,7 +72,7 @@ struct alignas(1024) Smem {
   float w[kCols];                                // weights of the block's columns (0 past T)
   uint64_t full[Cfg::kStages];                   // stage s holds its tile (TMA transaction count)
   uint32_t done[Cfg::kStages];  // warps done reading stage s, over all its uses (8 per use; the 8th refills)
-  sel2::Scratch<kThreads> sel;
+  Scratch<kThreads> sel;
   int count[Cfg::kTokens];     // candidates held per row
   uint32_t thr[Cfg::kTokens];  // admission threshold (score key) per row: append iff key > thr
   int k_start[Cfg::kTokens];   // key range per row ([0, 0) for rows past T)
@@ -97,24 +98,6 @@ struct KernelArgsV2 {
   CUtensorMap tmap_k;  // k_idx as [T_kv, D] bf16, box 64 keys x 64 columns, 128-byte swizzle
 };
 
-// Issues the cp.async copies of the block's queries [t0, t0 + kTokens) x H heads into the SW128 tile
-// (row = token * H + head; rows of tokens >= T are zero-filled), over all 256 threads.
-template <int H, int D>
-__device__ __forceinline__ void load_query_block(__nv_bfloat16* qs, const KernelArgs& a, int t0) {
-  constexpr int kRowChunks = D / 8;
-  constexpr int kPerThread = kCols * kRowChunks / kThreads;
-#pragma unroll 8
-  for (int i = 0; i < kPerThread; ++i) {
-    const int c = threadIdx.x + kThreads * i;
-    const int row = c / kRowChunks, chunk = c % kRowChunks;
-    const int t = t0 + row / H, h = row % H;
-    const bool valid = t < a.T;
-    const __nv_bfloat16* src =
-        a.q + (valid ? static_cast<int64_t>(t) * a.q_st + static_cast<int64_t>(h) * a.q_sh + chunk * 8 : 0);
-    hw::cp_async_16(reinterpret_cast<char*>(qs) + hw::sw128_elem_offset(kCols, row, chunk * 8), src, valid);
-  }
-}
-
 // wgmma descriptors (hopper.cuh make_desc_sw128) split into 32-bit halves: the high half is the same
 // for every K-major SW128 operand (stride byte offset 1024, 128-byte swizzle), the low half is the
 // start address >> 4 plus the leading byte offset (16 >> 4 = 1 at bit 16). A k-step only moves the
@@ -138,25 +121,6 @@ __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka
   for (int ks = 1; ks < D / 16; ++ks)
     hw::wgmma_ss_m64n128k16<0, 0>(acc, desc_of(ka + step(kTileKeys, ks)), desc_of(qb + step(kCols, ks)), true);
   hw::wgmma_commit();
-}
-
-// Compacts every list that might overflow before the next check to its top K (raises the row's
-// threshold). All 256 threads, after a barrier that follows the last appends.
-template <int NT>
-__device__ __forceinline__ void compact_full_lists(const KernelArgs& a, float* cand_s, int* cand_i, int* count,
-                                                   uint32_t* thr, sel2::Scratch<kThreads>& sc) {
-  for (int r = 0; r < NT; ++r) {
-    const int n = count[r];
-    if (n <= a.cap - kMinCapacitySlack) continue;
-    float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
-    int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    const Kept kept = sel2::keep_top_k<kThreads>(list_s, list_i, n, a.K, list_s, list_i, sc);
-    if (threadIdx.x == 0) {
-      count[r] = kept.count;
-      thr[r] = kept.thr;
-    }
-  }
-  __syncthreads();
 }
 
 template <int H, int D, bool kRelu>
@@ -211,30 +175,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first: they see the most keys
 
-    if (tid < NT) {
-      const int t = t0 + tid;
-      const bool valid = t < a.T;
-      sm.k_start[tid] = valid ? a.k_start[t] : 0;
-      sm.k_end[tid] = valid ? a.k_end[t] : 0;
-      sm.count[tid] = 0;
-      sm.thr[tid] = 0u;  // every real score's key is > 0
-    }
+    init_block_rows<NT>(a, t0, sm.k_start, sm.k_end, sm.count, sm.thr);
     {
       const int t = t0 + tid / H;  // one column per thread (kCols == kThreads)
       sm.w[tid] = t < a.T ? a.w[static_cast<int64_t>(t) * a.w_st + tid % H] : 0.f;
     }
     __syncthreads();
 
-    int lo = INT_MAX, hi = 0;
-#pragma unroll
-    for (int r = 0; r < NT; ++r) {
-      if (sm.k_end[r] > sm.k_start[r]) {
-        lo = min(lo, sm.k_start[r]);
-        hi = max(hi, sm.k_end[r]);
-      }
-    }
-    const int tile0 = hi > 0 ? lo / kTileKeys : 0;
-    const int ntiles = hi > 0 ? (hi + kTileKeys - 1) / kTileKeys - tile0 : 0;
+    const TileRange tiles = block_tile_range<NT>(sm.k_start, sm.k_end);
+    const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
 
     // Thread 0 loads tile i of the block into ring slot (ring + i) % S.
     auto issue_key_tile = [&](int i) {
@@ -249,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
     }
     if (ntiles > 0) {
-      v2::load_query_block<H, D>(sm.q, a, t0);
+      load_query_block<H, D, kThreads>(sm.q, a, t0);  // kernel.cuh, over all 256 threads
       hw::cp_async_commit();
       hw::cp_async_wait<0>();
       hw::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
@@ -336,27 +285,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // past the flag, as in kernel.cuh).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it is in the lists and counts
-        v2::compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
       }
     }
     ring += static_cast<uint32_t>(ntiles);
     __syncthreads();
 
     // Final selection: each row's list (at most cap entries) -> its top K, padded with -1 / -inf.
-    for (int r = 0; r < NT; ++r) {
-      const int t = t0 + r;
-      if (t >= a.T) break;
-      const int n = sm.count[r];
-      const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
-      const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-      int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
-      float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
-      const int kept = sel2::keep_top_k<kThreads>(list_s, list_i, n, a.K, out_s, out_i, sm.sel).count;
-      for (int j = kept + tid; j < a.K; j += kThreads) {
-        out_i[j] = -1;
-        if (out_s != nullptr) out_s[j] = -INFINITY;
-      }
-    }
+    write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
   }
 #if FLASHDSA_V2_ABLATE != 0
   if (ablate_sink == 0x7f800001u) a.out_idx[0] = static_cast<int32_t>(ablate_sink);  // keeps the sink alive
@@ -406,12 +342,10 @@ inline Status run(const KernelArgs& base, int H, int D, bool relu, int grid, cud
   args.base = base;
   const Status st = make_key_tensor_map(base, D, &args.tmap_k);
   if (!st.ok()) return st;
-  if (H == 32) {
-    if (D == 64) return relu ? launch<32, 64, true>(args, grid, stream) : launch<32, 64, false>(args, grid, stream);
-    return relu ? launch<32, 128, true>(args, grid, stream) : launch<32, 128, false>(args, grid, stream);
-  }
-  if (D == 64) return relu ? launch<64, 64, true>(args, grid, stream) : launch<64, 64, false>(args, grid, stream);
-  return relu ? launch<64, 128, true>(args, grid, stream) : launch<64, 128, false>(args, grid, stream);
+  return dispatch_variant(H, D, relu, [&](auto v) {
+    using V = decltype(v);
+    return launch<V::H, V::D, V::kRelu>(args, grid, stream);
+  });
 }
 
 }  // namespace flashdsa::sm90::indexer_topk_impl::v2

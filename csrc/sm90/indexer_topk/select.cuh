@@ -1,5 +1,7 @@
 // Internal: CTA-wide exact top-K selection over a candidate list of (score, key index) pairs held
-// in global memory, for the fused indexer + top-k kernel (one warpgroup = 128 threads per CTA).
+// in global memory, for the fused indexer + top-k kernels. Every routine is a template on the CTA's
+// thread count NTH (a multiple of 128): the v1 and FP8 kernels run it over one warpgroup
+// (kSelectThreads = 128, SelectScratch), the v2 kernel (kernel_v2.cuh) over its 256 threads.
 //
 // Scores are compared through an order-preserving 32-bit key (score_key). A selection returns a
 // KeepRule: keep every element with key > thr, and among the elements with key == thr the first
@@ -8,7 +10,9 @@
 // are read from memory once and selected from registers: an exact MSB-first radix select over the
 // offsets key - min key, in 11-bit digits of the list's own key span, then a filter whose slots are
 // allocated once per warp. Longer lists are streamed from memory on every pass: radix select over the
-// raw keys (11 + 11 + 10 bits, select_top_k), then filter_keep.
+// raw keys (11 + 11 + 10 bits, select_top_k), then filter_keep. With NTH threads a resident list takes
+// 4096 / NTH vectors per thread (8 + 8 at 128 threads, 4 + 4 at 256, which is what lets the v2 kernel
+// keep its 128-register budget).
 // The lists are rewritten by the kernel that reads them: their pointers are deliberately not
 // __restrict__, so that loads never take the non-coherent read-only path.
 #pragma once
@@ -20,30 +24,41 @@
 
 namespace flashdsa::sm90::indexer_topk_impl {
 
-constexpr int kSelectThreads = 128;
+constexpr int kSelectThreads = 128;  // the v1 and FP8 kernels: one warpgroup
 constexpr int kSelectWarps = kSelectThreads / 32;
 constexpr int kHistBins = 2048;  // widest radix digit: 11 bits
 // Elements per thread per sweep of the list (4 x 16-byte vectors), for memory-level parallelism.
 constexpr int kSweepVecs = 4;
-constexpr int kSweepElems = kSelectThreads * kSweepVecs * 4;
-// Register-resident selection: 16-byte vectors of scores (and of key indices) per thread, and the
-// longest list it takes. 4096 = K + 2048, the default candidate capacity for K = 2048.
-constexpr int kResidentVecs = 8;
-constexpr int kResidentSlots = kResidentVecs * 4;
-constexpr int kResidentElems = kSelectThreads * kResidentSlots;
+// Register-resident selection: the longest list it takes. 4096 = K + 2048, the default candidate
+// capacity for K = 2048.
+constexpr int kResidentElems = 4096;
 
-// Shared-memory scratch of the selection routines.
-struct SelectScratch {
+// The per-thread layout of the selection for a CTA of NTH threads.
+template <int NTH>
+struct Shape {
+  static_assert(NTH % 128 == 0 && NTH <= 1024, "whole warpgroups");
+  static constexpr int kWarps = NTH / 32;
+  static constexpr int kSweepElems = NTH * kSweepVecs * 4;  // streamed sweep: 16 entries per thread
+  // Resident list: 16-byte vectors of scores (and of key indices) per thread, 4 slots each.
+  static constexpr int kResidentVecs = kResidentElems / (NTH * 4);
+  static constexpr int kResidentSlots = kResidentVecs * 4;
+  static_assert(kResidentVecs >= 1 && kResidentSlots <= 32, "resident list: 1..32 slots per thread");
+};
+
+// Shared-memory scratch of the selection routines for NTH threads.
+template <int NTH>
+struct Scratch {
   uint32_t hist[kHistBins];
-  int warp_sum[kSelectWarps];
+  int warp_sum[Shape<NTH>::kWarps];
   int bin;        // radix pass result: the bin holding the need-th largest key
   int above;      // number of matching keys in bins above `bin`
   int bin_count;  // number of matching keys in `bin`
   int out_count;  // filter: slots handed out so far
   int eq_count;   // filter: tickets handed to keys equal to the threshold
-  uint32_t warp_lo[kSelectWarps];  // resident select: per-warp smallest / largest key of the list
-  uint32_t warp_hi[kSelectWarps];
+  uint32_t warp_lo[Shape<NTH>::kWarps];  // resident select: per-warp smallest / largest key of the list
+  uint32_t warp_hi[Shape<NTH>::kWarps];
 };
+using SelectScratch = Scratch<kSelectThreads>;
 
 // a < b  <=>  score_key(a) < score_key(b) for all non-NaN floats (with -0 < +0).
 // Every non-NaN score's key is >= 1, so key 0 can mark an empty slot. NaN: the scores are computed
@@ -75,7 +90,8 @@ __device__ __forceinline__ KeepRule keep_from_edge(uint32_t edge) {
 }
 
 // Whether `rule` keeps an element with this key (a key equal to the threshold takes a ticket).
-__device__ __forceinline__ bool rule_keeps(uint32_t key, KeepRule rule, SelectScratch& sc) {
+template <int NTH>
+__device__ __forceinline__ bool rule_keeps(uint32_t key, KeepRule rule, Scratch<NTH>& sc) {
   return key > rule.thr || (key == rule.thr && atomicAdd(&sc.eq_count, 1) < rule.quota);
 }
 
@@ -109,10 +125,10 @@ __device__ __forceinline__ int4 load_index4(const int* list, int e, int n) {
 
 // Clears the first kBins histogram bins. All threads; the first barrier lets earlier readers of the
 // histogram and of the pass results finish.
-template <int kBins>
-__device__ __forceinline__ void clear_hist(SelectScratch& sc) {
+template <int kBins, int NTH>
+__device__ __forceinline__ void clear_hist(Scratch<NTH>& sc) {
   __syncthreads();
-  for (int b = threadIdx.x; b < kBins; b += kSelectThreads) sc.hist[b] = 0u;
+  for (int b = threadIdx.x; b < kBins; b += NTH) sc.hist[b] = 0u;
   __syncthreads();
 }
 
@@ -127,9 +143,9 @@ struct BinPick {
 // Finds the bin holding the need-th largest key of a filled histogram of kBins bins (bins store
 // larger keys at higher indices; the histogram counts at least `need` keys). All threads, after the
 // histogram is complete (the first barrier).
-template <int kBins>
-__device__ __forceinline__ BinPick pick_bin(int need, SelectScratch& sc) {
-  constexpr int kBinsPerThread = kBins / kSelectThreads;
+template <int kBins, int NTH>
+__device__ __forceinline__ BinPick pick_bin(int need, Scratch<NTH>& sc) {
+  constexpr int kBinsPerThread = kBins / NTH;
   static_assert(kBins <= kHistBins && kBinsPerThread >= 1, "digit too wide for the histogram");
   const int tid = threadIdx.x;
   __syncthreads();
@@ -173,19 +189,19 @@ __device__ __forceinline__ BinPick pick_bin(int need, SelectScratch& sc) {
 // bits equal `prefix` (under `prefix_mask`), then the bin holding the need-th largest of them. Updates
 // prefix / prefix_mask / need (need becomes the number still to take inside the chosen bin).
 // Returns true when the chosen bin is taken whole (the selection is complete).
-template <int kShift, int kBits>
+template <int kShift, int kBits, int NTH>
 __device__ __forceinline__ bool radix_pass(const float* scores, int n, uint32_t& prefix,
-                                           uint32_t& prefix_mask, int& need, SelectScratch& sc) {
+                                           uint32_t& prefix_mask, int& need, Scratch<NTH>& sc) {
   constexpr int kBins = 1 << kBits;
   const int tid = threadIdx.x;
   clear_hist<kBins>(sc);
-  for (int base = 0; base < n; base += kSweepElems) {
+  for (int base = 0; base < n; base += Shape<NTH>::kSweepElems) {
     float4 v[kSweepVecs];
 #pragma unroll
-    for (int i = 0; i < kSweepVecs; ++i) v[i] = load_scores4(scores, base + 4 * (tid + kSelectThreads * i), n);
+    for (int i = 0; i < kSweepVecs; ++i) v[i] = load_scores4(scores, base + 4 * (tid + NTH * i), n);
 #pragma unroll
     for (int i = 0; i < kSweepVecs; ++i) {
-      const int e = base + 4 * (tid + kSelectThreads * i);
+      const int e = base + 4 * (tid + NTH * i);
       const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
@@ -202,8 +218,9 @@ __device__ __forceinline__ bool radix_pass(const float* scores, int n, uint32_t&
 }
 
 // The rule that keeps exactly the k largest of scores[0, n), streaming the list on every pass.
-// Requires n > k >= 1. All 128 threads.
-__device__ __forceinline__ KeepRule select_top_k(const float* scores, int n, int k, SelectScratch& sc) {
+// Requires n > k >= 1. All NTH threads.
+template <int NTH>
+__device__ __forceinline__ KeepRule select_top_k(const float* scores, int n, int k, Scratch<NTH>& sc) {
   uint32_t prefix = 0u, prefix_mask = 0u;
   int need = k;
   if (radix_pass<21, 11>(scores, n, prefix, prefix_mask, need, sc)) return keep_from_edge(prefix);
@@ -215,9 +232,10 @@ __device__ __forceinline__ KeepRule select_top_k(const float* scores, int n, int
 // Writes the elements of (scores, idx)[0, n) that `rule` keeps to (dst_scores, dst_idx)[0, kept), in
 // arbitrary order, and returns kept (same value in every thread). dst may alias the source list
 // (in-place compaction): each chunk is fully read before any of it is written, and writes never pass
-// the end of the chunk being processed. dst_scores may be null (scores not wanted). All 128 threads.
+// the end of the chunk being processed. dst_scores may be null (scores not wanted). All NTH threads.
+template <int NTH>
 __device__ __forceinline__ int filter_keep(const float* scores, const int* idx, int n, KeepRule rule,
-                                           float* dst_scores, int* dst_idx, SelectScratch& sc) {
+                                           float* dst_scores, int* dst_idx, Scratch<NTH>& sc) {
   const int tid = threadIdx.x;
   __syncthreads();  // earlier readers of the counters are done
   if (tid == 0) {
@@ -225,13 +243,13 @@ __device__ __forceinline__ int filter_keep(const float* scores, const int* idx, 
     sc.eq_count = 0;
   }
   __syncthreads();
-  for (int base = 0; base < n; base += kSweepElems) {
+  for (int base = 0; base < n; base += Shape<NTH>::kSweepElems) {
     float s[kSweepVecs * 4];
     int id[kSweepVecs * 4];
     bool keep[kSweepVecs * 4];
 #pragma unroll
     for (int i = 0; i < kSweepVecs; ++i) {
-      const int e = base + 4 * (tid + kSelectThreads * i);
+      const int e = base + 4 * (tid + NTH * i);
       const float4 v = load_scores4(scores, e, n);
       const int4 w = load_index4(idx, e, n);
       s[4 * i + 0] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
@@ -258,11 +276,12 @@ __device__ __forceinline__ int filter_keep(const float* scores, const int* idx, 
 
 // ---- register-resident path ----------------------------------------------------------------------
 
-// This thread's slots of a list held in registers: slot 4 i + x is element 4 (tid + kSelectThreads i) + x,
-// the layout of coalesced 16-byte loads. Slots past the end of the list have key 0.
+// This thread's slots of a list held in registers: slot 4 i + x is element 4 (tid + NTH i) + x, the
+// layout of coalesced 16-byte loads. Slots past the end of the list have key 0.
+template <int NTH>
 struct ResidentList {
-  uint32_t key[kResidentSlots];
-  int idx[kResidentSlots];
+  uint32_t key[Shape<NTH>::kResidentSlots];
+  int idx[Shape<NTH>::kResidentSlots];
 };
 
 // Reads (scores, idx)[0, n), n <= kResidentElems, into registers, aiming for one memory latency:
@@ -271,21 +290,23 @@ struct ResidentList {
 // are marked empty) rather than being predicated off into a zero-filled destination, which makes the
 // compiler wait for one load before issuing the next into the same registers. The barrier also lets
 // earlier readers of the scratch finish. All threads.
-__device__ __forceinline__ void load_resident(const float* scores, const int* idx, int n, ResidentList& list) {
+template <int NTH>
+__device__ __forceinline__ void load_resident(const float* scores, const int* idx, int n, ResidentList<NTH>& list) {
+  constexpr int kVecs = Shape<NTH>::kResidentVecs;
   const int tid = threadIdx.x;
-  float4 v[kResidentVecs];
-  int4 w[kResidentVecs];
+  float4 v[kVecs];
+  int4 w[kVecs];
 #pragma unroll
-  for (int i = 0; i < kResidentVecs; ++i) {
-    const int e = 4 * (tid + kSelectThreads * i);
+  for (int i = 0; i < kVecs; ++i) {
+    const int e = 4 * (tid + NTH * i);
     const int src = e < n ? e : 0;
     v[i] = *reinterpret_cast<const float4*>(scores + src);
     w[i] = *reinterpret_cast<const int4*>(idx + src);
   }
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < kResidentVecs; ++i) {
-    const int e = 4 * (tid + kSelectThreads * i);
+  for (int i = 0; i < kVecs; ++i) {
+    const int e = 4 * (tid + NTH * i);
     const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
     const int id[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
@@ -298,11 +319,12 @@ __device__ __forceinline__ void load_resident(const float* scores, const int* id
 
 // The smallest and the largest key of a resident list (UINT_MAX and 0 when it is empty), in every
 // thread. Also resets the filter's counters. All threads, right after load_resident.
-__device__ __forceinline__ void resident_range(const ResidentList& list, uint32_t& lo, uint32_t& hi,
-                                               SelectScratch& sc) {
+template <int NTH>
+__device__ __forceinline__ void resident_range(const ResidentList<NTH>& list, uint32_t& lo, uint32_t& hi,
+                                               Scratch<NTH>& sc) {
   uint32_t l = UINT_MAX, h = 0u;
 #pragma unroll
-  for (int s = 0; s < kResidentSlots; ++s) {
+  for (int s = 0; s < Shape<NTH>::kResidentSlots; ++s) {
     l = min(l, list.key[s] != 0u ? list.key[s] : UINT_MAX);
     h = max(h, list.key[s]);
   }
@@ -321,7 +343,7 @@ __device__ __forceinline__ void resident_range(const ResidentList& list, uint32_
   lo = sc.warp_lo[0];
   hi = sc.warp_hi[0];
 #pragma unroll
-  for (int w = 1; w < kSelectWarps; ++w) {
+  for (int w = 1; w < Shape<NTH>::kWarps; ++w) {
     lo = min(lo, sc.warp_lo[w]);
     hi = max(hi, sc.warp_hi[w]);
   }
@@ -331,8 +353,9 @@ __device__ __forceinline__ void resident_range(const ResidentList& list, uint32_
 // in [lo, hi]. Exact MSB-first radix select over the offsets key - lo in 11-bit digits that start at
 // the top bit of hi - lo: the first digit spreads the list over the histogram even when every score
 // shares its sign, exponent and leading mantissa bits. All threads.
-__device__ __forceinline__ KeepRule resident_select(const ResidentList& list, uint32_t lo, uint32_t hi, int k,
-                                                    SelectScratch& sc) {
+template <int NTH>
+__device__ __forceinline__ KeepRule resident_select(const ResidentList<NTH>& list, uint32_t lo, uint32_t hi, int k,
+                                                    Scratch<NTH>& sc) {
   const uint32_t span = hi - lo;
   int shift = span == 0u ? 0 : 32 - __clz(static_cast<int>(span));  // every offset is < 2^shift
   uint32_t prefix = 0u, mask = 0u;  // the selection goes on among the offsets o with (o & mask) == prefix
@@ -343,7 +366,7 @@ __device__ __forceinline__ KeepRule resident_select(const ResidentList& list, ui
     const uint32_t digit_mask = (1u << bits) - 1u;
     clear_hist<kHistBins>(sc);
 #pragma unroll
-    for (int s = 0; s < kResidentSlots; ++s) {
+    for (int s = 0; s < Shape<NTH>::kResidentSlots; ++s) {
       const uint32_t off = list.key[s] - lo;
       if (list.key[s] != 0u && (off & mask) == prefix) atomicAdd(&sc.hist[(off >> shift) & digit_mask], 1u);
     }
@@ -361,11 +384,13 @@ __device__ __forceinline__ KeepRule resident_select(const ResidentList& list, ui
 // hands out the warp's slots; lanes write consecutive positions per register slot, so the stores
 // coalesce. dst may alias the list's memory (every thread read all of it before the barrier in
 // load_resident). dst_scores may be null. All threads, after resident_range.
-__device__ __forceinline__ int resident_filter(const ResidentList& list, KeepRule rule, float* dst_scores,
-                                               int* dst_idx, SelectScratch& sc) {
+template <int NTH>
+__device__ __forceinline__ int resident_filter(const ResidentList<NTH>& list, KeepRule rule, float* dst_scores,
+                                               int* dst_idx, Scratch<NTH>& sc) {
+  constexpr int kSlots = Shape<NTH>::kResidentSlots;
   uint32_t keep = 0u;  // bit s: slot s is kept
 #pragma unroll
-  for (int s = 0; s < kResidentSlots; ++s)
+  for (int s = 0; s < kSlots; ++s)
     if (list.key[s] != 0u && rule_keeps(list.key[s], rule, sc)) keep |= 1u << s;
   const int lane = threadIdx.x & 31;
   const int warp_total = __reduce_add_sync(0xffffffffu, __popc(keep));
@@ -374,7 +399,7 @@ __device__ __forceinline__ int resident_filter(const ResidentList& list, KeepRul
   pos = __shfl_sync(0xffffffffu, pos, 0);
   const unsigned lanes_below = (1u << lane) - 1u;
 #pragma unroll
-  for (int s = 0; s < kResidentSlots; ++s) {
+  for (int s = 0; s < kSlots; ++s) {
     const bool kept = ((keep >> s) & 1u) != 0u;
     const unsigned ballot = __ballot_sync(0xffffffffu, kept);
     if (kept) {
@@ -392,12 +417,13 @@ __device__ __forceinline__ int resident_filter(const ResidentList& list, KeepRul
 
 // Writes the k largest entries of (scores, idx)[0, n) (all of them when n <= k) to
 // (dst_scores, dst_idx)[0, count), in arbitrary order, and returns count and the threshold of the
-// rule applied. dst may alias the list (in-place compaction); dst_scores may be null. All 128 threads;
-// every thread gets the same result.
+// rule applied. dst may alias the list (in-place compaction); dst_scores may be null. All NTH threads
+// of the CTA; every thread gets the same result.
+template <int NTH>
 __device__ __forceinline__ Kept keep_top_k(const float* scores, const int* idx, int n, int k, float* dst_scores,
-                                           int* dst_idx, SelectScratch& sc) {
+                                           int* dst_idx, Scratch<NTH>& sc) {
   if (n <= kResidentElems) {
-    ResidentList list;
+    ResidentList<NTH> list;
     load_resident(scores, idx, n, list);
     uint32_t lo, hi;
     resident_range(list, lo, hi, sc);
