@@ -72,6 +72,11 @@ class LongConfig(tr.Config):
     indexer_lr: float = 1e-3  # stage 1
     sparse_lr: float = 3e-4  # stage 2 (the scratch recipe uses lr: it starts from random weights)
     kl_rows: float = 1.0  # fraction of query rows in the dense KL loss (a random subset per step)
+    # Stage 1's rows: "answers" = the answer rows (the rows the LM loss scores) plus the kl_rows
+    # random fraction; "random" = the random fraction only (the first GPU run's recipe).
+    kl_row_mode: str = "answers"
+    # Stage 1's learning rate after its warm-up steps: "constant" or "cosine" (to 10% at the stage's end)
+    warmup_schedule: str = "constant"
     # Stage 0 length curriculum: sequences of short_len, 2·short_len, ... up to seq_len (same tokens
     # per step, distances and queries scaled with the length); 0 = off. A level ends when its share
     # of stage 0 is spent or the accuracy reaches switch_accuracy.
@@ -223,6 +228,26 @@ def recipe_stages(cfg: LongConfig, recipe: str, budget_seconds: Optional[float] 
     raise ValueError(f"recipe must be 'two-stage' or 'scratch', got {recipe!r}")
 
 
+def warmup_kl_rows(cfg: LongConfig, batch: tr.Batch):
+    """The query rows of this step's dense KL loss (stage 1): with ``kl_row_mode = "answers"`` the
+    answer rows (those the LM loss scores: the rows whose attention must find the pair) plus a
+    random ``kl_rows`` fraction of all rows (``torch.Tensor`` of increasing row indices); with
+    ``"random"`` only the random fraction (``cfg.kl_rows``, drawn by the layer).
+
+    Why: the dense KL averages over its rows, and in this task 97% of all rows are filler rows
+    whose attention has nothing to do with the lookup; on random rows the loss falls while the
+    recall of the needed key stalls (docs/training.md, "Recipe changes 2026-12-02 (second session)").
+    """
+    if cfg.kl_row_mode == "random":
+        return cfg.kl_rows
+    if cfg.kl_row_mode != "answers":
+        raise ValueError(f"kl_row_mode must be 'answers' or 'random', got {cfg.kl_row_mode!r}")
+    extra = tr.sample_rows(batch.tokens.shape[0], cfg.kl_rows, batch.answer_rows.device)
+    if extra is None:  # every row
+        return 1.0
+    return torch.unique(torch.cat([batch.answer_rows, extra]))  # sorted, no duplicates
+
+
 def apply_stage(model: tr.Decoder, stage: Stage) -> Dict[str, int]:
     """Switches the model to ``stage``: its attention (dense or sparse, dense KL on or off) and
     which parameters train (``requires_grad``); a frozen parameter gets no gradient, so the
@@ -237,11 +262,73 @@ def apply_stage(model: tr.Decoder, stage: Stage) -> Dict[str, int]:
     return counts
 
 
-def stage_lr(base: float, step: int, progress: float, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine to 10% at ``progress`` = 1."""
+def stage_lr(base: float, step: int, progress: float, warmup: int, schedule: str = "cosine") -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine to 10% at ``progress`` = 1
+    (``schedule="cosine"``) or ``base`` (``"constant"``)."""
+    if schedule not in ("cosine", "constant"):
+        raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
     if step < warmup:
         return base * (step + 1) / warmup
+    if schedule == "constant":
+        return base
     return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostic: where the dense model's attention puts the needed key
+
+
+@torch.no_grad()
+def pair_attention(model: tr.Decoder, batch: tr.Batch, act_dtype: torch.dtype, topk: int,
+                   chunk: int = 64) -> List[Dict[str, float]]:
+    """Per layer, in dense attention, at the answer rows: the head-averaged attention probability
+    of the needed key (the pair's value row; the dense KL target's weight on it), the best head's,
+    the fraction of queries whose target ranks it first, and in its top ``topk``.
+
+    This is what the dense KL loss can teach the full layer's indexer: a pair its own layer does
+    not attend to is not in its target. Answer rows are processed ``chunk`` at a time over all of
+    their sequence's keys (``[chunk, H, L]`` probabilities, never ``[T, T]``). One forward, no update.
+    """
+    operands = {}
+
+    def grab(module, args):  # the absorbed q, kv of each layer, from its input
+        x, _, rope_main = args[:3]
+        q_nope = module.q_nope(x).unflatten(-1, (module.heads, module.d_nope))
+        q_pe = rope_main.apply(module.q_rope(x).unflatten(-1, (module.heads, tr.ROPE_DIM)))
+        c_kv = module.kv_norm(module.kv_down(x))
+        operands[module] = module._absorbed(q_nope, q_pe, c_kv, rope_main.apply(module.k_rope(x)), act_dtype)
+
+    hooks = [b.attn.register_forward_pre_hook(grab) for b in model.blocks]
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch.tokens.is_cuda):
+            model(batch, act_dtype)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    cu = batch.cu_seqlens.tolist()
+    starts = torch.tensor(cu[:-1], device=batch.answer_rows.device)
+    seq = torch.searchsorted(starts, batch.answer_rows, right=True) - 1
+    out = []
+    for block in model.blocks:
+        q, kv = operands[block.attn]
+        on_pair, best_head, top1, in_topk = [], [], [], []
+        for a in range(0, len(batch.answer_rows), chunk):
+            rows, rel, start = batch.answer_rows[a:a + chunk], batch.relevant_rows[a:a + chunk], starts[seq[a:a + chunk]]
+            lo, hi = int(start.min()), int(rows.max()) + 1
+            s = torch.einsum("nhd,td->nht", q[rows].float(), kv[lo:hi].float()) * block.attn.scale
+            keys = torch.arange(lo, hi, device=s.device)
+            visible = (keys[None, :] >= start[:, None]) & (keys[None, :] <= rows[:, None])
+            p = s.masked_fill(~visible[:, None, :], float("-inf")).softmax(-1)  # [n, H, keys]
+            n = torch.arange(len(rows), device=s.device)
+            pair = p[n, :, rel - lo]  # [n, H]
+            target = p.mean(1)  # the dense KL target (head-averaged)
+            rank = (target > target[n, rel - lo][:, None]).sum(-1)
+            on_pair.append(pair.mean(1)), best_head.append(pair.max(1).values)
+            top1.append(rank == 0), in_topk.append(rank < topk)
+        cat = lambda xs: torch.cat(xs).float().mean().item()  # noqa: E731
+        out.append({"pair_mass": cat(on_pair), "best_head_mass": cat(best_head), "pair_top1": cat(top1),
+                    "pair_in_topk": cat(in_topk)})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,7 +393,7 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     h = run.hist
     h.update(stage=[], tokens_per_second=[])
-    stages_out, memory = [], {}
+    stages_out, memory, result_extra = [], {}, {}
     global_step, start = 0, time.perf_counter()
     h["seq_len"] = []
     for stage in recipe_stages(cfg, recipe, budget_seconds, fractions):
@@ -342,8 +429,20 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
             if level < len(lengths) - 1 and (reached or progress >= (level + 1) / len(lengths)):
                 level, level_start = level + 1, i
                 print(f"[{recipe}] stage dense: sequence length {lengths[level]} from step {global_step + 1}", flush=True)
-            lr = stage_lr(stage.lr, i, progress, cfg.warmup)
+            lr = stage_lr(stage.lr, i, progress, cfg.warmup, cfg.warmup_schedule if stage.name == "warmup" else "cosine")
             batch = make_long_batch(at_length(cfg, lengths[level]), vocab, gen).to(device)
+            if stage.dense_kl:
+                if i == 0:  # what the dense KL target holds about the needed key, per layer
+                    run.model.set_attention("dense")
+                    diag = pair_attention(run.model, batch, act_dtype, cfg.topk)
+                    result_extra["pair_attention"] = diag
+                    for layer, d in enumerate(diag):
+                        print(f"[{recipe}] dense attention at the answer rows, layer {layer}: needed key's probability "
+                              f"{d['pair_mass']:.3f} head-averaged, {d['best_head_mass']:.3f} best head; first in the "
+                              f"target for {d['pair_top1']:.2f}, in its top-{cfg.topk} for {d['pair_in_topk']:.2f} of the "
+                              f"queries" + (" (full layer: its indexer's target)" if layer in h["full_layers"] else ""),
+                              flush=True)
+                run.model.set_attention("dense", dense_kl=True, kl_rows=warmup_kl_rows(cfg, batch))
             h["seq_len"].append(lengths[level])
             t0 = time.perf_counter()
             full_steps = sum(1 for n in h["seq_len"][len(h["seq_len"]) - (i + 1):] if n == cfg.seq_len)
@@ -364,7 +463,7 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
         stages_out.append({"name": stage.name, "first_step": global_step - i, "steps": i,
                            "seconds": time.perf_counter() - stage_start, **counts,
                            "frozen_parameters_changed": changed})
-    result = {"history": h, "stages": stages_out}
+    result = {"history": h, "stages": stages_out, **result_extra}
     if memory:
         result["memory"] = memory
     return result
