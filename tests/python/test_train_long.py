@@ -337,3 +337,61 @@ def test_pair_attention_matches_the_dense_softmax(tl):
         rank = (target > target[n, batch.relevant_rows][:, None]).sum(-1)
         assert d["pair_top1"] == (rank == 0).float().mean().item() and d["pair_in_topk"] == (rank < 16).float().mean().item()
         assert 0 <= d["pair_mass"] <= d["best_head_mass"] <= 1 and d["pair_top1"] <= d["pair_in_topk"]
+
+
+def test_served_and_answering_layers(tl):
+    cfg = tl.dataclasses.replace(tl.PRESETS["tiny"], layers=4, topk_freq=2)
+    model = tl.tr.Decoder(cfg, flashdsa.DSAAttention)
+    assert tl.served_layers(model) == {0: [0, 1], 2: [2, 3]}
+    diag = [{"pair_mass": m} for m in (0.1, 0.3, 0.2, 0.05)]
+    assert tl.answering_layers(model, diag) == {0: 1, 2: 2}
+
+
+def test_target_layer_kl_is_the_dense_kl_against_that_layers_attention(tl):
+    cfg = tl.dataclasses.replace(tl.PRESETS["tiny"], layers=2, topk_freq=2)  # layer 0 full, layer 1 shared
+    batch = tl.make_long_batch(cfg, tl.tr.Vocab.of(cfg), torch.Generator().manual_seed(6))
+    torch.manual_seed(2)
+    model = tl.tr.Decoder(cfg, flashdsa.DSAAttention)
+    rows = batch.answer_rows
+    model.set_attention("dense", dense_kl=True, kl_rows=rows)
+    model(batch, torch.float32)
+    own = model.pending_indexer_losses()[0].detach()
+    model.set_attention("dense")
+    for target_layer in (0, 1):
+        target = tl.TargetLayerKL(model, 0, target_layer)
+        target.rows = rows
+        model(batch, torch.float32)
+        target.remove()
+        loss, = model.pending_indexer_losses()
+        if target_layer == 0:  # the full layer's own attention: the layer's own dense KL
+            torch.testing.assert_close(loss.detach(), own, rtol=1e-6, atol=1e-9)
+        else:  # against layer 1's attention: the per-row kernel with layer 1's q, kv
+            seen = []
+            grab = model.blocks[1].attn.register_forward_pre_hook(lambda m, a: seen.append(tl.absorbed_operands(m, a)))
+            idx = []
+            grab2 = model.blocks[0].attn.indexer.register_forward_hook(lambda m, a, out: idx.append(out))
+            with torch.no_grad():
+                model(batch, torch.float32)
+            grab.remove(), grab2.remove()
+            (q, kv), (q_idx, k_idx, w) = seen[0], idx[0]
+            ks, ke = flashdsa.build_key_ranges(batch.cu_seqlens)
+            per_row = flashdsa.indexer_kl_loss_rows(q_idx[rows], k_idx, w[rows], formulation="dense", q=q[rows], kv=kv,
+                                                    scale=model.blocks[1].attn.scale, k_start=ks[rows], k_end=ke[rows])
+            torch.testing.assert_close(loss.detach(), per_row.mean() * cfg.loss_coeff, rtol=1e-5, atol=1e-9)
+            assert not torch.allclose(loss.detach(), own)
+            loss.backward()
+            indexer = model.blocks[0].attn.indexer
+            assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in indexer.parameters() if p.dim() == 2)
+            assert model.blocks[1].attn.q_nope.weight.grad is None  # the target is detached
+    assert not model.blocks[0].attn.indexer._forward_hooks and not model._forward_hooks  # removed
+
+
+def test_two_stage_with_the_answering_layer_target(tl, tmp_path):
+    result = tl.main(["--preset", "tiny", "--recipe", "two-stage", "--kl-target", "answering", "--kl-rows", "0.25",
+                      "--warmup-schedule", "constant", "--log-every", "1000", "--out", str(tmp_path)])
+    res = result["runs"]["two-stage"]
+    assert len(res["pair_attention"]) == 2 and set(res["pair_attention"][0]) >= {"pair_mass", "pair_in_topk"}
+    assert res["kl_target_layers"] == {0: 0} or res["kl_target_layers"] == {0: 1}
+    warm = [v for v, st in zip(res["history"]["kl_loss"], res["history"]["stage"]) if st == "warmup"]
+    assert len(warm) == 3 and all(math.isfinite(v[0]) and v[0] >= 0 for v in warm)
+    assert all(not s["frozen_parameters_changed"] for s in res["stages"])
