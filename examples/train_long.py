@@ -546,6 +546,10 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
                 print(f"[{recipe}/{stage.name}] step {global_step + 1} ({now - start:.0f} s): {status(h)}", flush=True)
             i += 1
             global_step += 1
+        if i:
+            print(f"[{recipe}] end of stage {stage.name}: step {global_step}, {time.perf_counter() - start:.0f} s, "
+                  f"mean of its last 20 steps: accuracy {sum(h['accuracy'][-min(i, 20):]) / min(i, 20):.3f}, recall "
+                  f"{sum(r[0] for r in h['recall'][-min(i, 20):]) / min(i, 20):.3f}", flush=True)
         for target in kl_targets:
             target.remove()
         kl_targets = []
