@@ -194,20 +194,6 @@ __device__ __forceinline__ void cp_async_16_hint(void* smem_dst, const void* gme
                "l"(gmem_src), "r"(valid ? 16 : 0), "l"(policy)
                : "memory");
 }
-// Same as cp_async_16, and the L2 fetches the whole 256-byte block around the source (the
-// `.L2::256B` prefetch size): a gathered 1152-byte row is then read from DRAM in a few large pieces.
-__device__ __forceinline__ void cp_async_16_pf256(void* smem_dst, const void* gmem_src, bool valid) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(gmem_src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-// cp_async_16_pf256 with an L2 cache-policy hint.
-__device__ __forceinline__ void cp_async_16_hint_pf256(void* smem_dst, const void* gmem_src, bool valid,
-                                                       uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(smem_dst)),
-               "l"(gmem_src), "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
-}
 __device__ __forceinline__ uint64_t make_l2_evict_last() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
@@ -326,15 +312,32 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t smem_addr) {
   return v;
 }
 
-// 16-byte global store; kStreaming adds the .cs (evict-first, "used once") cache hint.
-template <bool kStreaming = false>
+// 16-byte global store.
 __device__ __forceinline__ void st_global_v4(void* gmem, uint4 v) {
-  if constexpr (kStreaming)
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-  else
-    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// 2^x with the SFU (ex2.approx.ftz: flush-to-zero, ~2 ulp; exp2(-inf) = +0).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// {lo, hi} -> one 64-bit value (mov.b64 of a register pair: no shift / or).
+__device__ __forceinline__ uint64_t pack_b64(uint32_t lo, uint32_t hi) {
+  uint64_t r;
+  asm("mov.b64 %0, {%1, %2};\n" : "=l"(r) : "r"(lo), "r"(hi));
+  return r;
+}
+
+// blockIdx.x read through volatile asm: the compiler re-reads it where it is used instead of keeping
+// values derived from it alive across a long loop (where they would be spilled).
+__device__ __forceinline__ uint32_t ctaid_x_volatile() {
+  uint32_t cta;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
+  return cta;
 }
 
 }  // namespace flashdsa::sm90::hw

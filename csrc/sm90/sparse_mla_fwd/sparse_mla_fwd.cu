@@ -26,7 +26,10 @@
 #include <type_traits>
 
 #include "sm90/common/cuda_check.cuh"
+#include "sm90/common/constants.h"
 #include "sm90/common/hopper.cuh"
+#include "sm90/common/reduce.cuh"
+#include "sm90/common/wgmma_dispatch.cuh"
 #include "sm90/backend.h"
 #include "sm90/sparse_mla_fwd/config.h"
 
@@ -50,37 +53,18 @@ struct KernelArgs {
 };
 
 constexpr float kLn2 = 0.693147180559945309f;
-constexpr float kLog2e = 1.442695040888963407f;
+using hw::fence_frags;
+using hw::kLog2e;
+using hw::quad_max;
+using hw::quad_sum;
 
 // ---- small numeric helpers -------------------------------------------------------------------
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+__device__ __forceinline__ float fast_exp2(float x) { return hw::ex2_approx(x); }
 
 // Exponent offset for a running max: a row that has seen no valid key keeps max = -inf, and its
 // logits are all -inf, so offsetting by 0 gives exp2(-inf) = 0 instead of NaN.
 __device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
-
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// Keeps the compiler from reusing the registers of RS A-fragments while a wgmma may still read them.
-__device__ __forceinline__ void fence_frags(uint32_t (&f)[4][4]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[k][i])::"memory");
-}
 
 // A descriptor's start address field is address >> 4 and never overflows inside shared memory, so
 // moving a descriptor by a byte offset is an add.
@@ -93,11 +77,7 @@ __device__ __forceinline__ void fence_frags(uint32_t (&f)[4][4]) {
 template <bool kLowWord = false>
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
   if constexpr (kLowWord) {
-    uint64_t r;
-    asm("mov.b64 %0, {%1, %2};\n"
-        : "=l"(r)
-        : "r"(static_cast<uint32_t>(desc) + (bytes >> 4)), "r"(static_cast<uint32_t>(desc >> 32)));
-    return r;
+    return hw::pack_b64(static_cast<uint32_t>(desc) + (bytes >> 4), static_cast<uint32_t>(desc >> 32));
   } else {
     return desc + (bytes >> 4);
   }
@@ -112,8 +92,7 @@ struct CtaWork {
 };
 
 __device__ __forceinline__ CtaWork cta_work(int H) {
-  uint32_t cta;
-  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
+  const uint32_t cta = hw::ctaid_x_volatile();
   const int ctas_per_token = H > kHeadsPerCta ? H / kHeadsPerCta : 1;  // 1 or 2
   return {static_cast<int64_t>(cta / ctas_per_token), static_cast<int>(cta % ctas_per_token) * kHeadsPerCta};
 }
