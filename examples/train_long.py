@@ -207,7 +207,7 @@ def describe_long_task(cfg: LongConfig) -> Dict[str, float]:
 
 # Shares of --budget-minutes of the two-stage recipe: stage 0 (dense), 1 (warm-up), 2 (sparse).
 # Time a stage leaves unused goes to the next one.
-STAGE_FRACTIONS = (0.35, 0.4, 0.25)
+STAGE_FRACTIONS = (0.5, 0.25, 0.25)
 
 
 class Stage(NamedTuple):
