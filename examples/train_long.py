@@ -109,8 +109,9 @@ PRESETS: Dict[str, LongConfig] = {
     # Stage 0 runs a length curriculum 512 -> 32K (the dense model must first form the lookup,
     # which takes a few hundred steps even at short range; see docs/training.md). Stage 1 (second
     # session of 2026-12-02): the dense KL on the answer rows plus 1/32 of all rows, D_I = 128,
-    # constant lr (docs/training.md, "Recipe changes 2026-12-02 (second session)").
-    "cuda": LongConfig(seq_len=32768, queries=1024, dist_min=1024, dist_max=30000, num_keys=2048, num_values=16,
+    # constant lr; 1280 keys (= the pairs of a 32K sequence; 2048 before): each key is seen more often
+    # (docs/training.md, "Recipe changes 2026-12-02 (second session)").
+    "cuda": LongConfig(seq_len=32768, queries=1024, dist_min=1024, dist_max=30000, num_keys=1280, num_values=16,
                        num_fillers=64, d_model=512, layers=4, topk_freq=4, heads=16, d_latent=512, d_nope=64,
                        d_head_v=64, idx_heads=32, idx_dim=128, idx_rope=32, topk=512, lr=1e-3, warmup=30,
                        dense_steps=100000, warmup_steps=100000, sparse_steps=100000, indexer_lr=2e-3,
