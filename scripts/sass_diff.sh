@@ -65,7 +65,7 @@ BASE_DIR=$CACHE/$BASE_SHA-$FLAGS_KEY
 if [[ ! -f "$BASE_DIR/done" ]]; then
   echo "sass_diff: building base $BASE_REV ($BASE_SHA)"
   rm -rf "$BASE_DIR"; mkdir -p "$BASE_DIR/src"
-  git -C "$ROOT" archive "$BASE_SHA" include csrc tests/cuda | tar -x -C "$BASE_DIR/src"
+  git -C "$ROOT" archive "$BASE_SHA" include csrc tests/cuda tests/cpp | tar -x -C "$BASE_DIR/src"
   dump "$BASE_DIR/src" "$BASE_DIR/dump" || exit 2
   touch "$BASE_DIR/done"
 fi

@@ -44,9 +44,11 @@ Status select_backend(const char* op, const CallContext& ctx, const Backend** ba
 
 }  // namespace flashdsa::detail
 
-// Declares, in a backend's namespace, the run function of every op (one per Backend entry), so
-// each backend header lists the same ops with the same signatures.
+// Declares, in a backend's namespace, its table (backend(), defined in its backend.cpp) and the run
+// function of every op (one per Backend entry), so each backend header lists the same ops with the
+// same signatures.
 #define FLASHDSA_DECLARE_BACKEND_OPS()                      \
+  const ::flashdsa::detail::Backend& backend();            \
   Status indexer_topk(const IndexerTopkParams& p);         \
   Status sparse_mla_fwd(const SparseMlaFwdParams& p);      \
   Status sparse_mla_bwd(const SparseMlaBwdParams& p);      \

@@ -82,11 +82,7 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
   WorkerScratch<const double*> rows8_scratch(workers, kKeyTile);
   WorkerScratch<double> score8_scratch(workers, p.T_kv);
   WorkerScratch<Candidate<double>> cand8_scratch(workers, p.T_kv);
-  WorkerScratch<Acc> qx_scratch(workers, H * D);
-  WorkerScratch<Acc> qk_scratch(workers, H * kKeyTile);
-  WorkerScratch<const Acc*> rows_scratch(workers, kKeyTile);
-  WorkerScratch<Acc> score_scratch(workers, kKeyTile);
-  WorkerScratch<Candidate<Acc>> cand_scratch(workers, std::min<int64_t>(p.T_kv, cand_max));
+  TopkRowScratch<Acc> exact_scratch(workers, H, D, std::min<int64_t>(p.T_kv, cand_max));  // the re-score
 
   detail::parallel_for(p.T, row_grain(p.T), [&](int64_t begin, int64_t end, int worker) {
     double* q = q_scratch(worker);
@@ -95,11 +91,8 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
     const double** rows8 = rows8_scratch(worker);
     double* score8 = score8_scratch(worker);
     Candidate<double>* cand8 = cand8_scratch(worker);
-    Acc* qx = qx_scratch(worker);
-    Acc* qk = qk_scratch(worker);
-    const Acc** rows = rows_scratch(worker);
-    Acc* score = score_scratch(worker);
-    Candidate<Acc>* cand = cand_scratch(worker);
+    const typename TopkRowScratch<Acc>::Row r = exact_scratch(worker);
+    Candidate<Acc>* cand = r.cand;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ks = p.k_start[t];
       const int n = static_cast<int>(p.k_end[t] - ks);
@@ -127,13 +120,9 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
       }
 
       // 2. The exact re-score of the candidates (the unquantized op's arithmetic).
-      exact.load_q(t, qx);
-      for (int i0 = 0; i0 < C; i0 += kKeyTile) {
-        const int c = std::min(kKeyTile, C - i0);
-        for (int i = 0; i < c; ++i) rows[i] = exact.key_row(cand[i0 + i].key);
-        exact.scores(qx, exact.w(t), rows, c, qk, kKeyTile, score);
-        for (int i = 0; i < c; ++i) cand[i0 + i].score = score[i];
-      }
+      exact.load_q(t, r.q);
+      exact.template score_keys<kKeyTile>(t, r.q, C, [&](int i) { return cand[i].key; }, r.rows, r.qk, r.score);
+      for (int i = 0; i < C; ++i) cand[i].score = r.score[i];
 
       // 3. The K best of the candidates, in increasing key order.
       write_row_top_k(cand, C, K, p.indices + t * K, scores_out ? scores_out + t * K : nullptr);

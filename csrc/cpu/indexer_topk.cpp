@@ -25,31 +25,17 @@ Status indexer_topk_impl(const IndexerTopkParams& p) {
   const int H = p.indexer.H_I, D = p.indexer.D_I, K = p.K;
   Acc* scores_out = static_cast<Acc*>(p.scores);
 
-  const int workers = detail::num_threads();
-  WorkerScratch<Acc> q_scratch(workers, H * D);                 // [H_I, D_I]
-  WorkerScratch<Acc> qk_scratch(workers, H * kKeyTile);         // [H_I, tile]
-  WorkerScratch<const Acc*> rows_scratch(workers, kKeyTile);    // key rows of a tile
-  WorkerScratch<Acc> score_scratch(workers, p.T_kv);            // [visible keys]
-  WorkerScratch<Candidate<Acc>> cand_scratch(workers, p.T_kv);  // [visible keys]
+  TopkRowScratch<Acc> scratch(detail::num_threads(), H, D, p.T_kv);  // scores of every visible key
 
   detail::parallel_for(p.T, row_grain(p.T), [&](int64_t begin, int64_t end, int worker) {
-    Acc* q = q_scratch(worker);
-    Acc* qk = qk_scratch(worker);
-    const Acc** rows = rows_scratch(worker);
-    Acc* score = score_scratch(worker);
-    Candidate<Acc>* cand = cand_scratch(worker);
+    const typename TopkRowScratch<Acc>::Row r = scratch(worker);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ks = p.k_start[t];
       const int n = static_cast<int>(p.k_end[t] - ks);
-      in.load_q(t, q);
-      for (int i0 = 0; i0 < n; i0 += kKeyTile) {
-        const int c = std::min(kKeyTile, n - i0);
-        for (int i = 0; i < c; ++i) rows[i] = in.key_row(ks + i0 + i);
-        in.scores(q, in.w(t), rows, c, qk, kKeyTile, score + i0);
-      }
-
-      for (int i = 0; i < n; ++i) cand[i] = {score[i], static_cast<int32_t>(ks + i)};
-      write_row_top_k(cand, n, K, p.indices + t * K, scores_out ? scores_out + t * K : nullptr);
+      in.load_q(t, r.q);
+      in.template score_keys<kKeyTile>(t, r.q, n, [&](int i) { return ks + i; }, r.rows, r.qk, r.score);
+      for (int i = 0; i < n; ++i) r.cand[i] = {r.score[i], static_cast<int32_t>(ks + i)};
+      write_row_top_k(r.cand, n, K, p.indices + t * K, scores_out ? scores_out + t * K : nullptr);
     }
   });
   return Status::OK();

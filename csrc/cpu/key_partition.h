@@ -6,6 +6,7 @@
 // number of threads, which makes the result bitwise reproducible without atomics.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
@@ -61,6 +62,26 @@ void for_each_key_batch(const TopkIndices& idx, int64_t key_begin, int64_t key_e
       ++batch_id;
     }
   }
+}
+
+// The task of keys [key_begin, key_end) of a key-major scatter into out [T_kv, cols]: zeroes those
+// rows of out, then runs for_each_key_batch, calling load(t) once per visited row t (before its
+// first batch: the row's query-side data) and batch(t, slots, n, out_rows) with out_rows[i] = the
+// out row of the key of slots[i].
+template <class Acc, class Use, class Load, class Batch>
+void scatter_key_batches(const TopkIndices& idx, int64_t key_begin, int64_t key_end, Use&& use, Acc* out,
+                         int64_t cols, Load&& load, Batch&& batch) {
+  Buffer<Acc*> out_rows(idx.K);
+  std::fill(out + key_begin * cols, out + key_end * cols, Acc(0));
+  int64_t loaded_row = -1;
+  for_each_key_batch(idx, key_begin, key_end, use, [&](int64_t t, const int32_t* slots, int n) {
+    if (loaded_row != t) {
+      load(t);
+      loaded_row = t;
+    }
+    for (int i = 0; i < n; ++i) out_rows[i] = out + idx.row(t)[slots[i]] * cols;
+    batch(t, slots, n, out_rows.data());
+  });
 }
 
 }  // namespace flashdsa::cpu

@@ -80,7 +80,7 @@ Status sparse_kl_impl(const SparseKlParams& p, bool backward) {
     Acc** dq_rows = dq_rows_scratch(worker);
     row_pointers(dq, H, D, dq_rows);
     for (int64_t t = begin; t < end; ++t) {
-      const int n = idx.valid_slots(t, in.k_idx.data(), D, slots, rows);
+      const int n = idx.valid_slots(t, in.keys.data(), D, slots, rows);
       double mass_sum = 0;
       for (int i = 0; i < n; ++i) mass_sum += mass[t * K + slots[i]];
       double loss = 0;
@@ -129,24 +129,17 @@ Status sparse_kl_impl(const SparseKlParams& p, bool backward) {
     const Acc** rows = scratch.rows(worker);
     const Acc** q_rows = scratch.q_rows(worker);
     row_pointers<const Acc>(q, H, D, q_rows);
-    Buffer<Acc*> dk_rows(K);
-    std::fill(dk + key_begin * D, dk + key_end * D, Acc(0));
-    int64_t loaded_row = -1;
-    for_each_key_batch(idx, key_begin, key_end, has_grad, [&](int64_t t, const int32_t* slots, int n) {
-      if (loaded_row != t) {
-        in.load_q(t, q);
-        loaded_row = t;
-      }
+    auto load = [&](int64_t t) { in.load_q(t, q); };
+    scatter_key_batches(idx, key_begin, key_end, has_grad, dk, D, load,
+                        [&](int64_t t, const int32_t* slots, int n, Acc* const* dk_rows) {
       for (int i = 0; i < n; ++i) {
-        const int64_t key = idx.row(t)[slots[i]];
-        rows[i] = in.key_row(key);
-        dk_rows[i] = dk + key * D;
+        rows[i] = in.key_row(idx.row(t)[slots[i]]);
         g[i] = g_all[t * K + slots[i]];
       }
       dot_rows(q, D, H, rows, n, D, Acc(1), qk, K);
       in.score_grads(in.w(t), g, n, qk, K, nullptr);
       // dk_idx[key_i] += sum_h dqk[h, i] q_idx[h]
-      combine_rows(n, H, D, qk, 1, K, q_rows, dk_rows.data(), true);
+      combine_rows(n, H, D, qk, 1, K, q_rows, dk_rows, true);
     });
   });
   return Status::OK();
@@ -173,7 +166,7 @@ struct DenseRow {
   // Main scores and index scores of keys [s0, s0 + c).
   void tile_scores(int64_t s0, int c, int64_t t, const Acc* q_idx) {
     for (int i = 0; i < c; ++i) {
-      kv_rows[i] = main.kv_row(s0 + i);
+      kv_rows[i] = main.key_row(s0 + i);
       k_rows[i] = indexer.key_row(s0 + i);
     }
     main.scores(q, kv_rows, c, s, kKeyTile);

@@ -4,6 +4,7 @@
 // converted one row at a time into per-worker scratch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cpu/simd_rows.h"
@@ -13,72 +14,90 @@
 
 namespace flashdsa::cpu {
 
-// Main attention: q [T, H, D_qk] (strided) and kv [T_kv, D_qk].
+// Queries [T, H, D] (strided; converted one row at a time) and keys [T_kv, D] (a contiguous Acc
+// copy): what the main attention (q, kv) and the lightning indexer (q_idx, k_idx) share.
 template <class Act>
-struct AttentionInputs {
+struct QueryKeyInputs {
   using Acc = AccOf<Act>;
 
   const Act* q;
   int64_t q_stride_t, q_stride_h;
-  Buffer<Acc> kv;  // [T_kv, D_qk] contiguous copy
-  int H, D_qk;
+  Buffer<Acc> keys;  // [T_kv, D] contiguous copy
+  int H, D;
+
+  QueryKeyInputs(const void* q_, int64_t q_stride_t_, int64_t q_stride_h_, const void* k, int64_t k_stride_t,
+                 int64_t T_kv, int H_, int D_)
+      : q(static_cast<const Act*>(q_)),
+        q_stride_t(q_stride_t_),
+        q_stride_h(q_stride_h_),
+        keys(load_matrix<Act>(k, T_kv, D_, k_stride_t)),
+        H(H_),
+        D(D_) {}
+
+  // The query row t as contiguous [H, D].
+  void load_q(int64_t t, Acc* dst) const { load_rows(q + t * q_stride_t, q_stride_h, H, D, dst); }
+  const Acc* key_row(int64_t s) const { return keys.data() + s * D; }
+};
+
+// Main attention: q [T, H, D_qk] (strided) and kv [T_kv, D_qk] (the keys).
+template <class Act>
+struct AttentionInputs : QueryKeyInputs<Act> {
+  using Acc = AccOf<Act>;
+  using QueryKeyInputs<Act>::H;
+  using QueryKeyInputs<Act>::D;
+
   Acc scale;
 
   AttentionInputs(const AttentionTensors& a, int64_t T_kv)
-      : q(static_cast<const Act*>(a.q)),
-        q_stride_t(a.q_stride_t),
-        q_stride_h(a.q_stride_h),
-        kv(load_matrix<Act>(a.kv, T_kv, a.D_qk, a.kv_stride_t)),
-        H(a.H),
-        D_qk(a.D_qk),
+      : QueryKeyInputs<Act>(a.q, a.q_stride_t, a.q_stride_h, a.kv, a.kv_stride_t, T_kv, a.H, a.D_qk),
         scale(static_cast<Acc>(a.scale)) {}
 
-  // q[t] as contiguous [H, D_qk].
-  void load_q(int64_t t, Acc* dst) const { load_rows(q + t * q_stride_t, q_stride_h, H, D_qk, dst); }
-  const Acc* kv_row(int64_t s) const { return kv.data() + s * D_qk; }
   // s[h * ld + i] = scale * q_row[h] . rows[i] for i < n (q_row: [H, D_qk]).
   void scores(const Acc* q_row, const Acc* const* rows, int n, Acc* s, int64_t ld) const {
-    dot_rows(q_row, D_qk, H, rows, n, D_qk, scale, s, ld);
+    dot_rows(q_row, D, H, rows, n, D, scale, s, ld);
   }
 };
 
-// Lightning indexer: q_idx [T, H_I, D_I] (strided), k_idx [T_kv, D_I], weights [T, H_I] (stat).
+// Lightning indexer: q_idx [T, H_I, D_I] (strided), k_idx [T_kv, D_I] (the keys), weights [T, H_I]
+// (stat).
 template <class Act>
-struct IndexerInputs {
+struct IndexerInputs : QueryKeyInputs<Act> {
   using Acc = AccOf<Act>;
+  using QueryKeyInputs<Act>::H;
+  using QueryKeyInputs<Act>::D;
+  using QueryKeyInputs<Act>::key_row;
 
-  const Act* q_idx;
-  int64_t q_idx_stride_t, q_idx_stride_h;
-  Buffer<Acc> k_idx;  // [T_kv, D_I] contiguous copy
   const Acc* weights;
   int64_t weights_stride_t;
-  int H_I, D_I;
   bool relu;
 
   IndexerInputs(const IndexerTensors& in, int64_t T_kv)
-      : q_idx(static_cast<const Act*>(in.q_idx)),
-        q_idx_stride_t(in.q_idx_stride_t),
-        q_idx_stride_h(in.q_idx_stride_h),
-        k_idx(load_matrix<Act>(in.k_idx, T_kv, in.D_I, in.k_idx_stride_t)),
+      : QueryKeyInputs<Act>(in.q_idx, in.q_idx_stride_t, in.q_idx_stride_h, in.k_idx, in.k_idx_stride_t, T_kv, in.H_I,
+                            in.D_I),
         weights(static_cast<const Acc*>(in.weights)),
         weights_stride_t(in.weights_stride_t),
-        H_I(in.H_I),
-        D_I(in.D_I),
         relu(in.relu) {}
 
-  // q_idx[t] as contiguous [H_I, D_I].
-  void load_q(int64_t t, Acc* dst) const { load_rows(q_idx + t * q_idx_stride_t, q_idx_stride_h, H_I, D_I, dst); }
   const Acc* w(int64_t t) const { return weights + t * weights_stride_t; }
-  const Acc* key_row(int64_t s) const { return k_idx.data() + s * D_I; }
   // qk[h * ld + i] = q[h] . rows[i] and score[i] = sum_h w_t[h] f(qk[h, i]), i < n.
   void scores(const Acc* q, const Acc* w_t, const Acc* const* rows, int n, Acc* qk, int64_t ld, Acc* score) const {
-    dot_rows(q, D_I, H_I, rows, n, D_I, Acc(1), qk, ld);
-    weighted_head_sum(qk, ld, w_t, H_I, n, relu, score);
+    dot_rows(q, D, H, rows, n, D, Acc(1), qk, ld);
+    weighted_head_sum(qk, ld, w_t, H, n, relu, score);
   }
-  // Given d loss / d score g [n], turns qk [H_I, ld] into d loss / d qk = g w f'(qk) in place and
+  // score[i] for the keys key(i), i < n, of query row t (q = load_q(t)), kTile keys at a time;
+  // scratch: rows [kTile], qk [H, kTile].
+  template <int kTile, class KeyOf>
+  void score_keys(int64_t t, const Acc* q, int n, KeyOf&& key, const Acc** rows, Acc* qk, Acc* score) const {
+    for (int i0 = 0; i0 < n; i0 += kTile) {
+      const int c = std::min(kTile, n - i0);
+      for (int i = 0; i < c; ++i) rows[i] = key_row(key(i0 + i));
+      scores(q, w(t), rows, c, qk, kTile, score + i0);
+    }
+  }
+  // Given d loss / d score g [n], turns qk [H, ld] into d loss / d qk = g w f'(qk) in place and
   // adds sum_i g_i f(qk[h, i]) to dw[h] (dw may be null).
   void score_grads(const Acc* w_t, const Acc* g, int n, Acc* qk, int64_t ld, double* dw) const {
-    for (int h = 0; h < H_I; ++h) {
+    for (int h = 0; h < H; ++h) {
       Acc* row = qk + h * ld;
       double dw_h = 0;
       for (int i = 0; i < n; ++i) {

@@ -51,7 +51,7 @@ Status sparse_mla_fwd_impl(const SparseMlaFwdParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       Act* out_t = out + t * H * D_v;
       Acc* lse_t = lse_out + t * H;
-      const int n = idx.valid_slots(t, in.kv.data(), p.attn.D_qk, scratch.slots(worker), rows);
+      const int n = idx.valid_slots(t, in.keys.data(), p.attn.D_qk, scratch.slots(worker), rows);
       if (n == 0) {
         std::fill(out_t, out_t + H * D_v, from_acc<Act>(Acc(0)));
         std::fill(lse_t, lse_t + H, neg_inf<Acc>());
@@ -132,7 +132,7 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
         for (int d = 0; d < D_v; ++d) sum += dout[h * D_v + d] * to_acc(out_th[d]);
         delta_t[h] = sum;
       }
-      const int n = idx.valid_slots(t, in.kv.data(), D_qk, slots, rows);
+      const int n = idx.valid_slots(t, in.keys.data(), D_qk, slots, rows);
       if (n > 0) {
         in.load_q(t, q);
         in.scores(q, rows, n, s, K);
@@ -165,26 +165,19 @@ Status sparse_mla_bwd_impl(const SparseMlaBwdParams& p) {
     Acc** dout_rows = q_rows + H;
     row_pointers(q, H, D_qk, q_rows);
     row_pointers(dout, H, D_v, dout_rows);
-    Buffer<Acc*> dkv_rows(K);
-    std::fill(dkv + key_begin * D_qk, dkv + key_end * D_qk, Acc(0));
-    int64_t loaded_row = -1;
-    for_each_key_batch(idx, key_begin, key_end, every_slot, [&](int64_t t, const int32_t* slots, int n) {
-      if (loaded_row != t) {
-        in.load_q(t, q);
-        load_dout(t, dout);
-        loaded_row = t;
-      }
-      for (int i = 0; i < n; ++i) {
-        const int64_t key = idx.row(t)[slots[i]];
-        rows[i] = in.kv_row(key);
-        dkv_rows[i] = dkv + key * D_qk;
-      }
+    auto load = [&](int64_t t) {
+      in.load_q(t, q);
+      load_dout(t, dout);
+    };
+    scatter_key_batches(idx, key_begin, key_end, every_slot, dkv, D_qk, load,
+                        [&](int64_t t, const int32_t* slots, int n, Acc* const* dkv_rows) {
+      for (int i = 0; i < n; ++i) rows[i] = in.key_row(idx.row(t)[slots[i]]);
       in.scores(q, rows, n, s, K);
       dot_rows(dout, D_v, H, rows, n, D_v, Acc(1), dp, K);
       probabilities_and_score_grads(H, K, n, in.scale, lse + t * H, delta.data() + t * H, s, dp);
       // dkv[key_i] += sum_h scale dS[h, i] q[h];  dkv[key_i, :D_v] += sum_h P[h, i] dout[h]
-      combine_rows(n, H, D_qk, s, 1, K, q_rows, dkv_rows.data(), true);
-      combine_rows(n, H, D_v, dp, 1, K, dout_rows, dkv_rows.data(), true);
+      combine_rows(n, H, D_qk, s, 1, K, q_rows, dkv_rows, true);
+      combine_rows(n, H, D_v, dp, 1, K, dout_rows, dkv_rows, true);
     });
   });
   return Status::OK();
@@ -208,7 +201,7 @@ Status attention_mass_impl(const AttnMassParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       Acc* mass_t = mass + t * K;
       std::fill(mass_t, mass_t + K, Acc(0));
-      const int n = idx.valid_slots(t, in.kv.data(), p.attn.D_qk, slots, rows);
+      const int n = idx.valid_slots(t, in.keys.data(), p.attn.D_qk, slots, rows);
       if (n == 0) continue;
       in.load_q(t, q);
       in.scores(q, rows, n, s, K);

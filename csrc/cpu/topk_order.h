@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu/memory_tracker.h"
 #include "cpu/tensor_access.h"
 
 namespace flashdsa::cpu {
@@ -18,6 +19,31 @@ template <class Acc>
 struct TopkCandidate {
   Acc score;
   int32_t key;
+};
+
+// Per-worker scratch of the exact scoring of a top-k row (IndexerInputs::score_keys): q_idx
+// [H_I, D_I], qk [H_I, kTopkKeyTile], key-row pointers [kTopkKeyTile], and the scores and candidates
+// of up to `keys` keys.
+template <class Acc>
+struct TopkRowScratch {
+  struct Row {
+    Acc* q;
+    Acc* qk;
+    const Acc** rows;
+    Acc* score;
+    TopkCandidate<Acc>* cand;
+  };
+
+  TopkRowScratch(int workers, int H_I, int D_I, int64_t keys)
+      : q_(workers, static_cast<size_t>(H_I) * D_I), qk_(workers, static_cast<size_t>(H_I) * kTopkKeyTile),
+        rows_(workers, kTopkKeyTile), score_(workers, keys), cand_(workers, keys) {}
+  Row operator()(int worker) { return {q_(worker), qk_(worker), rows_(worker), score_(worker), cand_(worker)}; }
+
+ private:
+  WorkerScratch<Acc> q_, qk_;
+  WorkerScratch<const Acc*> rows_;
+  WorkerScratch<Acc> score_;
+  WorkerScratch<TopkCandidate<Acc>> cand_;
 };
 
 // Strict total order "a is selected before b". A NaN score ranks above every number (as in

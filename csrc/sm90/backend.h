@@ -11,11 +11,9 @@
 
 namespace flashdsa::sm90 {
 
-// The sm90 backend's table (csrc/sm90/backend.cpp).
-const detail::Backend& backend();
-
-// Its run entries: each runs a call that passed validate() (generic checks and the table's
-// supports()); and the workspace of the two ops that need one.
+// The sm90 backend's table (csrc/sm90/backend.cpp) and its run entries: each runs a call that passed
+// validate() (generic checks and the table's supports()); and the workspace of the two ops that
+// need one.
 FLASHDSA_DECLARE_BACKEND_OPS();
 size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
 size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <climits>
 #include <string>
+#include <tuple>
 
 #ifdef FLASHDSA_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -107,33 +108,37 @@ at::Tensor strided_rows(const at::Tensor& t) {
   return usable ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
-at::Tensor key_range(const at::Tensor& t, const at::Tensor& ref, int64_t T, const char* name) {
+namespace {
+
+// The checks of an op tensor against the call's reference tensor: its device, dtype and shape.
+void check_tensor(const at::Tensor& t, const at::Tensor& ref, at::ScalarType dtype, std::initializer_list<int64_t> sizes,
+                  const char* name) {
   check_same_device(t, ref, name);
-  check_dtype(t, at::kInt, name);
-  check_shape(t, {T}, name);
+  check_dtype(t, dtype, name);
+  check_shape(t, sizes, name);
+}
+
+}  // namespace
+
+at::Tensor key_range(const at::Tensor& t, const at::Tensor& ref, int64_t T, const char* name) {
+  check_tensor(t, ref, at::kInt, {T}, name);
   return t.contiguous();
 }
 
 at::Tensor topk_indices(const at::Tensor& t, const at::Tensor& ref, int64_t T) {
-  check_same_device(t, ref, "indices");
-  check_dtype(t, at::kInt, "indices");
-  check_shape(t, {T, -1}, "indices");
+  check_tensor(t, ref, at::kInt, {T, -1}, "indices");
   return strided_rows(t);
 }
 
 at::Tensor stat_tensor(const at::Tensor& t, const at::Tensor& ref, DType activation,
                        std::initializer_list<int64_t> sizes, const char* name) {
-  check_same_device(t, ref, name);
-  check_dtype(t, stat_scalar_type(activation), name);
-  check_shape(t, sizes, name);
+  check_tensor(t, ref, stat_scalar_type(activation), sizes, name);
   return t.contiguous();
 }
 
 at::Tensor activation_tensor(const at::Tensor& t, const at::Tensor& ref, DType activation,
                              std::initializer_list<int64_t> sizes, const char* name) {
-  check_same_device(t, ref, name);
-  check_dtype(t, scalar_type_of(activation), name);
-  check_shape(t, sizes, name);
+  check_tensor(t, ref, scalar_type_of(activation), sizes, name);
   return t.contiguous();
 }
 
@@ -175,52 +180,69 @@ void throw_if_error(const Status& status, const char* op) {
   }
 }
 
+namespace {
+
+// How the checks of a query / key pair name each tensor and size in their messages.
+struct QueryKeyNames {
+  const char* q;        // "q"
+  const char* k;        // "kv"
+  const char* k_dtype;  // "kv (the dtype of q)"
+  const char* k_shape;  // "kv (D_qk of q)"
+  const char* H;        // "H (q.size(1))"
+  const char* D;        // "D_qk (q.size(2))"
+};
+
+// Checks q [T, H, D] and k [T_kv, D]: one activation dtype, one device. Returns their strided_rows
+// views, the dtype, T, T_kv, H and D (in that order; the callers std::tie them to their fields).
+std::tuple<at::Tensor, at::Tensor, DType, int64_t, int64_t, int, int> query_key(const at::Tensor& q,
+                                                                              const at::Tensor& k,
+                                                                              const QueryKeyNames& n) {
+  const DType dtype = activation_dtype(q, n.q);
+  check_same_device(k, q, n.k);
+  check_dtype(k, q.scalar_type(), n.k_dtype);
+  check_shape(q, {-1, -1, -1}, n.q);
+  check_shape(k, {-1, q.size(2)}, n.k_shape);
+  return {strided_rows(q), strided_rows(k), dtype, q.size(0), k.size(0), to_int(q.size(1), n.H),
+          to_int(q.size(2), n.D)};
+}
+
+// The pointer and stride fields that AttentionTensors and IndexerTensors share (under their names).
+void query_key_fields(const at::Tensor& q, const at::Tensor& k, const void*& q_ptr, const void*& k_ptr,
+                      int64_t& q_stride_t, int64_t& q_stride_h, int64_t& k_stride_t) {
+  q_ptr = q.data_ptr();
+  k_ptr = k.data_ptr();
+  q_stride_t = q.stride(0);
+  q_stride_h = q.stride(1);
+  k_stride_t = k.stride(0);
+}
+
+}  // namespace
+
 AttentionInputs attention_inputs(const at::Tensor& q, const at::Tensor& kv) {
   AttentionInputs a;
-  a.dtype = activation_dtype(q, "q");
-  check_same_device(kv, q, "kv");
-  check_dtype(kv, q.scalar_type(), "kv (the dtype of q)");
-  check_shape(q, {-1, -1, -1}, "q");
-  check_shape(kv, {-1, q.size(2)}, "kv (D_qk of q)");
-  a.q = strided_rows(q);
-  a.kv = strided_rows(kv);
-  a.T = q.size(0);
-  a.T_kv = kv.size(0);
-  a.H = to_int(q.size(1), "H (q.size(1))");
-  a.D_qk = to_int(q.size(2), "D_qk (q.size(2))");
+  std::tie(a.q, a.kv, a.dtype, a.T, a.T_kv, a.H, a.D_qk) =
+      query_key(q, kv, {"q", "kv", "kv (the dtype of q)", "kv (D_qk of q)", "H (q.size(1))", "D_qk (q.size(2))"});
   return a;
 }
 
 IndexerInputs indexer_inputs(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& weights) {
   IndexerInputs in;
-  in.dtype = activation_dtype(q_idx, "q_idx");
-  check_same_device(k_idx, q_idx, "k_idx");
+  std::tie(in.q_idx, in.k_idx, in.dtype, in.T, in.T_kv, in.H_I, in.D_I) =
+      query_key(q_idx, k_idx, {"q_idx", "k_idx", "k_idx (the dtype of q_idx)", "k_idx (D_I of q_idx)",
+                               "H_I (q_idx.size(1))", "D_I (q_idx.size(2))"});
   check_same_device(weights, q_idx, "weights");
-  check_dtype(k_idx, q_idx.scalar_type(), "k_idx (the dtype of q_idx)");
   check_dtype(weights, stat_scalar_type(in.dtype), "weights (float32 for bf16/fp32 activations, else float64)");
-  check_shape(q_idx, {-1, -1, -1}, "q_idx");
-  check_shape(k_idx, {-1, q_idx.size(2)}, "k_idx (D_I of q_idx)");
   check_shape(weights, {q_idx.size(0), q_idx.size(1)}, "weights ([T, H_I] of q_idx)");
-  in.q_idx = strided_rows(q_idx);
-  in.k_idx = strided_rows(k_idx);
   in.weights = strided_rows(weights);
-  in.T = q_idx.size(0);
-  in.T_kv = k_idx.size(0);
-  in.H_I = to_int(q_idx.size(1), "H_I (q_idx.size(1))");
-  in.D_I = to_int(q_idx.size(2), "D_I (q_idx.size(2))");
   return in;
 }
 
 AttentionTensors attention_tensors(const AttentionInputs& a, double scale) {
   AttentionTensors t;
   t.dtype = a.dtype;
-  t.q = a.q.data_ptr();
-  t.kv = a.kv.data_ptr();
+  query_key_fields(a.q, a.kv, t.q, t.kv, t.q_stride_t, t.q_stride_h, t.kv_stride_t);
   t.H = a.H;
   t.D_qk = a.D_qk;
-  t.q_stride_t = a.q.stride(0);
-  t.q_stride_h = a.q.stride(1);
-  t.kv_stride_t = a.kv.stride(0);
   t.scale = static_cast<float>(scale);
   return t;
 }
@@ -228,16 +250,12 @@ AttentionTensors attention_tensors(const AttentionInputs& a, double scale) {
 IndexerTensors indexer_tensors(const IndexerInputs& in, bool relu) {
   IndexerTensors t;
   t.dtype = in.dtype;
-  t.q_idx = in.q_idx.data_ptr();
-  t.k_idx = in.k_idx.data_ptr();
+  query_key_fields(in.q_idx, in.k_idx, t.q_idx, t.k_idx, t.q_idx_stride_t, t.q_idx_stride_h, t.k_idx_stride_t);
   t.weights = in.weights.data_ptr();
+  t.weights_stride_t = in.weights.stride(0);
   t.H_I = in.H_I;
   t.D_I = in.D_I;
   t.relu = relu;
-  t.q_idx_stride_t = in.q_idx.stride(0);
-  t.q_idx_stride_h = in.q_idx.stride(1);
-  t.k_idx_stride_t = in.k_idx.stride(0);
-  t.weights_stride_t = in.weights.stride(0);
   return t;
 }
 

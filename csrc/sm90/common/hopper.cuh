@@ -341,3 +341,32 @@ __device__ __forceinline__ uint32_t ctaid_x_volatile() {
 }
 
 }  // namespace flashdsa::sm90::hw
+
+// ---- additions for the v2 indexer top-k (2026-12-02): TMA tensor loads ---------------------------
+namespace flashdsa::sm90::hw {
+
+// Arrives on the mbarrier and adds `bytes` to the transaction count of its current phase (the phase
+// then completes when the arrivals are in and the async copies have delivered that many bytes).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+// TMA: copies the 2-D box at coordinates (c0 = innermost, c1) of the tensor map `tmap` (a
+// __grid_constant__ kernel parameter or global memory) into shared memory at `smem_dst` (1024-byte
+// aligned for the 128-byte swizzle) and signals `bar` with the bytes delivered. Coordinates outside
+// the tensor are zero-filled and still counted.
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* tmap, uint64_t* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_u32(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// Brings a tensor map's descriptor into the cache ahead of its first TMA.
+__device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+}  // namespace flashdsa::sm90::hw

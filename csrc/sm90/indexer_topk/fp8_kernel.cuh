@@ -20,11 +20,45 @@
 
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/indexer_topk/select.cuh"
+
+// Build switches (docs/kernels/indexer_topk.md "FP8 selection pass", docs/perf-notes.md). Every one
+// defaults to 0 / undefined, which compiles the measured kernel unchanged.
+//  - FLASHDSA_FP8_ABLATE=n, attribution for the check program's benchmark only (the results are
+//    WRONG): 1 = the MMAs and a cheap fold of the accumulators (no head sums, no appends);
+//    2 = scores, head sums, key scales and the pass test, but no appends (no list ever fills);
+//    3 = the full walk, then the top K straight from the FP8 lists (no C cut, no re-score);
+//    4 = the full walk and the C cut, no re-score (the final top K of the FP8 scores).
+//  - FLASHDSA_FP8_DENSE=1: while a row has not been compacted (threshold 0) every visible key is a
+//    candidate, so key k goes to slot k - k_start with a plain store: no ballot, shared atomic or
+//    shuffle; one thread per row sets the row's count after the tile.
+//  - FLASHDSA_FP8_APPEND1=1: one shared atomic per (row, warp, tile) for both of a lane's keys, the
+//    rows' ballots, atomics and shuffles issued back to back (independent chains), instead of one
+//    dependent ballot -> atomic -> shuffle round per (row, key half).
+//  - FLASHDSA_FP8_RESCORE_PIPE=1: the re-score gathers key rows with cp.async into a per-warp ring of
+//    kRescorePipe stages (in the Q block + key ring, free after the walk), the candidate indices
+//    prefetched one batch ahead, so several gathers per warp are in flight instead of one.
+//  - FLASHDSA_FP8_KSCALE=1: the tile's 64 key scales travel with the key tile (cp.async, 4 bytes per
+//    thread of the first 64) into a ring of 2 x kFp8Stages slots, so the epilogue reads them from
+//    shared memory; otherwise each thread loads its 2 scales from global memory in the epilogue (the
+//    second load sits ≈ 35 instructions before its use in the SASS: an L2 round trip per tile).
+#ifndef FLASHDSA_FP8_KSCALE
+#define FLASHDSA_FP8_KSCALE 0
+#endif
+#ifndef FLASHDSA_FP8_DENSE
+#define FLASHDSA_FP8_DENSE 0
+#endif
+#ifndef FLASHDSA_FP8_APPEND1
+#define FLASHDSA_FP8_APPEND1 0
+#endif
+#ifndef FLASHDSA_FP8_RESCORE_PIPE
+#define FLASHDSA_FP8_RESCORE_PIPE 0
+#endif
 
 namespace flashdsa::sm90::indexer_topk_impl {
 
@@ -49,6 +83,9 @@ struct alignas(1024) Fp8Smem {
     RescoreSmem<H, D> rs;                             // the re-score (after the walk)
   };
   float w[kCols];  // w' = w · q_scale of the block's columns (0 past T)
+#if FLASHDSA_FP8_KSCALE
+  float ks[2 * kFp8Stages][kTileKeys];  // key scales of tile j in slot j % (2 S) (0 past T_kv)
+#endif
   SelectScratch sel;
   int count[Config<H, D>::kTokens];
   uint32_t thr[Config<H, D>::kTokens];
@@ -98,6 +135,19 @@ __device__ __forceinline__ void load_key_tile_fp8(uint8_t* tile, const Fp8Kernel
     hw::cp_async_16(tile + hw::sw128_offset(row, chunk), src, valid);
   }
 }
+
+#if FLASHDSA_FP8_KSCALE
+// The key scales of key rows [key0, key0 + 64) into `ks` (4-byte cp.async by the first 64 threads,
+// zero-filled past T_kv), in the same commit group as the tile. The slot ring is twice as deep as the
+// tile ring: the copy of tile j + S is issued before the epilogue of tile j - 1 reads its scales.
+__device__ __forceinline__ void load_key_scales_fp8(float* ks, const Fp8KernelArgs& a, int key0) {
+  if (threadIdx.x < kTileKeys) {
+    const int key = key0 + threadIdx.x;
+    const bool valid = key < a.T_kv;
+    hw::cp_async_4(hw::smem_u32(ks + threadIdx.x), a.k_scale + (valid ? key : 0), valid);
+  }
+}
+#endif
 
 // cp.async of the block's queries [t0, t0 + kTokens) x H heads (row = token * H + head); rows of
 // tokens >= T are zero-filled.
@@ -212,6 +262,112 @@ __device__ __forceinline__ void rescore_row(const Fp8KernelArgs& a, int t, float
   __syncthreads();  // the re-scored list is complete (and rs is free)
 }
 
+#if FLASHDSA_FP8_RESCORE_PIPE
+// The re-score's shared memory with a gather ring (FLASHDSA_FP8_RESCORE_PIPE): it overlays the Q
+// block and the key ring (64 KB, both free after the walk), so each warp gets kPipe stages.
+template <int H, int D>
+struct RescorePipeSmem {
+  static constexpr int kLd = D + 8;  // bf16 row stride: conflict-free fragment loads
+  static constexpr int kArea = kCols * kFp8RowBytes + kFp8Stages * kTileKeys * kFp8RowBytes;
+  static constexpr int kStageElems = kRescoreKeys * kLd;
+  static constexpr int kFree = kArea - H * kLd * 2 - H * 4;
+  static constexpr int kPipeFit = kFree / (kSelectWarps * kStageElems * 2);
+  static constexpr int kPipe = kPipeFit < 4 ? kPipeFit : 4;
+  static_assert(kPipe >= 2, "the re-score gather ring needs two stages");
+  uint16_t q[H * kLd];                                   // the row's bf16 q_idx [H, D]
+  uint16_t keys[kSelectWarps][kPipe][kStageElems];       // per warp: kPipe batches of 16 key rows
+  float w[H];                                            // the row's unscaled weights
+};
+
+// rescore_row with the gather ring: warp w's batches are b = 0, 1, ... (candidates
+// [16 (w + 4 b), +16)); batch b + kPipe is issued (cp.async, zero-filled empty slots) while batch b
+// is scored, and the candidate indices of batch b + kPipe + 1 are loaded one batch ahead.
+// All threads; begins after a barrier that freed the Q block and the key ring, ends with a barrier.
+template <int H, int D, bool kRelu>
+__device__ __forceinline__ void rescore_row_pipe(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i,
+                                                 int m, RescorePipeSmem<H, D>& rs) {
+  using RS = RescorePipeSmem<H, D>;
+  constexpr int kLd = RS::kLd, P = RS::kPipe;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  for (int i = tid; i < H * kChunks; i += kThreads) {
+    const int h = i / kChunks, chunk = i % kChunks;
+    const uint4 v = *reinterpret_cast<const uint4*>(a.q + static_cast<int64_t>(t) * a.q_st +
+                                                    static_cast<int64_t>(h) * a.q_sh + chunk * 8);
+    *reinterpret_cast<uint4*>(rs.q + h * kLd + chunk * 8) = v;
+  }
+  for (int h = tid; h < H; h += kThreads) rs.w[h] = a.w[static_cast<int64_t>(t) * a.w_st + h];
+
+  const int first = warp * kRescoreKeys;
+  const int nb = m > first ? (m - first + kSelectWarps * kRescoreKeys - 1) / (kSelectWarps * kRescoreKeys) : 0;
+  auto batch_start = [&](int b) { return first + b * (kSelectWarps * kRescoreKeys); };
+  // The key of row `lane` of batch b (lanes < 16), or -1.
+  auto batch_key = [&](int b) {
+    const int i = batch_start(b) + lane;
+    return b < nb && lane < kRescoreKeys && i < m ? list_i[i] : -1;
+  };
+  auto issue = [&](int b, int my_key) {
+    uint16_t* kb = rs.keys[warp][b % P];
+#pragma unroll
+    for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
+      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
+      const int key = __shfl_sync(0xffffffffu, my_key, row);
+      const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
+      hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
+    }
+  };
+#pragma unroll
+  for (int b = 0; b < P; ++b) {
+    if (b < nb) issue(b, batch_key(b));
+    hw::cp_async_commit();
+  }
+  int next_key = batch_key(P);
+  __syncthreads();  // q and w are staged
+
+  for (int b = 0; b < nb; ++b) {
+    hw::cp_async_wait<P - 1>();
+    __syncwarp();  // every lane's copies of batch b have landed
+    const uint16_t* kb = rs.keys[warp][b % P];
+    float acc[H / 8][4];
+#pragma unroll
+    for (int n = 0; n < H / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int col = 16 * ks + 2 * c;
+      const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
+                              lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
+#pragma unroll
+      for (int n = 0; n < H / 8; ++n) {
+        const uint16_t* qh = rs.q + (8 * n + g) * kLd + col;
+        mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+      }
+    }
+    __syncwarp();  // every lane has read batch b's stage: it may be refilled
+    if (b + P < nb) issue(b + P, next_key);
+    hw::cp_async_commit();
+    next_key = batch_key(b + P + 1);
+    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
+#pragma unroll
+    for (int n = 0; n < H / 8; ++n) {
+      const float2 w = *reinterpret_cast<const float2*>(rs.w + 8 * n + 2 * c);
+      s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
+      s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
+      s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
+      s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    const int i0 = batch_start(b);
+    if (c == 0 && i0 + g < m) list_s[i0 + g] = s0;
+    if (c == 0 && i0 + g + 8 < m) list_s[i0 + g + 8] = s1;
+  }
+  hw::cp_async_wait<0>();
+  __syncthreads();  // the re-scored list is complete (and rs is free)
+}
+#endif  // FLASHDSA_FP8_RESCORE_PIPE
+
 // compact_full_lists of the bf16 kernel, selecting C (the candidate count) instead of K.
 template <int NT>
 __device__ __forceinline__ void compact_full_lists_fp8(const Fp8KernelArgs& a, float* cand_s, int* cand_i, int* count,
@@ -285,12 +441,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       if (s < ntiles) load_key_tile_fp8<D>(sm.k[s], a, (tile0 + s) * kTileKeys);
+#if FLASHDSA_FP8_KSCALE
+      if (s < ntiles) load_key_scales_fp8(sm.ks[s], a, (tile0 + s) * kTileKeys);
+#endif
       hw::cp_async_commit();
     }
 
     bool list_nearly_full = false;
     float acc1[kHalfAcc];
     float part[2 * NT];
+#if FLASHDSA_FP8_ABLATE == 1
+    part[0] = 0.f;
+#endif
 
     auto tile_barrier = [&]() {
       hw::fence_proxy_async();
@@ -298,6 +460,138 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       list_nearly_full = false;
       return flagged;
     };
+#if FLASHDSA_FP8_DENSE || FLASHDSA_FP8_APPEND1 || FLASHDSA_FP8_KSCALE || defined(FLASHDSA_FP8_ABLATE)
+    auto append_tile = [&](int tile) {
+#if FLASHDSA_FP8_ABLATE == 1
+      // Attribution: a cheap fold of the accumulators (and of half 0's), nothing else.
+      float f[4] = {part[0], 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < kHalfAcc; ++i) f[i & 3] += acc1[i];
+      list_nearly_full |= (f[0] + f[1]) + (f[2] + f[3]) == 1.2345e-30f;  // never in practice; harmless
+      (void)tile, (void)quad, (void)acc_row, (void)my_thr;
+#else
+      partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
+      float sums[NT / 2];
+      quad_reduce_scatter<NT>(part, sums, quad);
+      int my_start[TPL], my_end[TPL];
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+        my_thr[u] = sm.thr[quad * TPL + u];
+        my_start[u] = sm.k_start[quad * TPL + u];
+        my_end[u] = sm.k_end[quad * TPL + u];
+      }
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row;
+      // The key scale, applied after the head sum (keys past T_kv are masked below).
+#if FLASHDSA_FP8_KSCALE
+      const float kscale[2] = {sm.ks[tile % (2 * S)][acc_row], sm.ks[tile % (2 * S)][acc_row + 8]};
+#else
+      const float kscale[2] = {key0 < a.T_kv ? a.k_scale[key0] : 0.f, key0 + 8 < a.T_kv ? a.k_scale[key0 + 8] : 0.f};
+#endif
+      float sv[TPL][2];
+      bool pv[TPL][2];
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = key0 + 8 * r;
+          sv[u][r] = sums[2 * u + r] * kscale[r];
+          pv[u][r] = key >= my_start[u] && key < my_end[u] && score_key(sv[u][r]) > my_thr[u];
+        }
+      }
+#if FLASHDSA_FP8_ABLATE == 2
+      // Attribution: everything up to the pass test; nothing is stored, so no list ever fills.
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) list_nearly_full |= pv[u][r] && sv[u][r] == 1.2345e-30f;  // never in practice
+      }
+#else
+#if FLASHDSA_FP8_DENSE
+      // Rows not yet compacted (threshold 0): every visible key passes (score_key >= 1), so the
+      // row's candidates are exactly its visible keys in order: key k at slot k - k_start.
+      if (tid < NT && sm.thr[tid] == 0u) {
+        const int e = min((tile0 + tile + 1) * kTileKeys, sm.k_end[tid]);
+        if (e > sm.k_start[tid]) sm.count[tid] = e - sm.k_start[tid];
+      }
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+        const int row = quad * TPL + u;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (my_thr[u] == 0u && pv[u][r]) {
+            const int pos = key0 + 8 * r - my_start[u];
+            const size_t at = static_cast<size_t>(row) * a.cap + pos;
+            cand_s[at] = sv[u][r];
+            cand_i[at] = key0 + 8 * r;
+            list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+          }
+          pv[u][r] = pv[u][r] && my_thr[u] != 0u;  // the rest go through the counters
+        }
+      }
+#endif
+#if FLASHDSA_FP8_APPEND1
+      unsigned b0[TPL], b1[TPL], any = 0u;
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+        b0[u] = __ballot_sync(0xffffffffu, pv[u][0]);
+        b1[u] = __ballot_sync(0xffffffffu, pv[u][1]);
+        any |= b0[u] | b1[u];
+      }
+      if (any != 0u) {
+        const unsigned qmask = 0x11111111u << quad, below = (1u << lane) - 1u;
+        int base[TPL];
+#pragma unroll
+        for (int u = 0; u < TPL; ++u) {  // lanes 0-3 lead their quad's row: one atomic for both keys
+          const int n = __popc(b0[u] & qmask) + __popc(b1[u] & qmask);
+          base[u] = 0;
+          if (lane < 4 && n > 0) base[u] = atomicAdd(&sm.count[quad * TPL + u], n);
+        }
+#pragma unroll
+        for (int u = 0; u < TPL; ++u) base[u] = __shfl_sync(0xffffffffu, base[u], quad);
+#pragma unroll
+        for (int u = 0; u < TPL; ++u) {
+          const int row = quad * TPL + u;
+          const unsigned g0 = b0[u] & qmask, g1 = b1[u] & qmask;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            if (pv[u][r]) {
+              const int pos = base[u] + (r == 0 ? __popc(g0 & below) : __popc(g0) + __popc(g1 & below));
+              const size_t at = static_cast<size_t>(row) * a.cap + pos;
+              cand_s[at] = sv[u][r];
+              cand_i[at] = key0 + 8 * r;
+              list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+            }
+          }
+        }
+      }
+#else
+#pragma unroll
+      for (int u = 0; u < TPL; ++u) {
+        const int row = quad * TPL + u;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const bool pass = pv[u][r];
+          const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+          if (ballot == 0u) continue;
+          const unsigned group = ballot & (0x11111111u << quad);
+          const int leader = group != 0u ? __ffs(group) - 1 : lane;
+          int base = 0;
+          if (pass && lane == leader) base = atomicAdd(&sm.count[row], __popc(group));
+          base = __shfl_sync(0xffffffffu, base, leader);
+          if (pass) {
+            const int pos = base + __popc(group & ((1u << lane) - 1u));
+            const size_t at = static_cast<size_t>(row) * a.cap + pos;
+            cand_s[at] = sv[u][r];
+            cand_i[at] = key0 + 8 * r;
+            list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+          }
+        }
+      }
+#endif  // FLASHDSA_FP8_APPEND1
+#endif  // FLASHDSA_FP8_ABLATE == 2
+#endif  // FLASHDSA_FP8_ABLATE == 1
+    };
+#else
     auto append_tile = [&](int tile) {
       partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
       float sums[NT / 2];
@@ -337,12 +631,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
         }
       }
     };
+#endif
     auto finish_tile = [&](float (&acc0)[kHalfAcc], int it) {
       float acc1n[kHalfAcc];
       issue_score_half_fp8<D>(acc1n, sm.k[it % S], sm.q, 1);
       hw::wgmma_wait<1>();
       hw::fence_regs(acc0);
+#if FLASHDSA_FP8_ABLATE == 1
+      part[0] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kHalfAcc; ++i) part[0] += acc0[i];
+#else
       partial_head_sums<H, D, kRelu, 0>(acc0, sm.w, quad, part);
+#endif
       hw::fence_regs(part);
       hw::wgmma_wait<0>();
       hw::fence_regs(acc1n);
@@ -364,6 +665,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
         {
           const int next = it - 1 + S;
           if (next < ntiles) load_key_tile_fp8<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
+#if FLASHDSA_FP8_KSCALE
+          if (next < ntiles) load_key_scales_fp8(sm.ks[next % (2 * S)], a, (tile0 + next) * kTileKeys);
+#endif
           hw::cp_async_commit();
         }
         append_tile(it - 1);
@@ -386,8 +690,20 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
       int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
       int m = sm.count[r];
+#if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+#if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
+#if FLASHDSA_FP8_RESCORE_PIPE
+      using Pipe = RescorePipeSmem<H, D>;
+      using Sm = Fp8Smem<H, D>;
+      static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
+                    "the re-score ring overlays the Q block and the key ring, which are contiguous");
+      rescore_row_pipe<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<Pipe*>(sm.q));
+#else
       rescore_row<H, D, kRelu>(a, t, list_s, list_i, m, sm.rs);
+#endif
+#endif
+#endif
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
       float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
       const int kept = keep_top_k(list_s, list_i, m, a.K, out_s, out_i, sm.sel).count;

@@ -12,6 +12,9 @@
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/heuristics.h"
 #include "sm90/indexer_topk/kernel.cuh"
+#if defined(FLASHDSA_INDEXER_V2) && FLASHDSA_INDEXER_V2
+#include "sm90/indexer_topk/kernel_v2.cuh"  // compile-time variant: two warpgroups, TMA key ring
+#endif
 #include "sm90/backend.h"
 
 namespace flashdsa::sm90::indexer_topk_impl {
@@ -120,8 +123,15 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
+#if defined(FLASHDSA_INDEXER_V2) && FLASHDSA_INDEXER_V2
+  static_assert(v2::smem_bytes<32, 128>() <= static_cast<size_t>(kSmemPerCtaBudget) &&
+                    v2::smem_bytes<64, 128>() <= static_cast<size_t>(kSmemPerCtaBudget),
+                "two v2 CTAs per SM must fit");
+  return v2::run(args, p.indexer.H_I, p.indexer.D_I, p.indexer.relu, shape.grid, stream);
+#else
   return p.indexer.H_I == 32 ? launch_dim<32>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream)
                      : launch_dim<64>(p.indexer.D_I, p.indexer.relu, args, shape.grid, stream);
+#endif
 }
 
 }  // namespace flashdsa::sm90::indexer_topk_impl

@@ -25,6 +25,15 @@ namespace flashdsa::sm90 {
 namespace kl_loss_impl {
 namespace {
 
+constexpr int kDenseThreads = 3 * kWarpgroup;
+constexpr int kTgtSlots = 2;
+constexpr int kMaxRing = 18;
+constexpr int kBarAttn = 1, kBarIndexer = 2;  // named barriers of WG0 / WG1
+// Register split (setmaxnreg; launched at 65536 / 384 = 168 per thread): the indexer role holds the
+// C and dQ accumulators of the backward, the producer only addresses.
+constexpr int kProducerRegs = 96, kIndexerRegs = 240;
+static_assert(kProducerRegs + 168 + kIndexerRegs <= 65536 / kWarpgroup, "register split over the file size");
+
 struct DenseKlArgs {
   const __nv_bfloat16* q;      // [T, H, 576]
   const __nv_bfloat16* kv;     // [T_kv, 576]
@@ -34,26 +43,13 @@ struct DenseKlArgs {
   const int32_t* k_start;      // [T]
   const int32_t* k_end;        // [T]
   float* loss_rows;            // [T] (fwd)
-  const float* grad_rows;      // [T] or nullptr (bwd)
-  float grad_scale;            // (bwd)
-  __nv_bfloat16* dq_idx;       // [T, H_I, D_I] (bwd)
-  float* dk_idx;               // [T_kv, D_I], zeroed before the launch (bwd)
-  float* dweights;             // [T, H_I] (bwd)
+  IndexerGradArgs grad;        // (bwd)
   float scale;
   int64_t T;
   int H;
   bool relu;
   int64_t q_stride_t, q_stride_h, kv_stride_t, q_idx_stride_t, q_idx_stride_h, k_idx_stride_t, weights_stride_t;
 };
-
-constexpr int kDenseThreads = 3 * kWarpgroup;
-constexpr int kTgtSlots = 2;
-constexpr int kMaxRing = 18;
-constexpr int kBarAttn = 1, kBarIndexer = 2;  // named barriers of WG0 / WG1
-// Register split (setmaxnreg; launched at 65536 / 384 = 168 per thread): the indexer role holds the
-// C and dQ accumulators of the backward, the producer only addresses.
-constexpr int kProducerRegs = 96, kIndexerRegs = 240;
-static_assert(kProducerRegs + 168 + kIndexerRegs <= 65536 / kWarpgroup, "register split over the file size");
 
 // Shared-memory plan (offsets from the 1024-aligned base); the kv ring gets what is left (>= 4 slots).
 template <int NHG, int HI, int DI, bool kBwd>
@@ -111,10 +107,10 @@ __global__ void __launch_bounds__(kDenseThreads, 1) dense_kl_kernel(const DenseK
     if constexpr (!kBwd) {
       if (wtid == 0) a.loss_rows[t] = 0.f;
     } else {
-      __nv_bfloat16* dq_t = a.dq_idx + t * HI * DI;
+      __nv_bfloat16* dq_t = a.grad.dq_idx + t * HI * DI;
       for (int i = wtid; i < HI * DI / 2; i += kWarpgroup)
         reinterpret_cast<__nv_bfloat162*>(dq_t)[i] = __floats2bfloat162_rn(0.f, 0.f);
-      if (wtid < HI) a.dweights[t * HI + wtid] = 0.f;
+      if (wtid < HI) a.grad.dweights[t * HI + wtid] = 0.f;
     }
     return;
   }
@@ -298,7 +294,7 @@ __global__ void __launch_bounds__(kDenseThreads, 1) dense_kl_kernel(const DenseK
   float dq_acc[kBwd ? IB::kOut : 1];
   float dw[kBwd ? IB::kCols : 1];
   if constexpr (kBwd) {
-    gs = a.grad_scale * (a.grad_rows ? a.grad_rows[t] : 1.f);
+    gs = a.grad.grad_scale * (a.grad.grad_rows ? a.grad.grad_rows[t] : 1.f);
 #pragma unroll
     for (int i = 0; i < IB::kOut; ++i) dq_acc[i] = 0.f;
 #pragma unroll
@@ -341,8 +337,8 @@ __global__ void __launch_bounds__(kDenseThreads, 1) dense_kl_kernel(const DenseK
       hw::fence_regs(c_acc);
       fence_frags(af);
       const int64_t key0 = ks + b * kBlockKeys + c.r0;
-      if (g[0] != 0.f) IB::scatter_dk(a.dk_idx + key0 * DI, c_acc, 0, c.q);
-      if (g[1] != 0.f) IB::scatter_dk(a.dk_idx + (key0 + 8) * DI, c_acc, 1, c.q);
+      if (g[0] != 0.f) IB::scatter_dk(a.grad.dk_idx + key0 * DI, c_acc, 0, c.q);
+      if (g[1] != 0.f) IB::scatter_dk(a.grad.dk_idx + (key0 + 8) * DI, c_acc, 1, c.q);
       hw::wgmma_wait<0>();
       hw::fence_regs(dq_acc);
       hw::mbar_arrive(&ki_empty[st]);
@@ -352,42 +348,27 @@ __global__ void __launch_bounds__(kDenseThreads, 1) dense_kl_kernel(const DenseK
     loss_part = warpgroup_allreduce<false>(loss_part, red1, wtid, kBarIndexer);
     if (wtid == 0) a.loss_rows[t] = loss_part;
   } else {
-    IB::store_dq(dq_acc, a.dq_idx + t * HI * DI, c);
-    IB::reduce_store_dw(dw, red1, a.dweights + t * HI, c, wtid, kBarIndexer);
+    IB::store_dq(dq_acc, a.grad.dq_idx + t * HI * DI, c);
+    IB::reduce_store_dw(dw, red1, a.grad.dweights + t * HI, c, wtid, kBarIndexer);
   }
 }
 
 template <bool kBwd>
 Status launch_dense_kl(const DenseKlParams& p) {
+  DenseKlArgs a{};
+  a.q = static_cast<const __nv_bfloat16*>(p.attn.q);
+  a.q_stride_t = p.attn.q_stride_t;
+  a.q_stride_h = p.attn.q_stride_h;
+  a.kv = static_cast<const __nv_bfloat16*>(p.attn.kv);
+  a.kv_stride_t = p.attn.kv_stride_t;
+  a.scale = p.attn.scale;
+  a.H = p.attn.H;
+  a.T = p.T;
+  a.k_start = p.k_start;
+  a.k_end = p.k_end;
+  set_indexer_args(a, p);
   const char* op = kBwd ? "dense_kl_bwd" : "dense_kl_fwd";
-  if (p.T == 0) return Status::OK();
-  auto stream = static_cast<cudaStream_t>(p.stream);
-  FLASHDSA_RETURN_IF_ERROR(clear_dk_idx<kBwd>(p, stream));
-  const DenseKlArgs a{static_cast<const __nv_bfloat16*>(p.attn.q),
-                      static_cast<const __nv_bfloat16*>(p.attn.kv),
-                      static_cast<const __nv_bfloat16*>(p.indexer.q_idx),
-                      static_cast<const __nv_bfloat16*>(p.indexer.k_idx),
-                      static_cast<const float*>(p.indexer.weights),
-                      p.k_start,
-                      p.k_end,
-                      static_cast<float*>(p.loss_rows),
-                      static_cast<const float*>(p.grad_rows),
-                      static_cast<float>(p.grad_scale),
-                      static_cast<__nv_bfloat16*>(p.dq_idx),
-                      static_cast<float*>(p.dk_idx),
-                      static_cast<float*>(p.dweights),
-                      p.attn.scale,
-                      p.T,
-                      p.attn.H,
-                      p.indexer.relu,
-                      p.attn.q_stride_t,
-                      p.attn.q_stride_h,
-                      p.attn.kv_stride_t,
-                      p.indexer.q_idx_stride_t,
-                      p.indexer.q_idx_stride_h,
-                      p.indexer.k_idx_stride_t,
-                      p.indexer.weights_stride_t};
-  return dispatch_indexer_shape(p.indexer.H_I, p.indexer.D_I, op, [&](auto hi, auto di) -> Status {
+  return run_kl_launch<kBwd>(p, op, [&](auto hi, auto di, cudaStream_t stream) -> Status {
     constexpr int HI = decltype(hi)::value, DI = decltype(di)::value;
     auto launch = [&](auto kernel, int smem) {
       return launch_with_smem(kernel, dim3(static_cast<unsigned>(p.T)), kDenseThreads, smem, stream, op, a);

@@ -33,11 +33,7 @@ struct SparseKlArgs {
   const float* mass;           // [T, K]
   float* loss_rows;            // [T] (fwd)
   float* row_stats;            // [T, 2] (lse, sum of mass) or nullptr: written by fwd, read by bwd
-  const float* grad_rows;      // [T] or nullptr (bwd)
-  float grad_scale;            // (bwd)
-  __nv_bfloat16* dq_idx;       // [T, H_I, D_I] (bwd)
-  float* dk_idx;               // [T_kv, D_I], zeroed before the launch (bwd)
-  float* dweights;             // [T, H_I] (bwd)
+  IndexerGradArgs grad;        // (bwd)
   int64_t T_kv;
   int K;
   bool relu;
@@ -125,8 +121,8 @@ __global__ void __launch_bounds__(kWarpgroup, kBwd ? 2 : 3) sparse_kl_kernel(con
   const __nv_bfloat16* q_t = a.q_idx + t * a.q_idx_stride_t;
   auto write_zero_grads = [&] {  // (bwd) a row without a target
     for (int i = tid; i < HI * DI / 2; i += kWarpgroup)
-      reinterpret_cast<__nv_bfloat162*>(a.dq_idx + t * HI * DI)[i] = __floats2bfloat162_rn(0.f, 0.f);
-    if (tid < HI) a.dweights[t * HI + tid] = 0.f;
+      reinterpret_cast<__nv_bfloat162*>(a.grad.dq_idx + t * HI * DI)[i] = __floats2bfloat162_rn(0.f, 0.f);
+    if (tid < HI) a.grad.dweights[t * HI + tid] = 0.f;
   };
 
   // The backward starting from saved statistics: rows without a target are done before any load.
@@ -222,7 +218,7 @@ __global__ void __launch_bounds__(kWarpgroup, kBwd ? 2 : 3) sparse_kl_kernel(con
       write_zero_grads();
       return;
     }
-    const float gs = a.grad_scale * (a.grad_rows ? a.grad_rows[t] : 1.f);
+    const float gs = a.grad.grad_scale * (a.grad.grad_rows ? a.grad.grad_rows[t] : 1.f);
     // Joins the first cp.async group of the gradient pass (row[] is no longer read: the reductions
     // above end with a barrier).
     IB::load_q_permuted(q_perm_tile, tid, q_t, a.q_idx_stride_h);
@@ -268,42 +264,27 @@ __global__ void __launch_bounds__(kWarpgroup, kBwd ? 2 : 3) sparse_kl_kernel(con
       hw::wgmma_wait<1>();
       hw::fence_regs(c_acc);
       fence_frags(af);
-      IB::scatter_dk_lines(a.dk_idx, c_acc, keys, g0, g1, c);
+      IB::scatter_dk_lines(a.grad.dk_idx, c_acc, keys, g0, g1, c);
       hw::wgmma_wait<0>();
       hw::fence_regs(dq_acc);
     });
-    IB::store_dq(dq_acc, a.dq_idx + t * HI * DI, c);
-    IB::reduce_store_dw(dw, red, a.dweights + t * HI, c, tid, 1);
+    IB::store_dq(dq_acc, a.grad.dq_idx + t * HI * DI, c);
+    IB::reduce_store_dw(dw, red, a.grad.dweights + t * HI, c, tid, 1);
   }
 }
 
 template <bool kBwd>
 Status launch_sparse_kl(const SparseKlParams& p) {
+  SparseKlArgs a{};
+  set_indexer_args(a, p);
+  a.indices = p.topk.indices;
+  a.indices_stride_t = p.topk.stride_t;
+  a.K = p.topk.K;
+  a.T_kv = p.T_kv;
+  a.mass = static_cast<const float*>(p.mass);
+  a.row_stats = static_cast<float*>(p.row_stats);
   const char* op = kBwd ? "sparse_kl_bwd" : "sparse_kl_fwd";
-  if (p.T == 0) return Status::OK();
-  auto stream = static_cast<cudaStream_t>(p.stream);
-  FLASHDSA_RETURN_IF_ERROR(clear_dk_idx<kBwd>(p, stream));
-  const SparseKlArgs a{static_cast<const __nv_bfloat16*>(p.indexer.q_idx),
-                       static_cast<const __nv_bfloat16*>(p.indexer.k_idx),
-                       static_cast<const float*>(p.indexer.weights),
-                       p.topk.indices,
-                       static_cast<const float*>(p.mass),
-                       static_cast<float*>(p.loss_rows),
-                       static_cast<float*>(p.row_stats),
-                       static_cast<const float*>(p.grad_rows),
-                       static_cast<float>(p.grad_scale),
-                       static_cast<__nv_bfloat16*>(p.dq_idx),
-                       static_cast<float*>(p.dk_idx),
-                       static_cast<float*>(p.dweights),
-                       p.T_kv,
-                       p.topk.K,
-                       p.indexer.relu,
-                       p.indexer.q_idx_stride_t,
-                       p.indexer.q_idx_stride_h,
-                       p.indexer.k_idx_stride_t,
-                       p.indexer.weights_stride_t,
-                       p.topk.stride_t};
-  return dispatch_indexer_shape(p.indexer.H_I, p.indexer.D_I, op, [&](auto hi, auto di) -> Status {
+  return run_kl_launch<kBwd>(p, op, [&](auto hi, auto di, cudaStream_t stream) -> Status {
     constexpr int HI = decltype(hi)::value, DI = decltype(di)::value;
     // The backward with saved statistics skips the statistics pass and its score row.
     const int smem = SparseKlSmem<HI, DI, kBwd>::dynamic_bytes(p.topk.K, !kBwd || p.row_stats == nullptr);

@@ -26,7 +26,7 @@
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
-#include "sm90/sparse_mla_bwd/main_kernel.cuh"
+#include "sm90/sparse_mla_bwd/kernel_common.cuh"
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 namespace v2 {
@@ -89,7 +89,21 @@ namespace detail {
 
 using hw::desc_k_major;
 using hw::desc_mn_major;
+using sparse_mla_bwd_impl::detail::build_block_list;
+using sparse_mla_bwd_impl::detail::ds_group;
+using sparse_mla_bwd_impl::detail::emit_dkv_pairs;
+using sparse_mla_bwd_impl::detail::emit_mass;
+using sparse_mla_bwd_impl::detail::exp_scores;
+using sparse_mla_bwd_impl::detail::issue_dkv_chunk;
 using sparse_mla_bwd_impl::detail::key_valid;
+using sparse_mla_bwd_impl::detail::make_work;
+using sparse_mla_bwd_impl::detail::mass_slot_of;
+using sparse_mla_bwd_impl::detail::mma_dq_rs;
+using sparse_mla_bwd_impl::detail::mma_dq_ss;
+using sparse_mla_bwd_impl::detail::mma_heads_keys;
+using sparse_mla_bwd_impl::detail::prefetch_rows_l2;
+using sparse_mla_bwd_impl::detail::store_dq;
+using sparse_mla_bwd_impl::detail::store_tile_group;
 using sparse_mla_bwd_impl::detail::Work;
 
 // The 16-byte copies of one thread: tile rows rsub + 16 r (r < 4), chunk `chunk` of every 64-column
@@ -108,17 +122,6 @@ struct Copier {
     for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
   }
 };
-
-// Work item of this CTA, recomputed from blockIdx where needed (keeping it live across the
-// main loop costs registers the accumulators need).
-__device__ __forceinline__ Work make_work(const MainParams& p) {
-  Work w;
-  w.local_token = blockIdx.x;
-  w.token = p.token_begin + w.local_token;
-  w.head_group = blockIdx.y;
-  w.heads = min(p.H - w.head_group * kHeadsPerCta, kHeadsPerCta);
-  return w;
-}
 
 // dkv destinations of one thread for the current key block: rows A = 16 warp + lane / 4 + 8 half -
 // odd and B = A + 1 (quads 2k and 2k + 1 write together, as in v1's emit_dkv_chunk) of `base`, a
@@ -161,94 +164,16 @@ __device__ __forceinline__ float* dkv_row_ptr(const DkvRowsV2& r, int half, int 
 
 // Emits one [64 keys x 64 cols] fp32 dKV chunk (column block `chunk`) from a natural-order wgmma
 // accumulator: n-groups 2m, 2m + 1 of quad member q (columns 16m + 2q + {0, 1}, 16m + 8 + 2q + {0, 1})
-// go as one float4 to stored positions 16m + 4q .. +3 (v2_dkv_pos). The quad pair exchange of v1's
-// emit_dkv_chunk makes every 16-byte write of 8 lanes one full 128-byte line.
+// go as one float4 to stored positions 16m + 4q .. +3 (v2_dkv_pos), in full 128-byte lines
+// (emit_dkv_pairs).
 template <bool kDeterministic>
 __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRowsV2& rows, int lane) {
-  using sparse_mla_bwd_impl::detail::put_dkv;
-  using sparse_mla_bwd_impl::detail::shfl_xor4;
 #if FLASHDSA_BWD_V2_NO_DKV  // measurement build only (scripts/bwd_v2_gpu.sh NO_REDS=1): no dkv writes, wrong dkv
   return;
 #endif
-  const bool odd = (lane >> 2) & 1;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float4 piece[4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m)
-      piece[m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
-                             acc[8 * m + 5 + 2 * half]);
-    const float4 got0 = shfl_xor4(odd ? piece[0] : piece[1], 4);
-    const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
-    const float4 a0 = odd ? got0 : piece[0], a1 = odd ? got1 : piece[2];  // row A, positions +0 / +32
-    const float4 b0 = odd ? piece[1] : got0, b1 = odd ? piece[3] : got1;  // row B
-    if (rows.valid[half][0]) {
-      float* const dst = dkv_row_ptr<kDeterministic>(rows, half, 0) + chunk * kColsPerBlock;
-      put_dkv<kDeterministic>(dst, a0);
-      put_dkv<kDeterministic>(dst + 32, a1);
-    }
-    if (rows.valid[half][1]) {
-      float* const dst = dkv_row_ptr<kDeterministic>(rows, half, 1) + chunk * kColsPerBlock;
-      put_dkv<kDeterministic>(dst, b0);
-      put_dkv<kDeterministic>(dst + 32, b1);
-    }
-  }
-}
-
-// Attention mass of one key block (as v1's emit_mass, on the front warpgroup).
-__device__ __forceinline__ void emit_mass(const MainParams& p, SmemPlanV2& sm, const Work& w, const float (&s)[32],
-                                          int2 slot, int warp, int lane) {
-  using sparse_mla_bwd_impl::detail::mass_halve;
-  float v[16];
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    v[2 * n] = s[4 * n] + s[4 * n + 2];
-    v[2 * n + 1] = s[4 * n + 1] + s[4 * n + 3];
-  }
-  mass_halve<8>(v, lane, 16);
-  mass_halve<4>(v, lane, 8);
-  mass_halve<2>(v, lane, 4);
-  if (warp > 0) *reinterpret_cast<float2*>(&sm.mass_part[warp - 1][2 * lane]) = make_float2(v[0], v[1]);
-  hw::named_bar_sync(kBarMass, 128);
-  if (warp != 0) return;
-#pragma unroll
-  for (int k = 0; k < 3; ++k) {
-    const float2 o = *reinterpret_cast<const float2*>(&sm.mass_part[k][2 * lane]);
-    v[0] += o.x;
-    v[1] += o.y;
-  }
-  float* const row = p.mass + w.token * int64_t(p.K);
-  if (p.mass_slots == nullptr) {
-    hw::red_add_v2(row + slot.x, make_float2(v[0], v[1]));
-  } else {
-    hw::red_add(row + slot.x, v[0]);
-    hw::red_add(row + slot.y, v[1]);
-  }
-}
-
-// Writes dQ blocks [first_block, first_block + kBlocks) of a natural-order [64 heads x 64 kBlocks]
-// fp32 accumulator as bf16 pairs.
-template <int kBlocks>
-__device__ __forceinline__ void store_dq(const float (&acc)[kBlocks * 32], __nv_bfloat16* dq_head0, int heads,
-                                         int first_block, int r0, int q4) {
-#pragma unroll
-  for (int j = 0; j < kBlocks; ++j) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = r0 + 8 * half;
-      if (row >= heads) continue;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const float* a = acc + 32 * j + 4 * n + 2 * half;
-        *reinterpret_cast<uint32_t*>(dq_head0 + int64_t(row) * kQkCols + (first_block + j) * kColsPerBlock + 8 * n +
-                                     2 * q4) = hw::pack_bf16(a[0], a[1]);
-      }
-    }
-  }
-}
-
-__device__ __forceinline__ uint32_t tile_pair_offset(int row, int n, int q4) {
-  return hw::sw128_offset(row, n) + 4 * q4;
+  emit_dkv_pairs<kDeterministic, false>(acc, rows.valid, lane, [&](int half, int ab) {
+    return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock;
+  });
 }
 
 // ---- front warpgroup ------------------------------------------------------------------------------
@@ -257,10 +182,10 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
   const Work w = make_work(p);
   const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
   const int r0 = 16 * warp + lane / 4;  // accumulator rows (heads) r0, r0 + 8
+  const Copier cp(tid);                 // this thread's 16-byte pieces of every tile row it gathers
   const int h0 = w.head_group * kHeadsPerCta;
   const int32_t* idx_row = p.indices + w.local_token * p.indices_stride_t;
   const int num_row_blocks = p.K / kBlockKeys;
-  const Copier cp(tid);
   const uint32_t q_tile = hw::smem_u32(sm.q), do_tile = hw::smem_u32(sm.dout), kv_tile = hw::smem_u32(sm.kv);
 
   // Q and dO (padded heads zero-filled, never read).
@@ -276,47 +201,12 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
   if (tid < kHeadsPerCta) {
     const bool real = tid < w.heads;
     const int64_t at = w.token * p.H + h0 + tid;
-    sm.lse2[tid] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);
+    sm.lse2[tid] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
     sm.delta[tid] = real ? p.delta[at] : 0.f;
   }
 
-  // Non-empty key blocks, rotated by the sweep phase (as v1's producer).
-  for (int blk = warp; blk < num_row_blocks; blk += 4) {
-    const bool v = key_valid(idx_row[blk * kBlockKeys + lane], p.T_kv) ||
-                   key_valid(idx_row[blk * kBlockKeys + 32 + lane], p.T_kv);
-    const bool any = __any_sync(0xffffffffu, v);
-    if (lane == 0) sm.block_list[blk] = any ? 1 : 0;
-  }
-  hw::named_bar_sync(kBarFront, 128);
-  if (warp == 0) {
-    uint32_t ballot[kMaxBlocksPerRow / 32];
-    int total = 0;
-#pragma unroll
-    for (int r = 0; r < kMaxBlocksPerRow / 32; ++r) {
-      const int blk = 32 * r + lane;
-      ballot[r] = __ballot_sync(0xffffffffu, blk < num_row_blocks && sm.block_list[blk] != 0);
-      total += __popc(ballot[r]);
-    }
-    __syncwarp();
-    int rot = 0;
-    if (p.sweep_counter != nullptr && total > 0) {
-      const uint32_t issued = *reinterpret_cast<volatile uint32_t*>(p.sweep_counter);
-      const int position = static_cast<int>((issued / static_cast<uint32_t>(p.resident_ctas)) % num_row_blocks);
-      rot = position * total / num_row_blocks;
-    }
-    int before = 0;
-#pragma unroll
-    for (int r = 0; r < kMaxBlocksPerRow / 32; ++r) {
-      if (ballot[r] >> lane & 1u) {
-        int pos = before + __popc(ballot[r] & ((1u << lane) - 1u)) - rot;
-        if (pos < 0) pos += total;
-        sm.block_list[pos] = static_cast<uint8_t>(32 * r + lane);
-      }
-      before += __popc(ballot[r]);
-    }
-    if (lane == 0) sm.num_blocks = total;
-  }
-  hw::named_bar_sync(kBarFront, 128);
+  // Non-empty key blocks, rotated by the sweep phase.
+  build_block_list<kBarFront>(p, sm, idx_row, num_row_blocks, warp, lane);
   hw::mbar_arrive(&sm.setup_full);
   const int num_blocks = sm.num_blocks;
   const bool sweep = p.sweep_counter != nullptr;
@@ -345,11 +235,11 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
       // Warp w: keys 16w .. 16w + 15 of the block (lanes < 16).
       const int32_t* row = idx_row + sm.block_list[i] * kBlockKeys + 16 * warp;
       const int32_t mine = lane < 16 ? row[lane] : -1;
-      sparse_mla_bwd_impl::detail::prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, mine, p.T_kv, lane);
+      prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, mine, p.T_kv, lane);
       if (i + 1 < num_blocks) {
         const int32_t* nrow = idx_row + sm.block_list[i + 1] * kBlockKeys + 16 * warp;
         const int32_t next = lane < 16 ? nrow[lane] : -1;
-        sparse_mla_bwd_impl::detail::prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, next, p.T_kv, lane);
+        prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, next, p.T_kv, lane);
       }
     }
   };
@@ -377,75 +267,40 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
     hw::named_bar_sync(kBarFront, 128);
     hw::fence_proxy_async();  // cp.async (generic proxy) data is read by wgmma (async proxy)
     int2 mass_slot = make_int2(0, 0);
-    if (p.mass != nullptr && warp == 0) {
-      const int pos = sm.block_list[i] * kBlockKeys + 2 * lane;
-      if (p.mass_slots == nullptr) {
-        mass_slot = make_int2(pos, pos + 1);
-      } else {
-        const int64_t row0 = w.local_token * int64_t(p.K);
-        const int2 pair = *reinterpret_cast<const int2*>(p.mass_slots + row0 + pos);
-        mass_slot = make_int2(static_cast<int>(pair.x - row0), static_cast<int>(pair.y - row0));
-      }
-    }
+    if (p.mass != nullptr && warp == 0) mass_slot = mass_slot_of(p, w, sm.block_list[i], lane);
 
     float s[32], dp[32];  // S = Q . KV^T, dP = dO . V^T: [64 heads x 64 keys]
     hw::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4 * kQkBlocks; ++ks)
-      hw::wgmma_ss_m64n64k16<0, 0>(s, desc_k_major(sm.q, kHeadsPerCta, ks), desc_k_major(sm.kv, kBlockKeys, ks),
-                                   ks > 0);
+    mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
     hw::wgmma_commit();
-#pragma unroll
-    for (int ks = 0; ks < 4 * kVBlocks; ++ks)
-      hw::wgmma_ss_m64n64k16<0, 0>(dp, desc_k_major(sm.dout, kHeadsPerCta, ks), desc_k_major(sm.kv, kBlockKeys, ks),
-                                   ks > 0);
+    mma_heads_keys<kVBlocks>(dp, sm.dout, sm.kv);
     hw::wgmma_commit();
     hw::wgmma_wait<1>();
     hw::fence_regs(s);
 
     // P = exp(scale S - lse) on valid keys, 0 elsewhere (fp32, kept for dS and the mass).
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const int2 k2 = *reinterpret_cast<const int2*>(&sm.idx[st][8 * n + 2 * q4]);
-      const bool valid[2] = {key_valid(k2.x, p.T_kv), key_valid(k2.y, p.T_kv)};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[4 * n + e] = valid[e & 1] ? exp2f(fmaf(s[4 * n + e], p.scale_log2, -(e < 2 ? lse2_lo : lse2_hi))) : 0.f;
-    }
+    exp_scores(s, sm.idx[st], p, lse2_lo, lse2_hi, q4);
     hw::wgmma_wait<0>();
     hw::fence_regs(dp);
     // dS = scale P (dP - Delta) from the fp32 P.
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      dp[4 * n + 0] = s[4 * n + 0] * (dp[4 * n + 0] - delta_lo) * p.scale;
-      dp[4 * n + 1] = s[4 * n + 1] * (dp[4 * n + 1] - delta_lo) * p.scale;
-      dp[4 * n + 2] = s[4 * n + 2] * (dp[4 * n + 2] - delta_hi) * p.scale;
-      dp[4 * n + 3] = s[4 * n + 3] * (dp[4 * n + 3] - delta_hi) * p.scale;
+      ds_group(dp, n, s[4 * n + 0], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3], delta_lo, delta_hi, p.scale);
     }
     if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(s[4 * n], s[4 * n + 1]);
-      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0 + 8, n, q4)) =
-          hw::pack_bf16(s[4 * n + 2], s[4 * n + 3]);
-      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
-      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
-          hw::pack_bf16(dp[4 * n + 2], dp[4 * n + 3]);
+      store_tile_group(p_tile, s, n, r0, q4);
+      store_tile_group(ds_tile, dp, n, r0, q4);
     }
     hw::fence_proxy_async();  // the tiles are wgmma operands of the back warpgroup
     hw::mbar_arrive(&sm.pds_full);
 
-    // dQ[:, 0:256) += dS . KV, A straight from the dS registers (converted before the fence).
-    uint32_t a[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) hw::acc_to_a_frag(dp, kk, a[kk]);
-    hw::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) hw::wgmma_rs_m64n256k16<1>(dq, a[kk], desc_mn_major(sm.kv, kBlockKeys, kk, 0), true);
-    hw::wgmma_commit();
+    // dQ[:, 0:256) += dS . KV, A straight from the dS registers.
+    mma_dq_rs(dq, dp, sm.kv, 0);
     // While the dQ wgmma runs: the block's attention mass (optional output). mass_part is rewritten
     // only after the kBarFront barrier of block i + 1, which warp 0 reaches after reading it.
-    if (p.mass != nullptr) emit_mass(p, sm, w, s, mass_slot, warp, lane);
+    if (p.mass != nullptr) emit_mass<kBarMass>(p, sm, w, s, mass_slot, warp, lane);
     hw::wgmma_wait<0>();
     hw::fence_regs(dq);
 
@@ -459,27 +314,10 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
   }
 
   hw::cp_async_wait<0>();  // an empty row never waited for its Q / dO copies: none may outlive the CTA
-  store_dq<kFrontDqBlocks>(dq, p.dq + (w.token * p.H + h0) * int64_t(kQkCols), w.heads, 0, r0, q4);
+  store_dq<kFrontDqBlocks, false>(dq, p.dq + (w.token * p.H + h0) * int64_t(kQkCols), w.heads, 0, r0, q4);
 }
 
 // ---- back warpgroup -------------------------------------------------------------------------------
-
-// Issues dKV chunk c = dS^T . Q[:, c] (+ P^T . dO[:, c] for value chunks) into acc (one commit group).
-template <int kChunk>
-__device__ __forceinline__ void issue_dkv_chunk(SmemPlanV2& sm, float (&acc)[32]) {
-  hw::wgmma_fence();
-#pragma unroll
-  for (int hk = 0; hk < 4; ++hk)
-    hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.ds, kHeadsPerCta, hk, 0),
-                                 desc_mn_major(sm.q, kHeadsPerCta, hk, kChunk), hk > 0);
-  if constexpr (kChunk < kVBlocks) {
-#pragma unroll
-    for (int hk = 0; hk < 4; ++hk)
-      hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.p, kHeadsPerCta, hk, 0),
-                                   desc_mn_major(sm.dout, kHeadsPerCta, hk, kChunk), true);
-  }
-  hw::wgmma_commit();
-}
 
 // Steady state for chunk c >= 2: issue chunk c into acc[c % 2], wait for chunk c - 1 (one group may
 // stay in flight), emit it.
@@ -488,7 +326,7 @@ __device__ __forceinline__ void dkv_step(SmemPlanV2& sm, float (&acc0)[32], floa
                                          int lane) {
   float(&cur)[32] = (kChunk % 2 == 0) ? acc0 : acc1;
   float(&prev)[32] = (kChunk % 2 == 0) ? acc1 : acc0;
-  issue_dkv_chunk<kChunk>(sm, cur);
+  issue_dkv_chunk(sm, cur, kChunk);
   hw::wgmma_wait<1>();
   hw::fence_regs(prev);
   emit_dkv_chunk<kDeterministic>(prev, kChunk - 1, rows, lane);
@@ -514,21 +352,14 @@ __device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
     const DkvRowsV2 rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
 
     float acc0[32], acc1[32];
-    issue_dkv_chunk<0>(sm, acc0);
+    issue_dkv_chunk(sm, acc0, 0);
     // dQ[:, 256:576) += dS . KV (A = dS tile, K-major; B = kv, MN-major).
-    hw::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t a = desc_k_major(sm.ds, kHeadsPerCta, kk);
-      hw::wgmma_ss_m64n256k16<0, 1>(dq_a, a, desc_mn_major(sm.kv, kBlockKeys, kk, kFrontDqBlocks), true);
-      hw::wgmma_ss_m64n64k16<0, 1>(dq_b, a, desc_mn_major(sm.kv, kBlockKeys, kk, kFrontDqBlocks + 4), true);
-    }
-    hw::wgmma_commit();
-    issue_dkv_chunk<1>(sm, acc1);
+    mma_dq_ss(dq_a, dq_b, sm, kFrontDqBlocks);
+    issue_dkv_chunk(sm, acc1, 1);
     hw::wgmma_wait<2>();  // chunk 0
     hw::fence_regs(acc0);
     emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
-    issue_dkv_chunk<2>(sm, acc0);
+    issue_dkv_chunk(sm, acc0, 2);
     hw::wgmma_wait<2>();  // dQ: the kv tile is no longer read by this warpgroup
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
@@ -551,8 +382,8 @@ __device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
   const Work w = make_work(p);
   const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
   __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
-  store_dq<4>(dq_a, dq_head0, w.heads, kFrontDqBlocks, r0, q4);
-  store_dq<1>(dq_b, dq_head0, w.heads, kFrontDqBlocks + 4, r0, q4);
+  store_dq<4, false>(dq_a, dq_head0, w.heads, kFrontDqBlocks, r0, q4);
+  store_dq<1, false>(dq_b, dq_head0, w.heads, kFrontDqBlocks + 4, r0, q4);
 }
 
 }  // namespace detail
@@ -561,16 +392,10 @@ __device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v2(const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SmemPlanV2& sm =
-      *reinterpret_cast<SmemPlanV2*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  if (threadIdx.x == 0) {
-    hw::mbar_init(&sm.setup_full, 128);
-    hw::mbar_init(&sm.pds_full, 128);
-    hw::mbar_init(&sm.kv_empty, 128);
-    hw::mbar_init(&sm.tiles_free, 128);
-    hw::mbar_fence_init();
-  }
-  __syncthreads();
+  SmemPlanV2& sm = sparse_mla_bwd_impl::detail::smem_plan<SmemPlanV2>(smem_raw);
+  using sparse_mla_bwd_impl::detail::BarrierInit;
+  sparse_mla_bwd_impl::detail::init_barriers(BarrierInit{&sm.setup_full, 128}, BarrierInit{&sm.pds_full, 128},
+                                             BarrierInit{&sm.kv_empty, 128}, BarrierInit{&sm.tiles_free, 128});
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 0) detail::front<kDeterministic>(p, sm, tid);

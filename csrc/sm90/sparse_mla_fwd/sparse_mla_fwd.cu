@@ -303,6 +303,18 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
   return {t % 4, (t / 32) * 16 + (t % 32) / 4};
 }
 
+// The wgmma descriptors of one consumer (stage = its key blocks' kv stage): Q, its own stage's K,
+// both stages' V from tile v_tile0 on (its output columns), and the P tile of the other consumer.
+struct ConsumerDescs {
+  uint64_t q, k, v0, v1, p_other;
+};
+
+__device__ __forceinline__ ConsumerDescs consumer_descs(SmemPlan& sm, int stage, int v_tile0, const void* p_other) {
+  return {hw::desc_k_major(sm.q, kHeadsPerCta, 0), hw::desc_k_major(sm.kv[stage], kBlockKeys, 0),
+          hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, v_tile0), hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, v_tile0),
+          hw::desc_k_major(p_other, kHeadsPerCta, 0)};
+}
+
 // Adds the peer's row sums, writes out = O / l (bf16) for this consumer's 256 columns and, from
 // consumer 0, lse. Rows beyond H (padding of H = 16 / 32) are never written.
 // O / l goes through shared memory: stmatrix into the Q region (free: both consumers passed the
@@ -376,11 +388,7 @@ template <bool kFusedScale>
 __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
                                               float (&partial_sum)[2]) {
   const ConsumerThread ct = consumer_thread();
-  const uint64_t q_desc = hw::desc_k_major(sm.q, kHeadsPerCta, 0);
-  const uint64_t k0_desc = hw::desc_k_major(sm.kv[0], kBlockKeys, 0);
-  const uint64_t v0_desc = hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, 0);
-  const uint64_t v1_desc = hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, 0);
-  const uint64_t p1_desc = hw::desc_k_major(sm.p_wg1, kHeadsPerCta, 0);
+  const ConsumerDescs d = consumer_descs(sm, 0, 0, sm.p_wg1);
   char* const p0_tile = reinterpret_cast<char*>(sm.kv[0]) + kRopeTile * kTileBytes;  // free once S0 is done
   const int num_pairs = (a.num_blocks + 1) / 2;
 
@@ -392,7 +400,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
   const auto issue_odd_pv = [&](int odd_pair) {  // the odd block of pair `odd_pair`
     hw::mbar_wait(&sm.exchange[kPFromWg1], (odd_pair & 1));
     hw::wgmma_fence();
-    issue_pv_ss<true>(o, p1_desc, v1_desc);
+    issue_pv_ss<true>(o, d.p_other, d.v1);
     hw::wgmma_commit();
   };
   const auto run_pair = [&](auto prev_odd, int i) {
@@ -401,7 +409,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     if constexpr (kPrevOdd) issue_odd_pv(i - 1);
     hw::mbar_wait(&sm.kv_ready[0][kLeft], parity);
     hw::wgmma_fence();
-    issue_qk<0, kVTilesPerConsumer, true>(s, q_desc, k0_desc, true);
+    issue_qk<0, kVTilesPerConsumer, true>(s, d.q, d.k, true);
     hw::wgmma_commit();
     if constexpr (kPrevOdd) {
       hw::wgmma_wait<1>();
@@ -409,7 +417,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     }
     hw::mbar_wait(&sm.kv_ready[0][kRight], parity);
     hw::wgmma_fence();  // explicit: otherwise ptxas injects one after the wait loop and serializes wgmma
-    issue_qk<kVTilesPerConsumer, kQkTiles, true>(s, q_desc, k0_desc, false);
+    issue_qk<kVTilesPerConsumer, kQkTiles, true>(s, d.q, d.k, false);
     hw::wgmma_commit();
     hw::wgmma_wait<0>();
     hw::fence_regs(s);
@@ -432,7 +440,7 @@ __device__ __forceinline__ void consumer_even(const KernelArgs& a, SmemPlan& sm,
     uint32_t p_frag[4][4];
     pack_p(s, p_frag);
     hw::wgmma_fence();
-    issue_pv_rs<true>(o, p_frag, v0_desc);
+    issue_pv_rs<true>(o, p_frag, d.v0);
     hw::wgmma_commit();
 
     // Pair max from WG1: hand P0, rescaled to it, to WG1.
@@ -471,12 +479,8 @@ template <bool kFusedScale>
 __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, float (&o)[128], float (&run_max)[2],
                                              float (&partial_sum)[2]) {
   const ConsumerThread ct = consumer_thread();
-  const uint64_t q_desc = hw::desc_k_major(sm.q, kHeadsPerCta, 0);
-  const uint64_t k1_desc = hw::desc_k_major(sm.kv[1], kBlockKeys, 0);
-  const uint64_t v0_desc = hw::desc_mn_major(sm.kv[0], kBlockKeys, 0, kVTilesPerConsumer);
-  const uint64_t v1_desc = hw::desc_mn_major(sm.kv[1], kBlockKeys, 0, kVTilesPerConsumer);
-  const uint64_t p0_desc =
-      hw::desc_k_major(reinterpret_cast<char*>(sm.kv[0]) + kRopeTile * kTileBytes, kHeadsPerCta, 0);
+  const ConsumerDescs d =
+      consumer_descs(sm, 1, kVTilesPerConsumer, reinterpret_cast<char*>(sm.kv[0]) + kRopeTile * kTileBytes);
   char* const p1_tile = reinterpret_cast<char*>(sm.p_wg1);
   const int num_pairs = (a.num_blocks + 1) / 2;
 
@@ -491,10 +495,10 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       const uint32_t parity = i & 1;
       hw::mbar_wait(&sm.kv_ready[1][kRight], parity);
       hw::wgmma_fence();
-      issue_qk<kVTilesPerConsumer, kQkTiles>(s, q_desc, k1_desc, true);
+      issue_qk<kVTilesPerConsumer, kQkTiles>(s, d.q, d.k, true);
       hw::mbar_wait(&sm.kv_ready[1][kLeft], parity);
       hw::wgmma_fence();
-      issue_qk<0, kVTilesPerConsumer>(s, q_desc, k1_desc, false);
+      issue_qk<0, kVTilesPerConsumer>(s, d.q, d.k, false);
       hw::wgmma_commit();
       hw::wgmma_wait<0>();
       hw::fence_regs(s);
@@ -527,14 +531,14 @@ __device__ __forceinline__ void consumer_odd(const KernelArgs& a, SmemPlan& sm, 
       for (int h = 0; h < 2; ++h) partial_sum[h] += blk_sum[h];
       pack_p(s, p_frag);
       hw::wgmma_fence();
-      issue_pv_rs(o, p_frag, v1_desc);
+      issue_pv_rs(o, p_frag, d.v1);
       hw::wgmma_commit();
       store_p_frags(p1_tile, p_frag, ct.row0, ct.quad);  // P1 is relative to the pair max: factor 1
     }
 
     hw::mbar_wait(&sm.exchange[kPFromWg0], i & 1);
     hw::wgmma_fence();
-    issue_pv_ss(o, p0_desc, v0_desc);
+    issue_pv_ss(o, d.p_other, d.v0);
     hw::wgmma_commit();
     if (has_odd) {
       hw::fence_proxy_async();

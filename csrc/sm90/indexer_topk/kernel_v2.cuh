@@ -1,0 +1,417 @@
+// Internal: the v2 device side of the fused Hopper indexer + top-k (docs/spec.md §3), selected at
+// compile time by -DFLASHDSA_INDEXER_V2=1 in indexer_topk.cu (the default build runs kernel.cuh).
+// Design: docs/kernels/indexer_topk.md, "v2 (2026-12-02, not yet measured)" (redesign plan step 1).
+//
+// Same block, schedule, lists and selection rules as kernel.cuh (persistent grid, a block of
+// kTokens = 256 / H_I query rows, 64-key tiles over the union of the rows' ranges, per-row candidate
+// lists compacted to the exact top K), with:
+//   - 256 threads = two consumer warpgroups; warpgroup w owns the block's columns [128 w, 128 w + 128)
+//     (tokens [w kTokens / 2, (w + 1) kTokens / 2)) with one m64n128 accumulator (8 wgmma per tile),
+//   - __launch_bounds__(256, 2): 128 registers per thread, two CTAs per SM (4 warps per scheduler),
+//   - key tiles by TMA (SW128 boxes of 64 keys x 64 columns) into an S-stage ring with one "full"
+//     mbarrier per stage (transaction count) and one "done" counter per stage: the last of the 8 warps
+//     to finish its MMA on a stage refills it (thread 0 issues the first S tiles of a block),
+//   - one CTA barrier per tile, placed right after the MMA issue (it overlaps the MMA): it ORs the
+//     "list nearly full" flags, so that compactions are decided uniformly,
+//   - compactions and final selects over all 256 threads (select_v2.cuh: 16 + 16 registers per
+//     thread for a 4096-entry list).
+// The scores are bitwise those of kernel.cuh: the same wgmma instructions on the same operands, the
+// same per-lane fmaf chain over a thread's columns and the same quad butterfly ((p0 + p2) + (p1 + p3)).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "flashdsa/status.h"
+#include "sm90/common/cuda_check.cuh"
+#include "sm90/common/hopper.cuh"
+#include "sm90/common/indexer_score.cuh"
+#include "sm90/indexer_topk/kernel.cuh"
+#include "sm90/indexer_topk/select_v2.cuh"
+
+// Attribution builds of the check program only (docs/kernels/indexer_topk.md, plan step 0):
+// 1 = MMA only (the accumulators are folded into a sink), 2 = head sums and reduce-scatter with the
+// pass test, but no appends. Never defined in the library build.
+#if defined(FLASHDSA_INDEXER_ABLATE)
+#define FLASHDSA_V2_ABLATE FLASHDSA_INDEXER_ABLATE
+#else
+#define FLASHDSA_V2_ABLATE 0
+#endif
+
+namespace flashdsa::sm90::indexer_topk_impl::v2 {
+
+constexpr int kThreads = 256;   // two consumer warpgroups
+constexpr int kCtasPerSm = 2;   // 2 x 256 threads x 128 registers = the register file
+constexpr int kWgCols = kHalfCols;  // (token, head) columns per warpgroup: one m64n128 accumulator
+
+template <int H, int D>
+struct Config {
+  static_assert(H == 32 || H == 64, "H_I must be 32 or 64");
+  static_assert(D == 64 || D == 128, "D_I must be 64 or 128");
+  static constexpr int kTokens = kCols / H;           // query rows per block: 8 (H_I 32) or 4 (H_I 64)
+  static constexpr int kTokensPerWg = kTokens / 2;    // 4 or 2
+  static constexpr int kChunksPerToken = H / 8;       // 8-column accumulator chunks per query row
+  static constexpr int kValsPerLane = kTokensPerWg / 2;  // scores a lane owns after the reduce-scatter
+  static constexpr int kStages = D == 128 ? 2 : 4;    // key-tile ring depth (two CTAs per SM must fit)
+  static constexpr uint32_t kTileBytes = kTileKeys * D * 2;
+};
+
+template <int H, int D>
+struct alignas(1024) Smem {
+  using Cfg = Config<H, D>;
+  __nv_bfloat16 q[kCols * D];                    // SW128 [256, D]: row = token * H + head
+  __nv_bfloat16 k[Cfg::kStages][kTileKeys * D];  // SW128 [64, D] key tiles (TMA, D / 64 boxes each)
+  float w[kCols];                                // weights of the block's columns (0 past T)
+  uint64_t full[Cfg::kStages];                   // stage s holds its tile (TMA transaction count)
+  uint32_t done[Cfg::kStages];  // warps done reading stage s, over all its uses (8 per use; the 8th refills)
+  sel2::Scratch<kThreads> sel;
+  int count[Cfg::kTokens];     // candidates held per row
+  uint32_t thr[Cfg::kTokens];  // admission threshold (score key) per row: append iff key > thr
+  int k_start[Cfg::kTokens];   // key range per row ([0, 0) for rows past T)
+  int k_end[Cfg::kTokens];
+  int block;  // block handed out by the scheduler
+};
+
+template <int H, int D>
+constexpr size_t smem_bytes() {
+  return sizeof(Smem<H, D>) + 1024;  // + slack to align the dynamic base to 1024 bytes
+}
+
+static_assert(kThreads == 2 * hw::kWarpgroup, "two consumer warpgroups");
+static_assert(kCols == kThreads, "one weight per thread when a block starts");
+static_assert(kCtasPerSm * (smem_bytes<32, 128>() + 1024) <= 228 * 1024 &&
+                  kCtasPerSm * (smem_bytes<64, 128>() + 1024) <= 228 * 1024 &&
+                  kCtasPerSm * (smem_bytes<32, 64>() + 1024) <= 228 * 1024 &&
+                  kCtasPerSm * (smem_bytes<64, 64>() + 1024) <= 228 * 1024,
+              "kCtasPerSm CTAs (with the 1 KB each reserves) must fit the SM's 228 KB of shared memory");
+
+struct KernelArgsV2 {
+  KernelArgs base;
+  CUtensorMap tmap_k;  // k_idx as [T_kv, D] bf16, box 64 keys x 64 columns, 128-byte swizzle
+};
+
+// Issues the cp.async copies of the block's queries [t0, t0 + kTokens) x H heads into the SW128 tile
+// (row = token * H + head; rows of tokens >= T are zero-filled), over all 256 threads.
+template <int H, int D>
+__device__ __forceinline__ void load_query_block(__nv_bfloat16* qs, const KernelArgs& a, int t0) {
+  constexpr int kRowChunks = D / 8;
+  constexpr int kPerThread = kCols * kRowChunks / kThreads;
+#pragma unroll 8
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = threadIdx.x + kThreads * i;
+    const int row = c / kRowChunks, chunk = c % kRowChunks;
+    const int t = t0 + row / H, h = row % H;
+    const bool valid = t < a.T;
+    const __nv_bfloat16* src =
+        a.q + (valid ? static_cast<int64_t>(t) * a.q_st + static_cast<int64_t>(h) * a.q_sh + chunk * 8 : 0);
+    hw::cp_async_16(reinterpret_cast<char*>(qs) + hw::sw128_elem_offset(kCols, row, chunk * 8), src, valid);
+  }
+}
+
+// wgmma descriptors (hopper.cuh make_desc_sw128) split into 32-bit halves: the high half is the same
+// for every K-major SW128 operand (stride byte offset 1024, 128-byte swizzle), the low half is the
+// start address >> 4 plus the leading byte offset (16 >> 4 = 1 at bit 16). A k-step only moves the
+// address field (shared addresses < 228 KB: the 14-bit field never carries), so each wgmma needs one
+// 32-bit add per operand; with warp-uniform inputs these stay in uniform registers.
+constexpr uint32_t kDescHi = (static_cast<uint32_t>(hw::kSw128AtomBytes) >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr) { return ((smem_addr & 0x3FFFFu) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (static_cast<uint64_t>(kDescHi) << 32) | lo; }
+
+// Issues (does not wait for) acc = K_tile [64, D] x Q_wg^T [D, 128] (fp32): the warpgroup's 128
+// columns. ka / qb: desc_lo of the key tile and of the warpgroup's first Q row (both K-major SW128;
+// the Q tile has kCols rows per 64-column block). The same instructions as kernel.cuh issue_score_half.
+template <int D>
+__device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka, uint32_t qb) {
+  auto step = [](int rows, int ks) -> uint32_t {
+    return static_cast<uint32_t>(((ks >> 2) * rows * hw::kSw128RowBytes + (ks & 3) * 32) >> 4);
+  };
+  hw::wgmma_fence();
+  hw::wgmma_ss_m64n128k16_overwrite<0, 0>(acc, desc_of(ka), desc_of(qb));
+#pragma unroll
+  for (int ks = 1; ks < D / 16; ++ks)
+    hw::wgmma_ss_m64n128k16<0, 0>(acc, desc_of(ka + step(kTileKeys, ks)), desc_of(qb + step(kCols, ks)), true);
+  hw::wgmma_commit();
+}
+
+// Compacts every list that might overflow before the next check to its top K (raises the row's
+// threshold). All 256 threads, after a barrier that follows the last appends.
+template <int NT>
+__device__ __forceinline__ void compact_full_lists(const KernelArgs& a, float* cand_s, int* cand_i, int* count,
+                                                   uint32_t* thr, sel2::Scratch<kThreads>& sc) {
+  for (int r = 0; r < NT; ++r) {
+    const int n = count[r];
+    if (n <= a.cap - kMinCapacitySlack) continue;
+    float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+    int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+    const Kept kept = sel2::keep_top_k<kThreads>(list_s, list_i, n, a.K, list_s, list_i, sc);
+    if (threadIdx.x == 0) {
+      count[r] = kept.count;
+      thr[r] = kept.thr;
+    }
+  }
+  __syncthreads();
+}
+
+template <int H, int D, bool kRelu>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+    indexer_topk_v2_kernel(const __grid_constant__ KernelArgsV2 args) {
+  using Cfg = Config<H, D>;
+  constexpr int NT = Cfg::kTokens, NTW = Cfg::kTokensPerWg, S = Cfg::kStages, V = Cfg::kValsPerLane;
+  const KernelArgs& a = args.base;
+  extern __shared__ uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<Smem<H, D>*>(hw::align_smem(smem_raw));
+
+  const int tid = threadIdx.x, lane = tid & 31, quad = lane & 3;
+  // Warpgroup: columns [128 wg, 128 wg + 128). Read through a shuffle so that the compiler knows it is
+  // warp-uniform and keeps the wgmma descriptors in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int acc_row = 16 * ((tid >> 5) & 3) + (lane >> 2);  // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
+  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
+  float* const cand_s = a.cand_scores + list_base;
+  int* const cand_i = a.cand_idx + list_base;
+  // After the reduce-scatter lane q holds V scores: H_I = 32 (V = 2): row wg * 4 + q, keys acc_row
+  // and acc_row + 8; H_I = 64 (V = 1): row wg * 2 + q / 2, key acc_row + 8 (q % 2).
+  const int my_row = wg * NTW + (V == 2 ? quad : quad >> 1);
+  const int my_key_off = V == 2 ? 0 : 8 * (quad & 1);
+  // This lane's row's candidate list (appends index it directly: no 64-bit row arithmetic per append).
+  float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
+  int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      hw::mbar_init(&sm.full[s], 1);
+      sm.done[s] = 0;
+    }
+    hw::mbar_fence_init();
+    if (a.T_kv > 0) hw::prefetch_tensormap(&args.tmap_k);  // (the map is zero when there are no keys)
+  }
+  const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
+  const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
+  uint32_t ring = 0;  // tiles this CTA has consumed: tile `it` of a block sits in ring slot (ring + it) % S
+
+#if FLASHDSA_V2_ABLATE != 0
+  uint32_t ablate_sink = 0u;
+  (void)my_list_s;
+  (void)my_list_i;
+#endif
+
+  for (;;) {
+    __syncthreads();  // the previous block is done with the shared state (and the mbarrier init is visible)
+    if (tid == 0) sm.block = atomicAdd(a.block_counter, 1);
+    __syncthreads();
+    const int blk = sm.block;
+    if (blk >= a.num_blocks) break;
+    const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first: they see the most keys
+
+    if (tid < NT) {
+      const int t = t0 + tid;
+      const bool valid = t < a.T;
+      sm.k_start[tid] = valid ? a.k_start[t] : 0;
+      sm.k_end[tid] = valid ? a.k_end[t] : 0;
+      sm.count[tid] = 0;
+      sm.thr[tid] = 0u;  // every real score's key is > 0
+    }
+    {
+      const int t = t0 + tid / H;  // one column per thread (kCols == kThreads)
+      sm.w[tid] = t < a.T ? a.w[static_cast<int64_t>(t) * a.w_st + tid % H] : 0.f;
+    }
+    __syncthreads();
+
+    int lo = INT_MAX, hi = 0;
+#pragma unroll
+    for (int r = 0; r < NT; ++r) {
+      if (sm.k_end[r] > sm.k_start[r]) {
+        lo = min(lo, sm.k_start[r]);
+        hi = max(hi, sm.k_end[r]);
+      }
+    }
+    const int tile0 = hi > 0 ? lo / kTileKeys : 0;
+    const int ntiles = hi > 0 ? (hi + kTileKeys - 1) / kTileKeys - tile0 : 0;
+
+    // Thread 0 loads tile i of the block into ring slot (ring + i) % S.
+    auto issue_key_tile = [&](int i) {
+      const uint32_t slot = (ring + static_cast<uint32_t>(i)) % S;
+      hw::mbar_arrive_expect_tx(&sm.full[slot], Cfg::kTileBytes);
+#pragma unroll
+      for (int b = 0; b < D / 64; ++b)
+        hw::tma_load_2d(&sm.k[slot][b * kTileKeys * 64], &args.tmap_k, &sm.full[slot], 64 * b,
+                        (tile0 + i) * kTileKeys);
+    };
+    if (tid == 0) {
+      for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
+    }
+    if (ntiles > 0) {
+      v2::load_query_block<H, D>(sm.q, a, t0);
+      hw::cp_async_commit();
+      hw::cp_async_wait<0>();
+      hw::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    }
+    __syncthreads();
+
+    bool list_nearly_full = false;
+    for (int it = 0; it < ntiles; ++it) {
+      const uint32_t g = ring + static_cast<uint32_t>(it);
+      const uint32_t slot = g % S;
+      hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
+      float acc[kHalfAcc];
+      {
+        const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);  // warp-uniform for the compiler
+        issue_wg_mma<D>(acc, k_desc0 + uslot * (Cfg::kTileBytes >> 4), q_desc);
+      }
+      // While the MMA runs: OR the flags of the previous tile's appends.
+      const bool compact = __syncthreads_or(list_nearly_full) != 0;
+      list_nearly_full = false;
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc);
+      // This warp is done reading the stage. The last of the 8 warps to get here refills it with tile
+      // it + S at once (the "empty" side of the ring, without a barrier: it does not wait for the
+      // epilogues). The counter only grows (8 per use of the stage), so nothing but atomics touch it.
+      if (lane == 0) {
+        if (atomicAdd(&sm.done[slot], 1u) % (kThreads / 32) == kThreads / 32 - 1 && it + S < ntiles)
+          issue_key_tile(it + S);
+      }
+
+#if FLASHDSA_V2_ABLATE == 1
+      ablate_sink += __float_as_uint(acc[0]) ^ __float_as_uint(acc[kHalfAcc - 1]);
+#else
+      // f, the weights and this thread's share of the head sums of the warpgroup's NTW tokens
+      // (kernel.cuh partial_head_sums, the same fmaf chain), then the quad reduce-scatter.
+      float part[2 * NTW];
+      const float* w_s = sm.w + kWgCols * wg;
+#pragma unroll
+      for (int tl = 0; tl < NTW; ++tl) {
+        float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < Cfg::kChunksPerToken; ++jj) {
+          const int j = tl * Cfg::kChunksPerToken + jj;
+          const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
+          p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
+          p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
+          p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
+          p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
+        }
+        part[2 * tl] = p0;
+        part[2 * tl + 1] = p1;
+      }
+      float sums[V];
+      quad_reduce_scatter<NTW>(part, sums, quad);
+
+      const uint32_t row_thr = sm.thr[my_row];
+      const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
+      const int key0 = (tile0 + it) * kTileKeys + acc_row + my_key_off;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int key = key0 + 8 * v;
+        const float s = sums[v];
+        const bool pass = key >= row_start && key < row_end && score_key(s) > row_thr;
+#if FLASHDSA_V2_ABLATE == 2
+        ablate_sink += pass ? static_cast<uint32_t>(key) : 0u;
+#else
+        // The lanes with the same quad position append to the same row: one shared atomic per group.
+        const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+        if (ballot == 0u) continue;
+        const unsigned group = ballot & (0x11111111u << quad);
+        const int leader = group != 0u ? __ffs(group) - 1 : lane;
+        int base = 0;
+        if (pass && lane == leader) base = atomicAdd(&sm.count[my_row], __popc(group));
+        base = __shfl_sync(0xffffffffu, base, leader);
+        if (pass) {
+          const int pos = base + __popc(group & ((1u << lane) - 1u));
+          my_list_s[pos] = s;
+          my_list_i[pos] = key;
+          list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+        }
+#endif
+      }
+#endif
+      // A row flagged by tile it-1's appends is compacted after tile it's (at most 2 x 64 appends
+      // past the flag, as in kernel.cuh).
+      if (compact) {      // uniform over the CTA
+        __syncthreads();  // every append of tile it is in the lists and counts
+        v2::compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+      }
+    }
+    ring += static_cast<uint32_t>(ntiles);
+    __syncthreads();
+
+    // Final selection: each row's list (at most cap entries) -> its top K, padded with -1 / -inf.
+    for (int r = 0; r < NT; ++r) {
+      const int t = t0 + r;
+      if (t >= a.T) break;
+      const int n = sm.count[r];
+      const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+      const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+      int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+      float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+      const int kept = sel2::keep_top_k<kThreads>(list_s, list_i, n, a.K, out_s, out_i, sm.sel).count;
+      for (int j = kept + tid; j < a.K; j += kThreads) {
+        out_i[j] = -1;
+        if (out_s != nullptr) out_s[j] = -INFINITY;
+      }
+    }
+  }
+#if FLASHDSA_V2_ABLATE != 0
+  if (ablate_sink == 0x7f800001u) a.out_idx[0] = static_cast<int32_t>(ablate_sink);  // keeps the sink alive
+#endif
+}
+
+// ---- host side -----------------------------------------------------------------------------------
+
+// The tensor map of k_idx ([T_kv, D] bf16, row stride k_st elements): boxes of 64 keys x 64 columns
+// (128 bytes: the 128-byte swizzle's row), zero fill past T_kv. The driver entry point is looked up
+// through the runtime, so nothing links libcuda directly.
+inline Status make_key_tensor_map(const KernelArgs& a, int D, CUtensorMap* map) {
+  std::memset(map, 0, sizeof(*map));
+  if (a.T_kv <= 0) return Status::OK();  // no key tile is ever loaded
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return Status::CudaError("sm90 indexer_topk v2: cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.T_kv)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.k_st) * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTileKeys)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(a.k), dims, strides,
+                            box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::NotSupported("sm90 indexer_topk v2: k_idx cannot be described by a TMA tensor map (error " +
+                                std::to_string(static_cast<int>(r)) + "): needs a 16-byte aligned base and stride");
+  return Status::OK();
+}
+
+template <int H, int D, bool kRelu>
+Status launch(const KernelArgsV2& args, int grid, cudaStream_t stream) {
+  constexpr int kSmem = static_cast<int>(smem_bytes<H, D>());
+  return launch_with_smem(indexer_topk_v2_kernel<H, D, kRelu>, dim3(grid), kThreads, kSmem, stream,
+                          "indexer_topk_v2_kernel", args);
+}
+
+// Runs the v2 kernel with the host's KernelArgs (the same workspace layout and grid as kernel.cuh).
+inline Status run(const KernelArgs& base, int H, int D, bool relu, int grid, cudaStream_t stream) {
+  KernelArgsV2 args{};
+  args.base = base;
+  const Status st = make_key_tensor_map(base, D, &args.tmap_k);
+  if (!st.ok()) return st;
+  if (H == 32) {
+    if (D == 64) return relu ? launch<32, 64, true>(args, grid, stream) : launch<32, 64, false>(args, grid, stream);
+    return relu ? launch<32, 128, true>(args, grid, stream) : launch<32, 128, false>(args, grid, stream);
+  }
+  if (D == 64) return relu ? launch<64, 64, true>(args, grid, stream) : launch<64, 64, false>(args, grid, stream);
+  return relu ? launch<64, 128, true>(args, grid, stream) : launch<64, 128, false>(args, grid, stream);
+}
+
+}  // namespace flashdsa::sm90::indexer_topk_impl::v2

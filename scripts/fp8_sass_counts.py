@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Static SASS counts of the fused indexer + top-k kernels (bf16 and FP8), per loop.
+
+Usage: python3 scripts/fp8_sass_counts.py KERNEL.cubin [more.cubin ...]   (or .sass text)
+
+For every instance of indexer_topk_kernel / indexer_topk_fp8_kernel it lists each loop (a backward
+branch, body without EXIT, >= 40 instructions) with its instruction count by opcode class (the
+classes of scripts/fwd_sass_counts.py). The key walk's steady-state loop is the one holding HGMMA
+instructions: its counts are the per-tile SASS of one warp (both column halves, the appends of the
+previous tile; the compaction is out of line behind a branch and counted only if the body contains it).
+"""
+import collections
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fwd_sass_counts as f  # noqa: E402
+
+CLASSES = [("HGMMA", ("HGMMA", "QGMMA"))] + f.CLASSES[1:]  # QGMMA: the e4m3 wgmma
+
+
+def classify(op):
+    for label, prefixes in CLASSES:
+        if op.startswith(prefixes):
+            return label
+    return "other"
+
+
+def functions(text):
+    funcs, cur = {}, None
+    for line in text.splitlines():
+        if "Function :" in line:
+            name = line.split("Function :")[1].strip()
+            cur = None
+            if "indexer_topk_kernel" in name or "indexer_topk_fp8_kernel" in name:
+                cur = funcs.setdefault(name, [])
+            continue
+        if cur is None:
+            continue
+        m = f.LINE.search(line)
+        if m:
+            cur.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return funcs
+
+
+def main(paths):
+    cols = [c for c, _ in CLASSES] + ["other"]
+    print("%-70s %-13s %6s  %s" % ("kernel", "loop range", "total", "  ".join(cols)))
+    for path in paths:
+        for name, instrs in sorted(functions(f.sass_text(path)).items()):
+            short = name.replace("_ZN8flashdsa4sm9017indexer_topk_impl", "")[:70]
+            print("%-70s %-13s %6d  (whole kernel)" % (short, "-", len(instrs)))
+            for body in f.loops(instrs):
+                c = collections.Counter(classify(op) for _, op, _ in body)
+                if not c["HGMMA"]:
+                    continue
+                rng = "%x-%x" % (body[0][0], body[-1][0])
+                print("%-70s %-13s %6d  %s" % (short, rng, len(body), "  ".join("%*d" % (len(k), c[k]) for k in cols)))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])

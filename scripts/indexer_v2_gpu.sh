@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# One command on one H200 for the v2 fused indexer + top-k (issue 20 item 1, plan steps 0 and 1:
+# compile-time variant -DFLASHDSA_INDEXER_V2=1, csrc/sm90/indexer_topk/kernel_v2.cuh; design:
+# docs/kernels/indexer_topk.md, "v2 (2026-12-02, not yet measured)").
+#
+#   bash scripts/indexer_v2_gpu.sh                      builds, then runs (about 5 minutes with 16 cores)
+#   BUILD_ONLY=1 bash scripts/indexer_v2_gpu.sh         only the builds (e.g. on the CPU box), into $BIN
+#   BIN=build-itk2 bash scripts/indexer_v2_gpu.sh --prebuilt   (or PREBUILT=1) runs binaries built earlier (carry $BIN)
+#
+# Steps (each under its own timeout; logs in $OUT, default /tmp/indexer_v2_gpu):
+#   1. builds the check program tests/cuda/indexer_topk_check.cu six times, in parallel: base (today's
+#      kernel), v2, and the attribution builds (-DFLASHDSA_INDEXER_ABLATE=1: MMA only, =2: head sums +
+#      pass test without appends) of both; ptxas registers / spills of each are logged;
+#   2. v2 correctness: every case of the check program at every capacity (exact top-K multiset vs a
+#      double CPU reference) and the T = 0 case;
+#   3. A/B: base / v2 alternated, 2 rounds, --bench-only --bench-T $T_BENCH --bench-H 32,64 (each run
+#      also spot-checks 9 rows at the first T against the CPU reference);
+#   4. compute-sanitizer memcheck, racecheck, synccheck of v2 --small;
+#   5. the four ablation builds once each, same shapes (their spot checks fail by design).
+# Prints a summary table last. Exit status 0 when v2 is correct and the sanitizers are clean. The run
+# is bounded by BUDGET seconds (default 290 after the builds, which take about 70 s); a step with < 15 s left is skipped.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/indexer_v2_gpu}; mkdir -p "$OUT"
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+BIN=${BIN:-build-itk2}; mkdir -p "$BIN"
+T_BENCH=${T_BENCH:-8192,32768,131072}
+H_BENCH=${H_BENCH:-32,64}
+BUILD_TIMEOUT=${BUILD_TIMEOUT:-240}
+prebuilt=${PREBUILT:-0}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --prebuilt) prebuilt=1; shift ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+done
+flags=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Xptxas -v -Iinclude -Icsrc)
+variants=(base v2 base_a1 base_a2 v2_a1 v2_a2)
+declare -A vflags=([base]="" [v2]="-DFLASHDSA_INDEXER_V2=1"
+                   [base_a1]="-DFLASHDSA_INDEXER_ABLATE=1" [base_a2]="-DFLASHDSA_INDEXER_ABLATE=2"
+                   [v2_a1]="-DFLASHDSA_INDEXER_V2=1 -DFLASHDSA_INDEXER_ABLATE=1"
+                   [v2_a2]="-DFLASHDSA_INDEXER_V2=1 -DFLASHDSA_INDEXER_ABLATE=2")
+status=()  # "step|result" lines for the table
+T0=$(date +%s)
+
+# 1. builds
+if [ $prebuilt = 0 ]; then
+  echo "=== builds ($(date -u +%H:%M:%S)): ${variants[*]}"
+  pids=()
+  timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/check.o" tests/cuda/indexer_topk_check.cu > "$OUT/build_check.log" 2>&1 &
+  pids+=($!)
+  timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/ranges.o" csrc/common/ranges.cpp > "$OUT/build_common.log" 2>&1 &
+  pids+=($!)
+  timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/status.o" csrc/common/status.cpp >> "$OUT/build_common.log" 2>&1 &
+  pids+=($!)
+  for v in "${variants[@]}"; do
+    # shellcheck disable=SC2086
+    timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" ${vflags[$v]} -c -o "$BIN/itk_$v.o" csrc/sm90/indexer_topk/indexer_topk.cu \
+      > "$OUT/build_$v.log" 2>&1 &
+    pids+=($!)
+  done
+  build_rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || build_rc=1; done
+  for v in "${variants[@]}"; do
+    [ $build_rc -eq 0 ] && { "$NVCC" "${flags[@]}" -o "$BIN/itk_$v" "$BIN/check.o" "$BIN/itk_$v.o" "$BIN/ranges.o" "$BIN/status.o" \
+      >> "$OUT/build_$v.log" 2>&1 || build_rc=1; }
+  done
+  echo "  builds done after $(( $(date +%s) - T0 )) s"
+  rm -f "$BIN"/*.o  # the binaries alone are carried (about 36 MB)
+  if [ $build_rc -ne 0 ]; then
+    echo "build failed"; tail -n 20 "$OUT"/build_*.log; exit 2
+  fi
+  for v in "${variants[@]}"; do
+    regs=$(grep -o "Used [0-9]* registers" "$OUT/build_$v.log" | awk '{print $2}' | sort -u | tr '\n' ' ')
+    spills=$(grep -o "[0-9]* bytes spill stores" "$OUT/build_$v.log" | awk '{print $1}' | sort -u | tr '\n' ' ')
+    warn=$(grep -c "C75[0-9][0-9]" "$OUT/build_$v.log")
+    status+=("build $v|registers {${regs% }} spill stores {${spills% }} wgmma warnings $warn")
+  done
+  [ "${BUILD_ONLY:-0}" = 1 ] && { printf "%s\n" "${status[@]}"; echo "BUILD_ONLY=1: binaries in $BIN"; exit 0; }
+else
+  for v in "${variants[@]}"; do
+    [ -x "$BIN/itk_$v" ] || { echo "--prebuilt: $BIN/itk_$v is missing"; exit 2; }
+  done
+  status+=("builds|prebuilt ($BIN)")
+fi
+
+START=$(date +%s); BUDGET=${BUDGET:-290}
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, output to LOG (tail on the console)
+  local name=$1 limit=$2 log=$3; shift 3
+  local rest; rest=$(left)
+  [ "$rest" -lt "$limit" ] && limit=$rest
+  if [ "$limit" -lt 15 ]; then echo "=== $name: SKIPPED (time budget)"; echo "SKIPPED (time budget)" > "$log"; return 125; fi
+  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s)"
+  timeout "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  tail -n 12 "$log"
+  [ $rc -eq 124 ] && echo "  TIMEOUT after ${limit}s"
+  return $rc
+}
+
+# 2. v2 correctness (full set)
+step "v2 correctness (all cases x 3 capacities)" 120 "$OUT/v2_correctness.log" "$BIN/itk_v2" --no-bench --seed 20261202
+rc=$?
+status+=("v2 correctness|rc=$rc; $(grep -c ' PASS' "$OUT/v2_correctness.log") PASS, $(grep -c ' FAIL' "$OUT/v2_correctness.log") FAIL; $(tail -n 1 "$OUT/v2_correctness.log")")
+
+# 3. A/B, alternated
+for r in 1 2; do
+  for v in base v2; do
+    step "round $r $v bench" 60 "$OUT/bench_${v}_r$r.log" "$BIN/itk_$v" --bench-only --bench-T "$T_BENCH" --bench-H "$H_BENCH" --seed 7
+  done
+done
+
+# 4. sanitizers on v2 --small
+if [ -x "$SAN" ]; then
+  for tool in memcheck racecheck synccheck; do
+    step "v2 $tool --small" 75 "$OUT/v2_$tool.log" "$SAN" --tool $tool "$BIN/itk_v2" --small --seed 1
+    status+=("v2 $tool --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: .*' "$OUT/v2_$tool.log" | tail -1)")
+  done
+else
+  status+=("sanitizers|compute-sanitizer not found")
+fi
+
+# 5. ablations, once each
+for v in base_a1 base_a2 v2_a1 v2_a2; do
+  step "$v bench (attribution; spot checks fail by design)" 45 "$OUT/bench_$v.log" "$BIN/itk_$v" --bench-only --bench-T "$T_BENCH" --bench-H "$H_BENCH" --seed 7
+done
+
+# Summary. Bench lines of the check program: "  H T ms TFLOP/s workspace MiB delta MiB  spot".
+ms() { awk -v H="$2" -v T="$3" '$1 == H && $2 == T && NF >= 7 { print $3; exit }' "$1" 2>/dev/null; }
+spot() { awk -v H="$2" -v T="$3" '$1 == H && $2 == T && NF >= 7 { $1 = $2 = $3 = $4 = $5 = $6 = $7 = $8 = ""; gsub(/^ +/, ""); print; exit }' "$1" 2>/dev/null; }
+echo
+echo "================ summary (indexer + top-k, base vs v2; D_I = 128, K = 2048, relu, one causal sequence) ================"
+printf "%-34s %s\n" "step" "result"
+for s in "${status[@]}"; do printf "%-34s %s\n" "${s%%|*}" "${s#*|}"; done
+echo
+printf "%3s %7s | %-17s | %-17s | %7s | %-9s %-9s | %-9s %-9s | %s\n" "H_I" "T" "base ms (r1 r2)" "v2 ms (r1 r2)" "base/v2" \
+  "base a1" "base a2" "v2 a1" "v2 a2" "v2 spot check (r1)"
+IFS=, read -ra Ts <<< "$T_BENCH"
+IFS=, read -ra Hs <<< "$H_BENCH"
+for H in "${Hs[@]}"; do
+  for T in "${Ts[@]}"; do
+    a1=$(ms "$OUT/bench_base_r1.log" "$H" "$T"); a2=$(ms "$OUT/bench_base_r2.log" "$H" "$T")
+    b1=$(ms "$OUT/bench_v2_r1.log" "$H" "$T"); b2=$(ms "$OUT/bench_v2_r2.log" "$H" "$T")
+    ratio=$(awk -v a1="$a1" -v a2="$a2" -v b1="$b1" -v b2="$b2" 'BEGIN { if (b1 + b2 > 0 && a1 + a2 > 0) printf "%.3f", (a1 + a2) / (b1 + b2); else print "-" }')
+    printf "%3s %7s | %-17s | %-17s | %7s | %-9s %-9s | %-9s %-9s | %s\n" "$H" "$T" "${a1:--} ${a2:--}" "${b1:--} ${b2:--}" "$ratio" \
+      "$(ms "$OUT/bench_base_a1.log" "$H" "$T")" "$(ms "$OUT/bench_base_a2.log" "$H" "$T")" \
+      "$(ms "$OUT/bench_v2_a1.log" "$H" "$T")" "$(ms "$OUT/bench_v2_a2.log" "$H" "$T")" "$(spot "$OUT/bench_v2_r1.log" "$H" "$T")"
+  done
+done
+echo "(a1 = MMA only, a2 = + head sums and pass test, no appends: attribution of the full kernel's time)"
+echo "logs: $OUT; total $(( $(date +%s) - T0 )) s"
+fail=0
+grep -q "ALL PASS" "$OUT/v2_correctness.log" || fail=1
+grep -q "SOME FAILED" "$OUT/bench_v2_r1.log" "$OUT/bench_v2_r2.log" && fail=1
+if [ -x "$SAN" ]; then
+  grep -q "ERROR SUMMARY: 0 errors" "$OUT/v2_memcheck.log" || fail=1
+  grep -q "RACECHECK SUMMARY: 0 hazards" "$OUT/v2_racecheck.log" || fail=1
+  grep -q "ERROR SUMMARY: 0 errors" "$OUT/v2_synccheck.log" || fail=1
+fi
+echo "exit status $fail (0: v2 correct at every case and spot check, sanitizers clean)"
+exit $fail
