@@ -72,6 +72,15 @@ class LongConfig(tr.Config):
     indexer_lr: float = 1e-3  # stage 1
     sparse_lr: float = 3e-4  # stage 2 (the scratch recipe uses lr: it starts from random weights)
     kl_rows: float = 1.0  # fraction of query rows in the dense KL loss (a random subset per step)
+    # Stage 1's rows: "answers" = the answer rows (the rows the LM loss scores) plus the kl_rows
+    # random fraction; "random" = the random fraction only (the first GPU run's recipe).
+    kl_row_mode: str = "answers"
+    # Stage 1's learning rate after its warm-up steps: "constant" or "cosine" (to 10% at the stage's end)
+    warmup_schedule: str = "cosine"
+    # Stage 1's target for a full layer's indexer: "own" = that layer's dense attention; "answering"
+    # = the attention of the layer, among those it serves (IndexShare), that puts the most weight
+    # on the needed key at the stage's first step (pair_attention, answering_layers)
+    kl_target: str = "own"
     # Stage 0 length curriculum: sequences of short_len, 2·short_len, ... up to seq_len (same tokens
     # per step, distances and queries scaled with the length); 0 = off. A level ends when its share
     # of stage 0 is spent or the accuracy reaches switch_accuracy.
@@ -98,12 +107,16 @@ PRESETS: Dict[str, LongConfig] = {
                       layers=4, topk_freq=4, topk=32, lr=3e-3, warmup=20, dense_steps=800, warmup_steps=300,
                       sparse_steps=200, indexer_lr=2e-3, sparse_lr=3e-4, short_len=256, switch_accuracy=0.9),
     # Stage 0 runs a length curriculum 512 -> 32K (the dense model must first form the lookup,
-    # which takes a few hundred steps even at short range; see docs/training.md).
-    "cuda": LongConfig(seq_len=32768, queries=1024, dist_min=1024, dist_max=30000, num_keys=2048, num_values=16,
+    # which takes a few hundred steps even at short range; see docs/training.md). Stage 1 (second
+    # session of 2026-12-02): the dense KL on the answer rows plus 1/32 of all rows, D_I = 128,
+    # constant lr; 1280 keys (= the pairs of a 32K sequence; 2048 before): each key is seen more often
+    # (docs/training.md, "Recipe changes 2026-12-02 (second session)").
+    "cuda": LongConfig(seq_len=32768, queries=1024, dist_min=1024, dist_max=30000, num_keys=1280, num_values=16,
                        num_fillers=64, d_model=512, layers=4, topk_freq=4, heads=16, d_latent=512, d_nope=64,
-                       d_head_v=64, idx_heads=32, idx_dim=64, idx_rope=32, topk=512, lr=1e-3, warmup=30,
+                       d_head_v=64, idx_heads=32, idx_dim=128, idx_rope=32, topk=512, lr=1e-3, warmup=30,
                        dense_steps=100000, warmup_steps=100000, sparse_steps=100000, indexer_lr=2e-3,
-                       sparse_lr=3e-4, kl_rows=0.125, short_len=512, switch_accuracy=0.9),
+                       sparse_lr=3e-4, kl_rows=1 / 32, kl_row_mode="answers", warmup_schedule="constant",
+                       short_len=512, switch_accuracy=0.95),
 }
 
 
@@ -193,6 +206,10 @@ def describe_long_task(cfg: LongConfig) -> Dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 # Recipe: stages, frozen parameters, schedule
 
+# Shares of --budget-minutes of the two-stage recipe: stage 0 (dense), 1 (warm-up), 2 (sparse).
+# Time a stage leaves unused goes to the next one.
+STAGE_FRACTIONS = (0.5, 0.25, 0.25)
+
 
 class Stage(NamedTuple):
     """One stage of a recipe: how attention runs, which parameters train, how long, how fast."""
@@ -207,7 +224,7 @@ class Stage(NamedTuple):
 
 
 def recipe_stages(cfg: LongConfig, recipe: str, budget_seconds: Optional[float] = None,
-                  fractions=(0.45, 0.3, 0.25)) -> List[Stage]:
+                  fractions=STAGE_FRACTIONS) -> List[Stage]:
     """The stages of ``recipe``. With ``budget_seconds`` the two-stage recipe splits it by
     ``fractions`` (stage 0, 1, 2) and the scratch recipe gets all of it; steps are caps."""
     def share(i):
@@ -221,6 +238,26 @@ def recipe_stages(cfg: LongConfig, recipe: str, budget_seconds: Optional[float] 
         total = cfg.dense_steps + cfg.warmup_steps + cfg.sparse_steps
         return [Stage("sparse", "sparse", False, "all", total, budget_seconds, cfg.lr)]
     raise ValueError(f"recipe must be 'two-stage' or 'scratch', got {recipe!r}")
+
+
+def warmup_kl_rows(cfg: LongConfig, batch: tr.Batch):
+    """The query rows of this step's dense KL loss (stage 1): with ``kl_row_mode = "answers"`` the
+    answer rows (those the LM loss scores: the rows whose attention must find the pair) plus a
+    random ``kl_rows`` fraction of all rows (``torch.Tensor`` of increasing row indices); with
+    ``"random"`` only the random fraction (``cfg.kl_rows``, drawn by the layer).
+
+    Why: the dense KL averages over its rows, and in this task 97% of all rows are filler rows
+    whose attention has nothing to do with the lookup; on random rows the loss falls while the
+    recall of the needed key stalls (docs/training.md, "Recipe changes 2026-12-02 (second session)").
+    """
+    if cfg.kl_row_mode == "random":
+        return cfg.kl_rows
+    if cfg.kl_row_mode != "answers":
+        raise ValueError(f"kl_row_mode must be 'answers' or 'random', got {cfg.kl_row_mode!r}")
+    extra = tr.sample_rows(batch.tokens.shape[0], cfg.kl_rows, batch.answer_rows.device)
+    if extra is None:  # every row
+        return 1.0
+    return torch.unique(torch.cat([batch.answer_rows, extra]))  # sorted, no duplicates
 
 
 def apply_stage(model: tr.Decoder, stage: Stage) -> Dict[str, int]:
@@ -237,11 +274,136 @@ def apply_stage(model: tr.Decoder, stage: Stage) -> Dict[str, int]:
     return counts
 
 
-def stage_lr(base: float, step: int, progress: float, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine to 10% at ``progress`` = 1."""
+def stage_lr(base: float, step: int, progress: float, warmup: int, schedule: str = "cosine") -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine to 10% at ``progress`` = 1
+    (``schedule="cosine"``) or ``base`` (``"constant"``)."""
+    if schedule not in ("cosine", "constant"):
+        raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
     if step < warmup:
         return base * (step + 1) / warmup
+    if schedule == "constant":
+        return base
     return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostic: where the dense model's attention puts the needed key
+
+
+@torch.no_grad()
+def absorbed_operands(attn: tr.MLAttention, args: tuple):
+    """The absorbed ``q [T, H, D_qk]``, ``kv [T, D_qk]`` of an attention layer, from the arguments
+    of its forward ``(x, cu_seqlens, rope_main, rope_idx, ctx, act_dtype)`` (a forward pre-hook's)."""
+    x, _, rope_main, _, _, act_dtype = args
+    q_nope = attn.q_nope(x).unflatten(-1, (attn.heads, attn.d_nope))
+    q_pe = rope_main.apply(attn.q_rope(x).unflatten(-1, (attn.heads, tr.ROPE_DIM)))
+    c_kv = attn.kv_norm(attn.kv_down(x))
+    return attn._absorbed(q_nope, q_pe, c_kv, rope_main.apply(attn.k_rope(x)), act_dtype)
+
+
+def served_layers(model: tr.Decoder) -> Dict[int, List[int]]:
+    """IndexShare: each full layer and the layers that use its top-K (itself and the shared ones after it)."""
+    out: Dict[int, List[int]] = {}
+    for i, mode in enumerate(model.modes):
+        if mode == "full":
+            out[i] = [i]
+        elif out:
+            out[max(out)].append(i)
+    return out
+
+
+def answering_layers(model: tr.Decoder, diag: List[Dict[str, float]]) -> Dict[int, int]:
+    """Per full layer, the layer among those it serves whose dense attention puts the most
+    head-averaged probability on the needed key (:func:`pair_attention`): the layer that answers."""
+    return {full: max(layers, key=lambda l: diag[l]["pair_mass"]) for full, layers in served_layers(model).items()}
+
+
+class TargetLayerKL:
+    """Stage 1 with another layer's attention as the dense KL target of a full layer's indexer.
+
+    With IndexShare the full layer's top-K also serves the shared layers after it; when the
+    lookup is done by one of those (:func:`answering_layers`), its attention, not the full
+    layer's own, is what the indexer must learn to cover. Hooks (removed by :meth:`remove`): the
+    full layer's indexer output and the target layer's absorbed ``q``, ``kv`` are captured during the
+    forward; after it, the fused dense KL loss (:func:`flashdsa.indexer_kl_loss`, the same kernel,
+    nothing T x T) of the indexer against the target layer's attention on ``rows`` is put where the
+    training step reads the full layer's loss (``pending_indexer_loss``). The model must run dense
+    attention without ``dense_kl`` (the full layer's own loss off).
+    """
+
+    def __init__(self, model: tr.Decoder, full: int, target: int):
+        self.model, self.full, self.target = model, full, target
+        self.rows = 1.0  # set per step: a fraction or a tensor of rows (warmup_kl_rows)
+        self.captured: Dict[str, tuple] = {}
+        full_attn, target_attn = model.blocks[full].attn, model.blocks[target].attn
+        self.hooks = [full_attn.indexer.register_forward_hook(lambda m, a, out: self.captured.__setitem__("idx", out)),
+                      target_attn.register_forward_pre_hook(
+                          lambda m, a: self.captured.__setitem__("qkv", absorbed_operands(m, a))),
+                      model.register_forward_hook(self._loss)]
+
+    def _loss(self, model, args, output):
+        batch = args[0]
+        (q_idx, k_idx, weights), (q, kv) = self.captured.pop("idx"), self.captured.pop("qkv")
+        rows = self.rows if torch.is_tensor(self.rows) else tr.sample_rows(q.shape[0], self.rows, q.device)
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows.to(q.device)])  # noqa: E731
+        k_start, k_end = flashdsa.build_key_ranges(batch.cu_seqlens, device=q.device)
+        target, full = model.blocks[self.target].attn, model.blocks[self.full].attn
+        loss = flashdsa.indexer_kl_loss(pick(q_idx), k_idx, pick(weights), formulation="dense", coeff=full.loss_coeff,
+                                        q=pick(q), kv=kv, scale=target.scale, k_start=pick(k_start), k_end=pick(k_end))
+        full.pending_indexer_loss, full.last_indexer_loss = loss, loss.detach()
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
+@torch.no_grad()
+def pair_attention(model: tr.Decoder, batch: tr.Batch, act_dtype: torch.dtype, topk: int,
+                   chunk: int = 64) -> List[Dict[str, float]]:
+    """Per layer, in dense attention, at the answer rows: the head-averaged attention probability
+    of the needed key (the pair's value row; the dense KL target's weight on it), the best head's,
+    the fraction of queries whose target ranks it first, and in its top ``topk``.
+
+    This is what the dense KL loss can teach the full layer's indexer: a pair its own layer does
+    not attend to is not in its target. Answer rows are processed ``chunk`` at a time over all of
+    their sequence's keys (``[chunk, H, L]`` probabilities, never ``[T, T]``). One forward, no update.
+    """
+    operands = {}
+
+    def grab(module, args):  # the absorbed q, kv of each layer, from its input
+        operands[module] = absorbed_operands(module, args)
+
+    hooks = [b.attn.register_forward_pre_hook(grab) for b in model.blocks]
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch.tokens.is_cuda):
+            model(batch, act_dtype)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    cu = batch.cu_seqlens.tolist()
+    starts = torch.tensor(cu[:-1], device=batch.answer_rows.device)
+    seq = torch.searchsorted(starts, batch.answer_rows, right=True) - 1
+    out = []
+    for block in model.blocks:
+        q, kv = operands[block.attn]
+        on_pair, best_head, top1, in_topk = [], [], [], []
+        for a in range(0, len(batch.answer_rows), chunk):
+            rows, rel, start = batch.answer_rows[a:a + chunk], batch.relevant_rows[a:a + chunk], starts[seq[a:a + chunk]]
+            lo, hi = int(start.min()), int(rows.max()) + 1
+            s = torch.einsum("nhd,td->nht", q[rows].float(), kv[lo:hi].float()) * block.attn.scale
+            keys = torch.arange(lo, hi, device=s.device)
+            visible = (keys[None, :] >= start[:, None]) & (keys[None, :] <= rows[:, None])
+            p = s.masked_fill(~visible[:, None, :], float("-inf")).softmax(-1)  # [n, H, keys]
+            n = torch.arange(len(rows), device=s.device)
+            pair = p[n, :, rel - lo]  # [n, H]
+            target = p.mean(1)  # the dense KL target (head-averaged)
+            rank = (target > target[n, rel - lo][:, None]).sum(-1)
+            on_pair.append(pair.mean(1)), best_head.append(pair.max(1).values)
+            top1.append(rank == 0), in_topk.append(rank < topk)
+        cat = lambda xs: torch.cat(xs).float().mean().item()  # noqa: E731
+        out.append({"pair_mass": cat(on_pair), "best_head_mass": cat(best_head), "pair_top1": cat(top1),
+                    "pair_in_topk": cat(in_topk)})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,7 +456,7 @@ def measure_step_memory(run: tr.Run, batch: tr.Batch, act_dtype: torch.dtype, lr
 
 
 def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: Optional[float] = None,
-                 fractions=(0.45, 0.3, 0.25), log_every: int = 25, memory_check: bool = False) -> Dict:
+                 fractions=STAGE_FRACTIONS, log_every: int = 25, memory_check: bool = False) -> Dict:
     """Trains one model by ``recipe`` (:func:`recipe_stages`) on fresh batches (the data stream
     depends on ``cfg.seed`` only, so two recipes see the same batches). Returns the per-step history
     of :class:`train_recall.Run` plus ``stage``, ``seconds``, ``tokens_per_second``; ``stages``
@@ -306,7 +468,7 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     h = run.hist
     h.update(stage=[], tokens_per_second=[])
-    stages_out, memory = [], {}
+    stages_out, memory, result_extra, kl_targets = [], {}, {}, []
     global_step, start = 0, time.perf_counter()
     h["seq_len"] = []
     for stage in recipe_stages(cfg, recipe, budget_seconds, fractions):
@@ -342,8 +504,33 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
             if level < len(lengths) - 1 and (reached or progress >= (level + 1) / len(lengths)):
                 level, level_start = level + 1, i
                 print(f"[{recipe}] stage dense: sequence length {lengths[level]} from step {global_step + 1}", flush=True)
-            lr = stage_lr(stage.lr, i, progress, cfg.warmup)
+            lr = stage_lr(stage.lr, i, progress, cfg.warmup, cfg.warmup_schedule if stage.name == "warmup" else "cosine")
             batch = make_long_batch(at_length(cfg, lengths[level]), vocab, gen).to(device)
+            if stage.dense_kl:
+                if i == 0:  # what the dense KL target holds about the needed key, per layer
+                    run.model.set_attention("dense")
+                    diag = pair_attention(run.model, batch, act_dtype, cfg.topk)
+                    result_extra["pair_attention"] = diag
+                    for layer, d in enumerate(diag):
+                        print(f"[{recipe}] dense attention at the answer rows, layer {layer}: needed key's probability "
+                              f"{d['pair_mass']:.3f} head-averaged, {d['best_head_mass']:.3f} best head; first in the "
+                              f"target for {d['pair_top1']:.2f}, in its top-{cfg.topk} for {d['pair_in_topk']:.2f} of the "
+                              f"queries" + (" (full layer)" if layer in h["full_layers"] else ""), flush=True)
+                    if cfg.kl_target == "answering":
+                        chosen = answering_layers(run.model, diag)
+                        result_extra["kl_target_layers"] = chosen
+                        kl_targets = [TargetLayerKL(run.model, full, layer) for full, layer in chosen.items()]
+                        print(f"[{recipe}] stage warmup: dense KL target of each full layer's indexer (full layer: "
+                              f"target layer) {chosen}", flush=True)
+                    elif cfg.kl_target != "own":
+                        raise ValueError(f"kl_target must be 'own' or 'answering', got {cfg.kl_target!r}")
+                rows = warmup_kl_rows(cfg, batch)
+                if kl_targets:  # the targets' hooks compute the loss; the layers' own dense KL off
+                    run.model.set_attention("dense")
+                    for target in kl_targets:
+                        target.rows = rows
+                else:
+                    run.model.set_attention("dense", dense_kl=True, kl_rows=rows)
             h["seq_len"].append(lengths[level])
             t0 = time.perf_counter()
             full_steps = sum(1 for n in h["seq_len"][len(h["seq_len"]) - (i + 1):] if n == cfg.seq_len)
@@ -360,11 +547,18 @@ def train_recipe(cfg: LongConfig, recipe: str, device: str, *, budget_seconds: O
                 print(f"[{recipe}/{stage.name}] step {global_step + 1} ({now - start:.0f} s): {status(h)}", flush=True)
             i += 1
             global_step += 1
+        if i:
+            print(f"[{recipe}] end of stage {stage.name}: step {global_step}, {time.perf_counter() - start:.0f} s, "
+                  f"mean of its last 20 steps: accuracy {sum(h['accuracy'][-min(i, 20):]) / min(i, 20):.3f}, recall "
+                  f"{sum(r[0] for r in h['recall'][-min(i, 20):]) / min(i, 20):.3f}", flush=True)
+        for target in kl_targets:
+            target.remove()
+        kl_targets = []
         changed = [n for n, p in run.model.named_parameters() if n in frozen_before and not torch.equal(p, frozen_before[n])]
         stages_out.append({"name": stage.name, "first_step": global_step - i, "steps": i,
                            "seconds": time.perf_counter() - stage_start, **counts,
                            "frozen_parameters_changed": changed})
-    result = {"history": h, "stages": stages_out}
+    result = {"history": h, "stages": stages_out, **result_extra}
     if memory:
         result["memory"] = memory
     return result
@@ -456,7 +650,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="no training: plot and summarize the runs of these output JSONs together (compare.png/json)")
     ap.add_argument("--budget-minutes", type=float, default=None,
                     help="wall-clock budget of each recipe (two-stage: split by --stage-fractions); steps are caps")
-    ap.add_argument("--stage-fractions", type=float, nargs=3, default=[0.45, 0.3, 0.25], metavar=("DENSE", "WARMUP", "SPARSE"))
+    ap.add_argument("--stage-fractions", type=float, nargs=3, default=list(STAGE_FRACTIONS), metavar=("DENSE", "WARMUP", "SPARSE"))
     ap.add_argument("--memory-check", action="store_true", help="CUDA: allocator peak and T x T check, one step per stage")
     ap.add_argument("--out", type=Path, default=Path("train_long_out"), help="output folder")
     ap.add_argument("--log-every", type=int, default=25)

@@ -518,7 +518,8 @@ class MLAttention(nn.Module):
             if self.dense_kl:
                 with torch.no_grad():
                     q, kv = self._absorbed(q_nope, q_pe, c_kv, k_pe, act_dtype)
-                rows = sample_rows(q.shape[0], self.kl_rows, q.device)
+                rows = (self.kl_rows.to(q.device) if torch.is_tensor(self.kl_rows)  # given rows (train_long.py)
+                        else sample_rows(q.shape[0], self.kl_rows, q.device))
                 pick = (lambda t: t) if rows is None else (lambda t: t[rows])  # noqa: E731
                 loss = flashdsa.indexer_kl_loss(
                     pick(q_idx), k_idx, pick(weights), formulation="dense", coeff=self.loss_coeff,
@@ -595,10 +596,12 @@ class Decoder(nn.Module):
         """The dense KL losses of this forward (with grad) that the step's backward must include."""
         return [b.attn.pending_indexer_loss for b in self.blocks if b.attn.pending_indexer_loss is not None]
 
-    def set_attention(self, attention: str, dense_kl: bool = False, kl_rows: float = 1.0) -> None:
+    def set_attention(self, attention: str, dense_kl: bool = False, kl_rows=1.0) -> None:
         """Switches every layer's main attention: ``"sparse"`` (the DSA core: indexer top-k, sparse
         MLA, sparse KL loss) or ``"dense"`` (causal attention over all visible keys); with
-        ``dense_kl`` the full layers' indexers get the dense KL loss on a ``kl_rows`` fraction of rows."""
+        ``dense_kl`` the full layers' indexers get the dense KL loss on a ``kl_rows`` fraction of rows
+        (a float in (0, 1], a fresh random subset every forward) or on the rows ``kl_rows`` lists
+        (an int64 tensor of row indices)."""
         if attention not in ("sparse", "dense"):
             raise ValueError(f"attention must be 'sparse' or 'dense', got {attention!r}")
         if dense_kl and attention != "dense":

@@ -7,23 +7,27 @@
 #            allocation check on one step of every stage; compare.png / compare.json
 #   parity   examples/train_recall.py --parity on the small task: fused (bf16) vs the plain-PyTorch
 #            reference (fp32 accumulation), --parity-steps steps, LM-loss and gradient-norm curves
-# Files in ${OUT:-/tmp/flashdsa_train_long} (at most 8): build.log, train_long.log, two-stage.json,
+# Files in ${OUT:-/tmp/flashdsa_train_long}: build.log, check.log, train_long.log, two-stage.json,
 # scratch.json, compare.png, parity.log, parity_cuda.png, parity_cuda.json; summary printed last.
-#   bash scripts/train_long_gpu.sh [--minutes M] [--parity-steps N] [--phases build,compare,parity]
-#                                  [--extra "more train_long.py options"]
-# Phases: build, two-stage, scratch (compare = both), parity. Time: each recipe M minutes + ~40 s
-# (start, memory-check steps); parity ~1-3 min; build a few min. One device call runs at most 10 min:
-# e.g. --phases build,parity, then --phases compare --minutes 4 (or the two recipes in two calls,
-# merged anywhere afterwards: python examples/train_long.py --merge two-stage.json scratch.json).
+#   bash scripts/train_long_gpu.sh [--minutes M] [--scratch-minutes S] [--parity-steps N]
+#                                  [--phases build,compare,parity] [--extra "more train_long.py options"]
+# Phases: build, two-stage, scratch (compare = both), parity. Time: the two-stage recipe M minutes,
+# scratch S minutes (default M), each + ~30 s (start, plot); parity ~3-5 min; build a few min.
+# One device call runs at most 10 min. The run of record (docs/training.md, "GPU run commands"):
+#   bash scripts/train_long_gpu.sh --phases two-stage --minutes 8            # ~9.2 min
+#   bash scripts/train_long_gpu.sh --phases scratch,parity --minutes 3       # ~7-8 min (if time allows)
+# (the extension must be built on that machine first: --phases build, its own call when needed);
+# the recipes' JSONs are merged into compare.png after each recipe phase.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashdsa_train_long}; mkdir -p "$OUT"
 RUNS=${RUNS:-/tmp/flashdsa_train_long_runs}; mkdir -p "$RUNS"
 PY=${PYTHON:-python3}
-minutes=4; parity_steps=200; phases=build,compare,parity; extra=""
+minutes=4; scratch_minutes=""; parity_steps=200; phases=build,compare,parity; extra=""
 while [ $# -gt 0 ]; do
   case $1 in
     --minutes) minutes=$2; shift 2 ;;
+    --scratch-minutes) scratch_minutes=$2; shift 2 ;;
     --parity-steps) parity_steps=$2; shift 2 ;;
     --phases) phases=$2; shift 2 ;;
     --extra) extra=$2; shift 2 ;;
@@ -53,17 +57,32 @@ if has build; then  # every stage at 16K for a few steps, with the allocator che
   summary+=("pytest -k cuda tests/python/test_train_long.py: $(tail -1 "$OUT/train_long.log")")
 fi
 
+# The cuda preset's indexer shape (H_I = 32, D_I = 128) through the kernels the recipes use, against
+# the reference (~30 s); should it fail, the recipes run with D_I = 64 (the first run's shape).
+if has two-stage || has scratch || has compare; then
+  if timeout 180 $PY -m pytest -q -p no:cacheprovider "tests/python/test_ops_kl.py::test_dense_kl_loss[cuda-16-32-128-True]" \
+      "tests/python/test_ops_indexer.py::test_indexer_topk_thd[cuda-32-128-True]" >"$OUT/check.log" 2>&1; then
+    summary+=("kernel check H_I = 32, D_I = 128 (dense KL, indexer top-k): $(tail -1 "$OUT/check.log")")
+  else
+    extra="--idx-dim 64 $extra"
+    summary+=("kernel check H_I = 32, D_I = 128 FAILED (check.log): the recipes run with --idx-dim 64")
+  fi
+fi
+
 # The two recipes in separate processes (each result saved as soon as it is done), then merged.
 for recipe in two-stage scratch; do
   has $recipe || has compare || continue
   t=$(date +%s)
   echo "==== $recipe" >>"$OUT/train_long.log"
   rm -f "$RUNS/long/$recipe.json" "$RUNS/long/compare.json"
-  timeout "$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 + 150 }')" $PY examples/train_long.py --device cuda --recipe $recipe \
-    --budget-minutes "$minutes" --memory-check --log-every 50 --out "$RUNS/long" $extra >>"$OUT/train_long.log" 2>&1
+  m=$minutes; [ "$recipe" = scratch ] && [ -n "$scratch_minutes" ] && m=$scratch_minutes
+  timeout "$(awk -v m="$m" 'BEGIN { printf "%d", m * 60 + 150 }')" $PY examples/train_long.py --device cuda --recipe $recipe \
+    --budget-minutes "$m" --memory-check --log-every 50 --out "$RUNS/long" $extra >>"$OUT/train_long.log" 2>&1
   rc=$?
   cp "$RUNS/long/$recipe.json" "$OUT/" 2>/dev/null
-  summary+=("$recipe (rc $rc, $(( $(date +%s) - t )) s):")
+  summary+=("$recipe (rc $rc, $(( $(date +%s) - t )) s, budget $m min):")
+  while IFS= read -r line; do summary+=("  $line"); done < <(sed -n "/^==== $recipe/,\$p" "$OUT/train_long.log" \
+    | grep -a -E "dense attention at the answer rows|dense KL target|next stage|end of stage|^\[$recipe\] stage " | cut -c1-220)
   while IFS= read -r line; do summary+=("  $line"); done < <(sed -n "/^==== $recipe/,\$p" "$OUT/train_long.log" | grep -a -A4 "^recipe " | grep -v "^wrote")
   [ $rc -ne 0 ] && tail -20 "$OUT/train_long.log"
 done

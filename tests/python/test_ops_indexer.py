@@ -40,7 +40,7 @@ def check_topk(indices, scores, q_idx, k_idx, weights, k_start, k_end, topk, rel
 
 
 @pytest.mark.parametrize("relu", [True, False])
-@pytest.mark.parametrize("H_I,D_I", [(32, 64), (64, 128)])
+@pytest.mark.parametrize("H_I,D_I", [(32, 64), (64, 128), (32, 128)])
 def test_indexer_topk_thd(device, relu, H_I, D_I):
     """Packed causal sequences of odd lengths: early rows see fewer keys than K (-1 padding)."""
     k_start, k_end = ref.causal_ranges([97, 1, 30, 13])

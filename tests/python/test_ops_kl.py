@@ -106,9 +106,9 @@ def test_sparse_kl_row_stats(device):
 
 @pytest.mark.kernels("dense_kl_fwd", "dense_kl_bwd")
 @pytest.mark.parametrize("relu", [True, False])
-@pytest.mark.parametrize("H", [16, 64])
-def test_dense_kl_loss(device, relu, H):
-    case, q, kv, scale = dense_case([37, 1, 12], H, 32, 64, device=device, empty_rows=(1, 40))
+@pytest.mark.parametrize("H,H_I,D_I", [(16, 32, 64), (64, 32, 64), (16, 32, 128)])
+def test_dense_kl_loss(device, relu, H, H_I, D_I):
+    case, q, kv, scale = dense_case([37, 1, 12], H, H_I, D_I, device=device, empty_rows=(1, 40))
     q_idx, k_idx, weights = leaves(case)
     loss = flashdsa.indexer_kl_loss(q_idx, k_idx, weights, formulation="dense", relu=relu, coeff=1.3, q=q, kv=kv,
                                     scale=scale, k_start=case.k_start, k_end=case.k_end)

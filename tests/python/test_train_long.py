@@ -255,3 +255,143 @@ def test_two_stage_recipe_on_cuda_at_16k(tl, tmp_path, device):
     assert set(res["memory"]) == {"dense", "warmup", "sparse"}
     for stage, m in res["memory"].items():
         assert m["ok"], (stage, m)  # no allocation as large as one 16384^2 bf16 matrix
+
+
+def test_warmup_kl_rows_are_the_answer_rows_plus_a_random_fraction(tl):
+    cfg = tl.dataclasses.replace(tl.PRESETS["tiny"], kl_rows=0.125)
+    batch = tl.make_long_batch(cfg, tl.tr.Vocab.of(cfg), torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    rows = tl.warmup_kl_rows(cfg, batch)
+    assert torch.equal(rows, rows.unique())  # increasing, no duplicates
+    assert set(batch.answer_rows.tolist()) <= set(rows.tolist())
+    extra = len(rows) - len(batch.answer_rows)
+    assert 0 < extra <= cfg.tokens // 8 and int(rows.max()) < cfg.tokens
+    assert tl.warmup_kl_rows(tl.dataclasses.replace(cfg, kl_rows=1.0), batch) == 1.0  # every row
+    assert tl.warmup_kl_rows(tl.dataclasses.replace(cfg, kl_row_mode="random"), batch) == 0.125
+    with pytest.raises(ValueError, match="kl_row_mode"):
+        tl.warmup_kl_rows(tl.dataclasses.replace(cfg, kl_row_mode="all"), batch)
+    # The layer takes the given rows: its dense KL is the mean over exactly those rows.
+    torch.manual_seed(0)
+    model = tl.tr.Decoder(cfg, flashdsa.DSAAttention)
+    model.set_attention("dense", dense_kl=True, kl_rows=1.0)
+    seen = []
+    real = flashdsa.indexer_kl_loss
+    try:
+        flashdsa.indexer_kl_loss = lambda *a, **k: seen.append((a, k)) or real(*a, **k)
+        model(batch, torch.float32)
+    finally:
+        flashdsa.indexer_kl_loss = real
+    (args, kwargs), = seen
+    per_row = flashdsa.indexer_kl_loss_rows(*args, **{k: v for k, v in kwargs.items() if k != "coeff"})
+    model.set_attention("dense", dense_kl=True, kl_rows=rows)
+    model(batch, torch.float32)
+    torch.testing.assert_close(model.pending_indexer_losses()[0].detach(), per_row[rows].mean() * cfg.loss_coeff,
+                               rtol=1e-5, atol=1e-9)
+
+
+def test_stage_lr_schedules(tl):
+    assert tl.stage_lr(1.0, 0, 0.0, 4) == 0.25 and tl.stage_lr(1.0, 3, 0.0, 4, "constant") == 1.0
+    assert tl.stage_lr(1.0, 10, 0.5, 4, "constant") == 1.0 == tl.stage_lr(1.0, 10, 1.0, 4, "constant")
+    assert abs(tl.stage_lr(1.0, 10, 1.0, 4) - 0.1) < 1e-12 and abs(tl.stage_lr(1.0, 10, 0.5, 4) - 0.55) < 1e-12
+    with pytest.raises(ValueError):
+        tl.stage_lr(1.0, 10, 0.5, 4, "linear")
+
+
+def test_pair_attention_matches_the_dense_softmax(tl):
+    # The diagnostic (absorbed q, kv, chunked over answer rows) against the un-absorbed dense
+    # attention's full [L, L] softmax per sequence and head, on two packed sequences.
+    cfg = tl.dataclasses.replace(tl.PRESETS["tiny"], seq_len=256, seqs=2, queries=8, dist_min=20, dist_max=200)
+    batch = tl.make_long_batch(cfg, tl.tr.Vocab.of(cfg), torch.Generator().manual_seed(4))
+    torch.manual_seed(1)
+    model = tl.tr.Decoder(cfg, flashdsa.DSAAttention)
+    model.set_attention("dense")
+    got = tl.pair_attention(model, batch, torch.float32, topk=16, chunk=5)
+    assert got == tl.pair_attention(model, batch, torch.float32, topk=16, chunk=1000)
+    probs = []  # per layer [N, H] probability of the pair
+    inputs = []
+    hooks = [b.attn.register_forward_pre_hook(lambda m, a: inputs.append(a)) for b in model.blocks]
+    with torch.no_grad():
+        model(batch, torch.float32)
+    for h in hooks:
+        h.remove()
+    for block, args in zip(model.blocks, inputs):
+        attn, (x, _, rope) = block.attn, args[:3]
+        q = torch.cat([attn.q_nope(x).unflatten(-1, (attn.heads, attn.d_nope)),
+                       rope.apply(attn.q_rope(x).unflatten(-1, (attn.heads, tl.tr.ROPE_DIM)))], -1)
+        k_nope = torch.einsum("hnc,tc->thn", attn.w_uk, attn.kv_norm(attn.kv_down(x)))
+        k = torch.cat([k_nope, rope.apply(attn.k_rope(x))[:, None, :].expand(-1, attn.heads, -1)], -1)
+        p = torch.zeros(len(batch.answer_rows), attn.heads, cfg.tokens)
+        for b in range(cfg.seqs):
+            a, e = b * cfg.seq_len, (b + 1) * cfg.seq_len
+            s = torch.einsum("thd,shd->hts", q[a:e], k[a:e]) * attn.scale
+            s = s.masked_fill(torch.ones(e - a, e - a, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+            mine = (batch.answer_rows >= a) & (batch.answer_rows < e)
+            p[mine, :, a:e] = s[:, batch.answer_rows[mine] - a].transpose(0, 1)
+        probs.append(p)
+    n = torch.arange(len(batch.answer_rows))
+    for layer, (d, p) in enumerate(zip(got, probs)):
+        pair = p[n, :, batch.relevant_rows]
+        assert abs(d["pair_mass"] - pair.mean().item()) < 1e-5, layer
+        assert abs(d["best_head_mass"] - pair.max(1).values.mean().item()) < 1e-5, layer
+        target = p.mean(1)
+        rank = (target > target[n, batch.relevant_rows][:, None]).sum(-1)
+        assert d["pair_top1"] == (rank == 0).float().mean().item() and d["pair_in_topk"] == (rank < 16).float().mean().item()
+        assert 0 <= d["pair_mass"] <= d["best_head_mass"] <= 1 and d["pair_top1"] <= d["pair_in_topk"]
+
+
+def test_served_and_answering_layers(tl):
+    cfg = tl.dataclasses.replace(tl.PRESETS["tiny"], layers=4, topk_freq=2)
+    model = tl.tr.Decoder(cfg, flashdsa.DSAAttention)
+    assert tl.served_layers(model) == {0: [0, 1], 2: [2, 3]}
+    diag = [{"pair_mass": m} for m in (0.1, 0.3, 0.2, 0.05)]
+    assert tl.answering_layers(model, diag) == {0: 1, 2: 2}
+
+
+def test_target_layer_kl_is_the_dense_kl_against_that_layers_attention(tl):
+    cfg = tl.dataclasses.replace(tl.PRESETS["tiny"], layers=2, topk_freq=2)  # layer 0 full, layer 1 shared
+    batch = tl.make_long_batch(cfg, tl.tr.Vocab.of(cfg), torch.Generator().manual_seed(6))
+    torch.manual_seed(2)
+    model = tl.tr.Decoder(cfg, flashdsa.DSAAttention)
+    rows = batch.answer_rows
+    model.set_attention("dense", dense_kl=True, kl_rows=rows)
+    model(batch, torch.float32)
+    own = model.pending_indexer_losses()[0].detach()
+    model.set_attention("dense")
+    for target_layer in (0, 1):
+        target = tl.TargetLayerKL(model, 0, target_layer)
+        target.rows = rows
+        model(batch, torch.float32)
+        target.remove()
+        loss, = model.pending_indexer_losses()
+        if target_layer == 0:  # the full layer's own attention: the layer's own dense KL
+            torch.testing.assert_close(loss.detach(), own, rtol=1e-6, atol=1e-9)
+        else:  # against layer 1's attention: the per-row kernel with layer 1's q, kv
+            seen = []
+            grab = model.blocks[1].attn.register_forward_pre_hook(lambda m, a: seen.append(tl.absorbed_operands(m, a)))
+            idx = []
+            grab2 = model.blocks[0].attn.indexer.register_forward_hook(lambda m, a, out: idx.append(out))
+            with torch.no_grad():
+                model(batch, torch.float32)
+            grab.remove(), grab2.remove()
+            (q, kv), (q_idx, k_idx, w) = seen[0], idx[0]
+            ks, ke = flashdsa.build_key_ranges(batch.cu_seqlens)
+            per_row = flashdsa.indexer_kl_loss_rows(q_idx[rows], k_idx, w[rows], formulation="dense", q=q[rows], kv=kv,
+                                                    scale=model.blocks[1].attn.scale, k_start=ks[rows], k_end=ke[rows])
+            torch.testing.assert_close(loss.detach(), per_row.mean() * cfg.loss_coeff, rtol=1e-5, atol=1e-9)
+            assert not torch.allclose(loss.detach(), own)
+            loss.backward()
+            indexer = model.blocks[0].attn.indexer
+            assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in indexer.parameters() if p.dim() == 2)
+            assert model.blocks[1].attn.q_nope.weight.grad is None  # the target is detached
+    assert not model.blocks[0].attn.indexer._forward_hooks and not model._forward_hooks  # removed
+
+
+def test_two_stage_with_the_answering_layer_target(tl, tmp_path):
+    result = tl.main(["--preset", "tiny", "--recipe", "two-stage", "--kl-target", "answering", "--kl-rows", "0.25",
+                      "--warmup-schedule", "constant", "--log-every", "1000", "--out", str(tmp_path)])
+    res = result["runs"]["two-stage"]
+    assert len(res["pair_attention"]) == 2 and set(res["pair_attention"][0]) >= {"pair_mass", "pair_in_topk"}
+    assert res["kl_target_layers"] == {0: 0} or res["kl_target_layers"] == {0: 1}
+    warm = [v for v, st in zip(res["history"]["kl_loss"], res["history"]["stage"]) if st == "warmup"]
+    assert len(warm) == 3 and all(math.isfinite(v[0]) and v[0] >= 0 for v in warm)
+    assert all(not s["frozen_parameters_changed"] for s in res["stages"])
