@@ -28,18 +28,8 @@ status=()  # "step|result" lines for the table
 START=$(date +%s); BUDGET=${BUDGET:-470}
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 
-step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, output to LOG (and the console)
-  local name=$1 limit=$2 log=$3; shift 3
-  local rest; rest=$(left)
-  [ "$rest" -lt "$limit" ] && limit=$rest
-  if [ "$limit" -lt 15 ]; then echo "=== $name: SKIPPED (time budget)"; echo "SKIPPED (time budget)" > "$log"; return 125; fi
-  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s)"
-  timeout "$limit" "$@" > "$log" 2>&1
-  local rc=$?
-  tail -n 40 "$log"
-  [ $rc -eq 124 ] && echo "  TIMEOUT after ${limit}s"
-  return $rc
-}
+source scripts/lib/gpu_steps.sh
+step() { budget_step "$@"; }  # step NAME TIMEOUT LOG CMD...
 
 if [ "${PREBUILT:-0}" = 1 ]; then
   echo "=== PREBUILT=1: using $BIN/bwd_v1 and $BIN/bwd_v2"

@@ -30,14 +30,8 @@ while [ $# -gt 0 ]; do
 done
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FLASHDSA_WITH_CUDA=1 FLASHDSA_BUILD_DIR=$BUILD
 rows=()
-step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, records "NAME | status | seconds | log"
-  local name=$1 limit=$2 log=$3; shift 3
-  local t0=$(date +%s) rc
-  timeout "$limit" "$@" >"$OUT/$log" 2>&1; rc=$?
-  local status=OK; [ $rc = 124 ] && status="TIMEOUT (${limit}s)"; [ $rc != 0 ] && [ $rc != 124 ] && status="FAIL (rc $rc)"
-  rows+=("$name | $status | $(( $(date +%s) - t0 )) s | $log")
-  return $rc
-}
+source scripts/lib/gpu_steps.sh
+step() { row_step "$@"; }  # step NAME TIMEOUT LOG CMD...
 
 has() { [[ ",$phases," == *",$1,"* ]]; }
 CHECK=$BUILD/indexer_topk_fp8_check

@@ -97,14 +97,8 @@ if [ -n "$build_one" ]; then
     -o "$BIN/fp8check_$v"
 fi
 rows=()
-step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, records "NAME | status | seconds | log"
-  local name=$1 limit=$2 log=$3; shift 3
-  local t0=$(date +%s) rc
-  timeout "$limit" "$@" >"$OUT/$log" 2>&1; rc=$?
-  local status=OK; [ $rc = 124 ] && status="TIMEOUT (${limit}s)"; [ $rc != 0 ] && [ $rc != 124 ] && status="FAIL (rc $rc)"
-  rows+=("$name | $status | $(( $(date +%s) - t0 )) s | $log")
-  return $rc
-}
+source scripts/lib/gpu_steps.sh
+step() { row_step "$@"; }  # step NAME TIMEOUT LOG CMD...
 # Runs `step` in the background; its row is written to $OUT/rows.d/NAME when it ends.
 mkdir -p "$OUT/rows.d"; rm -f "$OUT"/rows.d/*
 bg_step() {

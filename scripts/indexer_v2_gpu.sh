@@ -87,18 +87,8 @@ fi
 
 START=$(date +%s); BUDGET=${BUDGET:-290}
 left() { echo $((BUDGET - ($(date +%s) - START))); }
-step() {  # step NAME TIMEOUT LOG CMD...: runs CMD with a timeout, output to LOG (tail on the console)
-  local name=$1 limit=$2 log=$3; shift 3
-  local rest; rest=$(left)
-  [ "$rest" -lt "$limit" ] && limit=$rest
-  if [ "$limit" -lt 15 ]; then echo "=== $name: SKIPPED (time budget)"; echo "SKIPPED (time budget)" > "$log"; return 125; fi
-  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s)"
-  timeout "$limit" "$@" > "$log" 2>&1
-  local rc=$?
-  tail -n 12 "$log"
-  [ $rc -eq 124 ] && echo "  TIMEOUT after ${limit}s"
-  return $rc
-}
+source scripts/lib/gpu_steps.sh
+step() { STEP_TAIL=12 budget_step "$@"; }  # step NAME TIMEOUT LOG CMD...
 
 # 2. v2 correctness (full set)
 step "v2 correctness (all cases x 3 capacities)" 120 "$OUT/v2_correctness.log" "$BIN/itk_v2" --no-bench --seed 20261202
