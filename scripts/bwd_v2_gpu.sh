@@ -17,6 +17,7 @@
 # already in $BIN (e.g. built with BUILD_ONLY=1 on a machine without a GPU and carried over).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/gpu_steps.sh  # budget_step, build_variants
 OUT=${OUT:-/tmp/bwd_v2_gpu}; mkdir -p "$OUT"
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
@@ -28,7 +29,6 @@ status=()  # "step|result" lines for the table
 START=$(date +%s); BUDGET=${BUDGET:-470}
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 
-source scripts/lib/gpu_steps.sh
 step() { budget_step "$@"; }  # step NAME TIMEOUT LOG CMD...
 
 if [ "${PREBUILT:-0}" = 1 ]; then
@@ -40,19 +40,8 @@ echo "=== build v1 and v2 ($(date -u +%H:%M:%S))"
 variants=(v1 v2)
 declare -A vflags=([v1]="-DFLASHDSA_BWD_V2=0" [v2]="-DFLASHDSA_BWD_V2=1" [v2_nodkv]="-DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_V2_NO_DKV=1")
 [ "${NO_REDS:-0}" = 1 ] && variants+=(v2_nodkv)
-timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/check.o" tests/cuda/sparse_mla_bwd_check.cu > "$OUT/build_check.log" 2>&1 &
-pids=($!)
-for v in "${variants[@]}"; do
-  # shellcheck disable=SC2086
-  timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" ${vflags[$v]} -c -o "$BIN/bwd_$v.o" csrc/sm90/sparse_mla_bwd/sparse_mla_bwd.cu \
-    > "$OUT/build_$v.log" 2>&1 &
-  pids+=($!)
-done
 build_rc=0
-for pid in "${pids[@]}"; do wait "$pid" || build_rc=1; done
-for v in "${variants[@]}"; do
-  [ $build_rc -eq 0 ] && { "$NVCC" "${flags[@]}" -o "$BIN/bwd_$v" "$BIN/check.o" "$BIN/bwd_$v.o" >> "$OUT/build_$v.log" 2>&1 || build_rc=1; }
-done
+build_variants tests/cuda/sparse_mla_bwd_check.cu csrc/sm90/sparse_mla_bwd/sparse_mla_bwd.cu bwd || build_rc=1
 echo "  builds done after $(( $(date +%s) - START )) s"
 for v in v1 v2; do
   spills=$(grep -A1 "Function properties for .*main_kernel" "$OUT/build_$v.log" | grep -o "[0-9]* bytes spill stores" | sort -u | tr '\n' ' ')

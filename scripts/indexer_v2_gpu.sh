@@ -21,6 +21,7 @@
 # is bounded by BUDGET seconds (default 290 after the builds, which take about 70 s); a step with < 15 s left is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/gpu_steps.sh  # budget_step, build_variants
 OUT=${OUT:-/tmp/indexer_v2_gpu}; mkdir -p "$OUT"
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
@@ -47,25 +48,9 @@ T0=$(date +%s)
 # 1. builds
 if [ $prebuilt = 0 ]; then
   echo "=== builds ($(date -u +%H:%M:%S)): ${variants[*]}"
-  pids=()
-  timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/check.o" tests/cuda/indexer_topk_check.cu > "$OUT/build_check.log" 2>&1 &
-  pids+=($!)
-  timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/ranges.o" csrc/common/ranges.cpp > "$OUT/build_common.log" 2>&1 &
-  pids+=($!)
-  timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/status.o" csrc/common/status.cpp >> "$OUT/build_common.log" 2>&1 &
-  pids+=($!)
-  for v in "${variants[@]}"; do
-    # shellcheck disable=SC2086
-    timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" ${vflags[$v]} -c -o "$BIN/itk_$v.o" csrc/sm90/indexer_topk/indexer_topk.cu \
-      > "$OUT/build_$v.log" 2>&1 &
-    pids+=($!)
-  done
   build_rc=0
-  for pid in "${pids[@]}"; do wait "$pid" || build_rc=1; done
-  for v in "${variants[@]}"; do
-    [ $build_rc -eq 0 ] && { "$NVCC" "${flags[@]}" -o "$BIN/itk_$v" "$BIN/check.o" "$BIN/itk_$v.o" "$BIN/ranges.o" "$BIN/status.o" \
-      >> "$OUT/build_$v.log" 2>&1 || build_rc=1; }
-  done
+  build_variants tests/cuda/indexer_topk_check.cu csrc/sm90/indexer_topk/indexer_topk.cu itk csrc/common/ranges.cpp \
+    csrc/common/status.cpp || build_rc=1
   echo "  builds done after $(( $(date +%s) - T0 )) s"
   rm -f "$BIN"/*.o  # the binaries alone are carried (about 36 MB)
   if [ $build_rc -ne 0 ]; then
@@ -87,7 +72,6 @@ fi
 
 START=$(date +%s); BUDGET=${BUDGET:-290}
 left() { echo $((BUDGET - ($(date +%s) - START))); }
-source scripts/lib/gpu_steps.sh
 step() { STEP_TAIL=12 budget_step "$@"; }  # step NAME TIMEOUT LOG CMD...
 
 # 2. v2 correctness (full set)

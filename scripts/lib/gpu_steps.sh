@@ -31,3 +31,31 @@ row_step() {
   rows+=("$name | $status | $(( $(date +%s) - t0 )) s | $log")
   return $rc
 }
+
+# build_variants CHECK_SRC KERNEL_SRC PREFIX [EXTRA_SRC...]
+#   Builds a check program once per variant, all compiles in parallel: CHECK_SRC and each EXTRA_SRC
+#   once, KERNEL_SRC once per variant with the flags ${vflags[variant]}, then links $BIN/PREFIX_<variant>.
+#   Uses the caller's arrays `variants`, `vflags` (associative), `flags` and NVCC, BUILD_TIMEOUT, BIN,
+#   OUT; logs: $OUT/build_check.log, build_common.log, build_<variant>.log. Returns 1 if any step failed.
+build_variants() {
+  local check=$1 kernel=$2 prefix=$3; shift 3
+  local pids=() extra_objs=() src obj v rc=0 i=0
+  timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$BIN/check.o" "$check" > "$OUT/build_check.log" 2>&1 &
+  pids+=($!)
+  for src in "$@"; do
+    obj="$BIN/extra_$i.o"; i=$((i + 1)); extra_objs+=("$obj")
+    timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" -c -o "$obj" "$src" >> "$OUT/build_common.log" 2>&1 &
+    pids+=($!)
+  done
+  for v in "${variants[@]}"; do
+    # shellcheck disable=SC2086
+    timeout "$BUILD_TIMEOUT" "$NVCC" "${flags[@]}" ${vflags[$v]} -c -o "$BIN/${prefix}_$v.o" "$kernel" > "$OUT/build_$v.log" 2>&1 &
+    pids+=($!)
+  done
+  for obj in "${pids[@]}"; do wait "$obj" || rc=1; done
+  for v in "${variants[@]}"; do
+    [ $rc -eq 0 ] && { "$NVCC" "${flags[@]}" -o "$BIN/${prefix}_$v" "$BIN/check.o" "$BIN/${prefix}_$v.o" "${extra_objs[@]}" \
+      >> "$OUT/build_$v.log" 2>&1 || rc=1; }
+  done
+  return $rc
+}
