@@ -19,28 +19,10 @@ import fwd_sass_counts as f  # noqa: E402
 CLASSES = [("HGMMA", ("HGMMA", "QGMMA"))] + f.CLASSES[1:]  # QGMMA: the e4m3 wgmma
 
 
-def classify(op):
-    for label, prefixes in CLASSES:
-        if op.startswith(prefixes):
-            return label
-    return "other"
-
-
 def functions(text):
-    funcs, cur = {}, None
-    for line in text.splitlines():
-        if "Function :" in line:
-            name = line.split("Function :")[1].strip()
-            cur = None
-            if "indexer_topk_kernel" in name or "indexer_topk_fp8_kernel" in name:
-                cur = funcs.setdefault(name, [])
-            continue
-        if cur is None:
-            continue
-        m = f.LINE.search(line)
-        if m:
-            cur.append((int(m.group(1), 16), m.group(3), m.group(4)))
-    return funcs
+    """{mangled name: [(address, opcode, operands)]} of the indexer top-k kernels (bf16 and FP8)."""
+    return f.functions_by_tag(text, lambda name: name if "indexer_topk_kernel" in name
+                              or "indexer_topk_fp8_kernel" in name else None)
 
 
 def main(paths):
@@ -51,7 +33,7 @@ def main(paths):
             short = name.replace("_ZN8flashdsa4sm9017indexer_topk_impl", "")[:70]
             print("%-70s %-13s %6d  (whole kernel)" % (short, "-", len(instrs)))
             for body in f.loops(instrs):
-                c = collections.Counter(classify(op) for _, op, _ in body)
+                c = collections.Counter(f.classify(op, CLASSES) for _, op, _ in body)
                 if not c["HGMMA"]:
                     continue
                 rng = "%x-%x" % (body[0][0], body[-1][0])

@@ -59,18 +59,14 @@ def sass_text(path):
     return subprocess.run([find_cuobjdump(), "-sass", path], check=True, capture_output=True, text=True).stdout
 
 
-def kernel_functions(text):
-    """{kernel tag: [(address, opcode, operands)]} for each instance of the forward kernel (FlashMLA's
-    sparse_attn_fwd_kernel too, for comparison). Tag: 'fused' / 'plain' for our kernel's
-    kFusedScale = true / false instance, 'kernel' otherwise."""
+def functions_by_tag(text, tag_of):
+    """{tag: [(address, opcode, operands)]} for each function whose mangled name tag_of maps to a tag
+    (None: skip the function)."""
     funcs, cur = {}, None
     for line in text.splitlines():
         if "Function :" in line:
-            name = line.split("Function :")[1].strip()
-            cur = None
-            if "sparse_mla_fwd_kernel" in name or "sparse_attn_fwd_kernel" in name:
-                tag = "fused" if "kernelILb1E" in name else "plain" if "kernelILb0E" in name else "kernel"
-                cur = funcs.setdefault(tag, [])
+            tag = tag_of(line.split("Function :")[1].strip())
+            cur = None if tag is None else funcs.setdefault(tag, [])
             continue
         if cur is None:
             continue
@@ -80,8 +76,19 @@ def kernel_functions(text):
     return funcs
 
 
-def classify(op):
-    for label, prefixes in CLASSES:
+def kernel_functions(text):
+    """{kernel tag: [(address, opcode, operands)]} for each instance of the forward kernel (FlashMLA's
+    sparse_attn_fwd_kernel too, for comparison). Tag: 'fused' / 'plain' for our kernel's
+    kFusedScale = true / false instance, 'kernel' otherwise."""
+    def tag_of(name):
+        if "sparse_mla_fwd_kernel" not in name and "sparse_attn_fwd_kernel" not in name:
+            return None
+        return "fused" if "kernelILb1E" in name else "plain" if "kernelILb0E" in name else "kernel"
+    return functions_by_tag(text, tag_of)
+
+
+def classify(op, classes=None):
+    for label, prefixes in classes or CLASSES:
         if op.startswith(prefixes):
             return label
     return "other"
