@@ -13,6 +13,7 @@
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
+#include "sm90/sparse_mla_bwd/l2_policy.cuh"
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 
@@ -278,10 +279,12 @@ __device__ __forceinline__ float4 shfl_xor4(float4 v, int mask) {
                      __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
 }
 
-// Fast mode: atomic add into dkv; deterministic mode: plain store into the slot's partial row.
-template <bool kDeterministic>
-__device__ __forceinline__ void put_dkv(float* dst, float4 v) {
+// Fast mode: atomic add into dkv (kHint: with the L2 cache policy `policy`, FLASHDSA_BWD_L2HINT
+// builds of v2 / v3); deterministic mode: plain store into the slot's partial row.
+template <bool kDeterministic, bool kHint = false>
+__device__ __forceinline__ void put_dkv(float* dst, float4 v, uint64_t policy = 0) {
   if constexpr (kDeterministic) hw::st_global_v4(dst, v);
+  else if constexpr (kHint) red_add_v4_hint(dst, v, policy);
   else hw::red_add_v4(dst, v);
 }
 
@@ -294,9 +297,11 @@ __device__ __forceinline__ void put_dkv(float* dst, float4 v) {
 // per warp instruction. Thread (warp, lane) emits rows A = r0 + 8 half - odd and B = A + 1 where
 // valid[half][A / B], at dst(half, 0 / 1) (the row's chunk start plus this lane's column).
 // kAddressesFirst: form both row addresses before the validity tests (v1) or inside them (v2); each
-// kernel keeps the order it was measured with (the other one changes its SASS).
-template <bool kDeterministic, bool kAddressesFirst, class Dst>
-__device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const bool (&valid)[2][2], int lane, Dst dst) {
+// kernel keeps the order it was measured with (the other one changes its SASS). kHint / policy:
+// put_dkv's L2 cache policy (FLASHDSA_BWD_L2HINT builds of v2 / v3).
+template <bool kDeterministic, bool kAddressesFirst, bool kHint = false, class Dst>
+__device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const bool (&valid)[2][2], int lane, Dst dst,
+                                               uint64_t policy = 0) {
   const bool odd = (lane >> 2) & 1;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -317,13 +322,13 @@ __device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const boo
     }
     if (valid[half][0]) {
       if constexpr (!kAddressesFirst) dst_a = dst(half, 0);
-      put_dkv<kDeterministic>(dst_a, a0);
-      put_dkv<kDeterministic>(dst_a + 32, a1);
+      put_dkv<kDeterministic, kHint>(dst_a, a0, policy);
+      put_dkv<kDeterministic, kHint>(dst_a + 32, a1, policy);
     }
     if (valid[half][1]) {
       if constexpr (!kAddressesFirst) dst_b = dst(half, 1);
-      put_dkv<kDeterministic>(dst_b, b0);
-      put_dkv<kDeterministic>(dst_b + 32, b1);
+      put_dkv<kDeterministic, kHint>(dst_b, b0, policy);
+      put_dkv<kDeterministic, kHint>(dst_b + 32, b1, policy);
     }
   }
 }

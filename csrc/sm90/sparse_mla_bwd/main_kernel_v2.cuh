@@ -90,6 +90,10 @@ namespace detail {
 using hw::desc_k_major;
 using hw::desc_mn_major;
 using sparse_mla_bwd_impl::detail::build_block_list;
+using sparse_mla_bwd_impl::detail::copy_row_ldg;
+using sparse_mla_bwd_impl::detail::kL2Hint;
+using sparse_mla_bwd_impl::detail::l2_evict_first_policy;
+using sparse_mla_bwd_impl::detail::l2_evict_last_policy;
 using sparse_mla_bwd_impl::detail::ds_group;
 using sparse_mla_bwd_impl::detail::emit_dkv_pairs;
 using sparse_mla_bwd_impl::detail::emit_mass;
@@ -171,9 +175,11 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 #if FLASHDSA_BWD_V2_NO_DKV  // measurement build only (scripts/bwd_v2_gpu.sh NO_REDS=1): no dkv writes, wrong dkv
   return;
 #endif
-  emit_dkv_pairs<kDeterministic, false>(acc, rows.valid, lane, [&](int half, int ab) {
-    return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock;
-  });
+  // FLASHDSA_BWD_L2HINT: the reds carry an L2::evict_last policy (l2_policy.cuh).
+  emit_dkv_pairs<kDeterministic, false, kL2Hint>(
+      acc, rows.valid, lane,
+      [&](int half, int ab) { return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock; },
+      kL2Hint ? l2_evict_last_policy() : 0);
 }
 
 // ---- front warpgroup ------------------------------------------------------------------------------
@@ -194,8 +200,16 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
     const int h = cp.rsub + 16 * r;
     const bool real = h < w.heads;
     const int hh = real ? h0 + h : 0;
-    cp.copy_row<kQkBlocks, kHeadsPerCta>(q_tile, r, p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h, real);
-    cp.copy_row<kVBlocks, kHeadsPerCta>(do_tile, r, p.dout + (w.token * p.H + hh) * int64_t(kVCols), real);
+    const __nv_bfloat16* q_src = p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h;
+    const __nv_bfloat16* do_src = p.dout + (w.token * p.H + hh) * int64_t(kVCols);
+    if constexpr (kL2Hint) {  // read once: L2::evict_first, plain loads (no hinted cp.async, l2_policy.cuh)
+      const uint32_t off = cp.row_off + r * 16 * 128;
+      copy_row_ldg<kQkBlocks>(q_tile + off, kHeadsPerCta * 128, q_src + 8 * cp.chunk, real, l2_evict_first_policy());
+      copy_row_ldg<kVBlocks>(do_tile + off, kHeadsPerCta * 128, do_src + 8 * cp.chunk, real, l2_evict_first_policy());
+    } else {
+      cp.copy_row<kQkBlocks, kHeadsPerCta>(q_tile, r, q_src, real);
+      cp.copy_row<kVBlocks, kHeadsPerCta>(do_tile, r, do_src, real);
+    }
   }
   hw::cp_async_commit();
   if (tid < kHeadsPerCta) {

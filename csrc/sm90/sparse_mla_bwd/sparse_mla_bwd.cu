@@ -25,6 +25,9 @@
 #include "sm90/heuristics.h"
 #include "sm90/sparse_mla_bwd/main_kernel.cuh"
 #include "sm90/sparse_mla_bwd/main_kernel_v2.cuh"  // picked per call: tuning::bwd_use_v2 (heuristics.h)
+#if FLASHDSA_BWD_V3  // compile-time variant: v3 (main_kernel_v3.cuh) replaces v2 and v1 in every mode
+#include "sm90/sparse_mla_bwd/main_kernel_v3.cuh"
+#endif
 
 namespace flashdsa::sm90 {
 namespace sparse_mla_bwd_impl {
@@ -219,10 +222,17 @@ template <bool kDeterministic>
 Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, bool v2_kernel, cudaStream_t stream) {
   // v2 writes dkv (and the deterministic partials) in the v2_dkv_pos column order; sparse_mla_bwd()
   // restores the natural order after the last reduction.
+#if FLASHDSA_BWD_V3
+  if (v2_kernel)  // v3 writes dkv in v2's column order too
+    return launch_with_smem(v3::sparse_mla_bwd_main_kernel_v3<kDeterministic>,
+                            dim3(static_cast<unsigned>(tokens), num_head_groups), v3::kThreads, int(v3::kSmemBytes),
+                            stream, "sparse_mla_bwd_main_kernel_v3", mp);
+#else
   if (v2_kernel)
     return launch_with_smem(v2::sparse_mla_bwd_main_kernel_v2<kDeterministic>,
                             dim3(static_cast<unsigned>(tokens), num_head_groups), v2::kThreads, int(v2::kSmemBytes),
                             stream, "sparse_mla_bwd_main_kernel_v2", mp);
+#endif
   return launch_with_smem(sparse_mla_bwd_main_kernel<kDeterministic>,
                           dim3(static_cast<unsigned>(tokens), num_head_groups), kThreads, int(kSmemBytes), stream,
                           "sparse_mla_bwd_main_kernel", mp);
@@ -368,7 +378,11 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   sparse_mla_bwd_impl::Plan pl;
   Status st = sparse_mla_bwd_impl::make_plan(p, &pl);
   if (!st.ok()) return st;
+#if FLASHDSA_BWD_V3
+  const bool v2_kernel = true;  // the v3 build runs v3 in every mode (launch_main)
+#else
   const bool v2_kernel = tuning::bwd_use_v2(p.deterministic, pl.sweep);
+#endif
   st = sparse_mla_bwd_flow(p, pl, v2_kernel);
   if (!st.ok() || !v2_kernel || p.T == 0 || p.T_kv == 0) return st;
   // Every atomic / reduction into dkv of this call precedes this launch on the stream.

@@ -1,0 +1,407 @@
+// Internal: v3 of the sparse MLA backward main kernel, a compile-time variant (-DFLASHDSA_BWD_V3=1;
+// design: docs/kernels/sparse_mla_bwd.md, section "v3"). Same work unit, outputs and dkv column order
+// as v2 (main_kernel_v2.cuh: natural column order in shared memory, dkv written at v2_dkv_pos and
+// restored by v2_unpermute_kernel).
+//
+// v2's front / back split plus a third, producer warpgroup (384 threads, setmaxnreg 232 / 232 / 40):
+//   front (WG0):    S; P (fp32, rounded to bf16 pairs); the attention mass (optional); dP; dS from the
+//                   bf16 P; the P and dS tiles; dQ columns [0, 320) with RS wgmma (A = dS registers);
+//   back (WG1):     dQ columns [320, 576) (SS m64n256, A = dS tile) first, then v2's nine dKV chunks with
+//                   two alternating accumulators and all dkv emission;
+//   producer (WG2): the block list (sweep rotation), per block the index row, the kv gather (16-byte
+//                   cp.async, natural column order) into the single kv stage, the sweep counter, the L2
+//                   prefetches (the dkv rows of the block in sweep mode, the kv rows of the next block
+//                   always).
+// Q, dO, lse and Delta are loaded by the front and the back together (256 threads) in the prologue.
+// Why the dQ split moved from v2's 4 / 5 blocks to 5 / 4: at 232 registers the back cannot hold
+// 5 dQ blocks (160) and two dKV accumulators (64); the front holds 5 blocks (160) plus one [64 x 64]
+// accumulator at a time (S, then dP: issued one after the other, P kept as 16 packed bf16 pairs).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "sm90/common/hopper.cuh"
+#include "sm90/sparse_mla_bwd/config.h"
+#include "sm90/sparse_mla_bwd/kernel_common.cuh"
+#include "sm90/sparse_mla_bwd/l2_policy.cuh"
+#include "sm90/sparse_mla_bwd/main_kernel_v2.cuh"
+
+namespace flashdsa::sm90::sparse_mla_bwd_impl {
+namespace v3 {
+
+constexpr int kThreads = 384;                              // WG0 front, WG1 back, WG2 producer
+constexpr int kFrontDqBlocks = 5;                          // dQ columns [0, 320): RS m64n256 + m64n64
+constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64n256
+constexpr int kFrontRegs = 232;
+constexpr int kBackRegs = 232;
+constexpr int kProducerRegs = 40;
+static_assert(128 * (kFrontRegs + kBackRegs + kProducerRegs) <= 65536, "register file");
+static_assert(kBackDqBlocks == 4, "the back's dQ is one m64n256 accumulator");
+// Named barriers (0 is __syncthreads).
+constexpr int kBarProducer = 1;  // producer (128): block list flags / compaction
+constexpr int kBarQdo = 2;       // front + back (256): Q, dO, lse, Delta landed in smem
+constexpr int kBarMass = 3;      // front (128): warps 1..3 stored their attention-mass column sums
+
+struct alignas(1024) SmemPlanV3 {
+  __nv_bfloat16 q[kQkBlocks * kHeadsPerCta * kColsPerBlock];    // [64 h][9 blocks] SW128      73728 B
+  __nv_bfloat16 dout[kVBlocks * kHeadsPerCta * kColsPerBlock];  // [64 h][8 blocks] SW128      65536 B
+  __nv_bfloat16 kv[kQkBlocks * kBlockKeys * kColsPerBlock];     // [64 keys][9 blocks] SW128   73728 B
+  __nv_bfloat16 p[kHeadsPerCta * kBlockKeys];                   // [64 h][64 keys] bf16         8192 B
+  __nv_bfloat16 ds[kHeadsPerCta * kBlockKeys];                  // [64 h][64 keys] bf16         8192 B
+  int32_t idx[2][kBlockKeys];       // kv row of each key of block i (slot i % 2); any value: invalid
+  float lse2[kHeadsPerCta];         // lse * log2(e); +inf on padded heads (P = 0 there)
+  float delta[kHeadsPerCta];        // rowsum(dout * out); 0 on padded heads
+  float mass_part[3][kBlockKeys];   // optional mass output: column sums of P of the front's warps 1..3
+  uint8_t block_list[kMaxBlocksPerRow];  // non-empty key blocks of the row, in processing order
+  int32_t num_blocks;               // entries of block_list
+  uint64_t setup_full;              // producer -> front, back: block list and num_blocks written (once)
+  uint64_t kv_full;                 // producer -> front: kv tile + idx of block i (cp.async + arrive)
+  uint64_t kv_empty;                // front, back -> producer: both dQ of block i done, kv may be overwritten
+  uint64_t pds_full;                // front -> back: P and dS tiles of block i written
+  uint64_t tiles_free;              // back -> front: back's last dKV wgmma of block i done (P, dS free)
+};
+constexpr size_t kSmemBytes = sizeof(SmemPlanV3) + 1024;
+static_assert(kSmemBytes <= hw::kSmemLimit, "shared memory budget: one kv stage (a second one needs 72 KB more)");
+
+namespace detail {
+
+using hw::desc_k_major;
+using hw::desc_mn_major;
+using sparse_mla_bwd_impl::detail::build_block_list;
+using sparse_mla_bwd_impl::detail::copy_row_ldg;
+using sparse_mla_bwd_impl::detail::ds_group;
+using sparse_mla_bwd_impl::detail::emit_mass;
+using sparse_mla_bwd_impl::detail::exp_scores;
+using sparse_mla_bwd_impl::detail::issue_dkv_chunk;
+using sparse_mla_bwd_impl::detail::key_valid;
+using sparse_mla_bwd_impl::detail::kL2Hint;
+using sparse_mla_bwd_impl::detail::l2_evict_first_policy;
+using sparse_mla_bwd_impl::detail::l2_evict_last_policy;
+using sparse_mla_bwd_impl::detail::make_work;
+using sparse_mla_bwd_impl::detail::mass_slot_of;
+using sparse_mla_bwd_impl::detail::mma_heads_keys;
+using sparse_mla_bwd_impl::detail::prefetch_rows_l2;
+using sparse_mla_bwd_impl::detail::store_dq;
+using sparse_mla_bwd_impl::detail::tile_pair_offset;
+using sparse_mla_bwd_impl::detail::Work;
+using v2::detail::Copier;
+using v2::detail::dkv_rows;
+using v2::detail::DkvRowsV2;
+using v2::detail::dkv_row_ptr;
+
+// ---- prologue: Q, dO, lse, Delta (front + back) --------------------------------------------------
+
+// Thread t (0..255) of the front and back copies tile rows t / 8 + 32 r (r < 2), 16-byte piece t % 8
+// of every 64-column block of Q and dO (padded heads zero-filled, never read).
+__device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, const Work& w, int t) {
+  const int rsub = t / 8, chunk = t % 8;
+  const uint32_t row_off = hw::sw128_offset(rsub, chunk);
+  const uint32_t q_tile = hw::smem_u32(sm.q), do_tile = hw::smem_u32(sm.dout);
+  const int h0 = w.head_group * kHeadsPerCta;
+#pragma unroll 1
+  for (int r = 0; r < 2; ++r) {
+    const int h = rsub + 32 * r;
+    const bool real = h < w.heads;
+    const int hh = real ? h0 + h : 0;
+    const __nv_bfloat16* q_src = p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h + 8 * chunk;
+    const __nv_bfloat16* do_src = p.dout + (w.token * p.H + hh) * int64_t(kVCols) + 8 * chunk;
+    const uint32_t off = row_off + r * 32 * 128;
+    if constexpr (kL2Hint) {  // read once: L2::evict_first, plain loads (no hinted cp.async, l2_policy.cuh)
+      copy_row_ldg<kQkBlocks>(q_tile + off, kHeadsPerCta * 128, q_src, real, l2_evict_first_policy());
+      copy_row_ldg<kVBlocks>(do_tile + off, kHeadsPerCta * 128, do_src, real, l2_evict_first_policy());
+    } else {
+      asm("" : "+l"(q_src));
+      asm("" : "+l"(do_src));
+#pragma unroll
+      for (int b = 0; b < kQkBlocks; ++b)
+        hw::cp_async_16_u32(q_tile + off + b * kHeadsPerCta * 128, q_src + b * kColsPerBlock, real);
+#pragma unroll
+      for (int b = 0; b < kVBlocks; ++b)
+        hw::cp_async_16_u32(do_tile + off + b * kHeadsPerCta * 128, do_src + b * kColsPerBlock, real);
+    }
+  }
+  hw::cp_async_commit();
+  if (t < kHeadsPerCta) {
+    const bool real = t < w.heads;
+    const int64_t at = w.token * p.H + h0 + t;
+    sm.lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
+    sm.delta[t] = real ? p.delta[at] : 0.f;
+  }
+  hw::cp_async_wait<0>();
+  hw::named_bar_sync(kBarQdo, 256);
+  hw::fence_proxy_async();  // Q / dO (generic-proxy writes) are wgmma operands
+}
+
+// ---- producer warpgroup -------------------------------------------------------------------------
+
+__device__ void produce(const MainParams& p, SmemPlanV3& sm, int tid) {
+  const Work w = make_work(p);
+  const int warp = tid / 32, lane = tid % 32;
+  const Copier cp(tid);  // rows rsub + 16 r (r < 4), 16-byte piece `chunk` of each 64-column block
+  const int32_t* idx_row = p.indices + w.local_token * p.indices_stride_t;
+  const int num_row_blocks = p.K / kBlockKeys;
+  const uint32_t kv_tile = hw::smem_u32(sm.kv);
+
+  build_block_list<kBarProducer>(p, sm, idx_row, num_row_blocks, warp, lane);
+  hw::mbar_arrive(&sm.setup_full);
+  const int num_blocks = sm.num_blocks;
+  const bool sweep = p.sweep_counter != nullptr;
+
+  // Keys of this thread's gather rows rsub + 16 r of list entry i.
+  auto load_keys = [&](int i, int32_t (&k)[4]) {
+    const int32_t* src = idx_row + sm.block_list[i] * kBlockKeys + cp.rsub;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) k[r] = src[16 * r];
+  };
+  int32_t keys[4];
+  if (num_blocks > 0) load_keys(0, keys);
+#pragma unroll 1
+  for (int i = 0; i < num_blocks; ++i) {
+    // The single kv tile is free once the front's and the back's dQ of block i - 1 completed; that
+    // also ends every read of idx[i % 2] (block i - 2).
+    if (i > 0) hw::mbar_wait(&sm.kv_empty, (i - 1) & 1);
+    if (cp.chunk == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sm.idx[i & 1][cp.rsub + 16 * r] = keys[r];
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const bool valid = key_valid(keys[r], p.T_kv);
+      cp.copy_row<kQkBlocks, kBlockKeys>(kv_tile, r, p.kv + (valid ? int64_t(keys[r]) : 0) * p.kv_stride_t, valid);
+    }
+    hw::cp_async_arrive(&sm.kv_full);  // one arrival when this thread's copies landed
+    hw::mbar_arrive(&sm.kv_full);      // and one for its idx stores
+    // Sweep mode: count the block, fetch into L2 the dkv rows its atomics will update. Every mode:
+    // fetch into L2 the kv rows of the next block (gathered about one block from now).
+    if (sweep) {
+      if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
+      const int32_t* row = idx_row + sm.block_list[i] * kBlockKeys + 16 * warp;
+      prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, lane < 16 ? row[lane] : -1, p.T_kv, lane);
+    }
+    if (i + 1 < num_blocks) {
+      const int32_t* nrow = idx_row + sm.block_list[i + 1] * kBlockKeys + 16 * warp;
+      prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, lane < 16 ? nrow[lane] : -1, p.T_kv, lane);
+      load_keys(i + 1, keys);
+    }
+  }
+}
+
+// ---- front warpgroup ----------------------------------------------------------------------------
+
+// dQ[:, 0:320) += dS . KV, A straight from the dS accumulator (converted before the fence); one commit
+// group.
+__device__ __forceinline__ void mma_dq_front(float (&dq_a)[4 * 32], float (&dq_b)[32], const float (&ds)[32],
+                                             const void* kv_tile) {
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) hw::acc_to_a_frag(ds, kk, a[kk]);
+  hw::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    hw::wgmma_rs_m64n256k16<1>(dq_a, a[kk], desc_mn_major(kv_tile, kBlockKeys, kk, 0), true);
+    hw::wgmma_rs_m64n64k16<1>(dq_b, a[kk], desc_mn_major(kv_tile, kBlockKeys, kk, 4), true);
+  }
+  hw::wgmma_commit();
+}
+
+template <bool kDeterministic>
+__device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
+  const Work w = make_work(p);
+  const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
+  const int r0 = 16 * warp + lane / 4;  // accumulator rows (heads) r0, r0 + 8
+  load_q_do(p, sm, w, tid);
+  hw::mbar_wait(&sm.setup_full, 0);
+  const int num_blocks = sm.num_blocks;
+
+  float dq_a[4 * 32], dq_b[32];  // dQ columns [0, 256) and [256, 320)
+#pragma unroll
+  for (int i = 0; i < 4 * 32; ++i) dq_a[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq_b[i] = 0.f;
+  const float lse2_lo = sm.lse2[r0], lse2_hi = sm.lse2[r0 + 8];
+  const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
+  char* const p_tile = reinterpret_cast<char*>(sm.p);
+  char* const ds_tile = reinterpret_cast<char*>(sm.ds);
+
+#pragma unroll 1
+  for (int i = 0; i < num_blocks; ++i) {
+    const int st = i & 1;
+    hw::mbar_wait(&sm.kv_full, st);
+    hw::fence_proxy_async();  // cp.async (generic proxy) data is read by wgmma (async proxy)
+    int2 mass_slot = make_int2(0, 0);
+    if (p.mass != nullptr && warp == 0) mass_slot = mass_slot_of(p, w, sm.block_list[i], lane);
+
+    // S = Q . KV^T, then P = exp(scale S - lse) on valid keys (0 elsewhere), kept as bf16 pairs.
+    uint32_t pk[16];  // pk[2n + half]: P of n-group n, row r0 + 8 half, keys 8n + 2 q4 + {0, 1}
+    {
+      float s[32];
+      hw::wgmma_fence();
+      mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
+      hw::wgmma_commit();
+      hw::wgmma_wait<0>();
+      hw::fence_regs(s);
+      exp_scores(s, sm.idx[st], p, lse2_lo, lse2_hi, q4);
+      // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
+      // after kv_full of block i + 1, which needs warp 0's kv_empty arrival of block i.
+      if (p.mass != nullptr) emit_mass<kBarMass>(p, sm, w, s, mass_slot, warp, lane);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        pk[2 * n] = hw::pack_bf16(s[4 * n], s[4 * n + 1]);
+        pk[2 * n + 1] = hw::pack_bf16(s[4 * n + 2], s[4 * n + 3]);
+      }
+    }
+    // dP = dO . V^T; dS = scale P (dP - Delta) with the bf16 P (as v1).
+    // The kv operand address is laundered: else the compiler keeps S's 36 kv descriptors (64-bit
+    // each) alive for dP's 32 across exp / pack, and spills them.
+    const void* kv_for_dp = sm.kv;
+    asm volatile("" : "+l"(kv_for_dp));
+    float dp[32];
+    hw::wgmma_fence();
+    mma_heads_keys<kVBlocks>(dp, sm.dout, kv_for_dp);
+    hw::wgmma_commit();
+    hw::wgmma_wait<0>();
+    hw::fence_regs(dp);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n]));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n + 1]));
+      ds_group(dp, n, lo.x, lo.y, hi.x, hi.y, delta_lo, delta_hi, p.scale);
+    }
+    if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0, n, q4)) = pk[2 * n];
+      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0 + 8, n, q4)) = pk[2 * n + 1];
+      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
+      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
+          hw::pack_bf16(dp[4 * n + 2], dp[4 * n + 3]);
+    }
+    hw::fence_proxy_async();  // the tiles are wgmma operands of the back warpgroup
+    hw::mbar_arrive(&sm.pds_full);
+
+    // dQ[:, 0:320) += dS . KV, A straight from the dS registers.
+    mma_dq_front(dq_a, dq_b, dp, sm.kv);
+    hw::wgmma_wait<0>();
+    hw::fence_regs(dq_a);
+    hw::fence_regs(dq_b);
+    hw::mbar_arrive(&sm.kv_empty);
+  }
+
+  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4, false>(dq_a, dq_head0, w.heads, 0, r0, q4);
+  store_dq<1, false>(dq_b, dq_head0, w.heads, 4, r0, q4);
+}
+
+// ---- back warpgroup -----------------------------------------------------------------------------
+
+// dQ[:, 320:576) += dS . KV, A = dS tile (K-major), B = kv blocks 5..8 (MN-major); one commit group.
+__device__ __forceinline__ void mma_dq_back(float (&dq)[4 * 32], const SmemPlanV3& sm) {
+  hw::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    hw::wgmma_ss_m64n256k16<0, 1>(dq, desc_k_major(sm.ds, kHeadsPerCta, kk),
+                                  desc_mn_major(sm.kv, kBlockKeys, kk, kFrontDqBlocks), true);
+  hw::wgmma_commit();
+}
+
+template <bool kDeterministic>
+__device__ __forceinline__ void emit_chunk(const float (&acc)[32], int chunk, const DkvRowsV2& rows, int lane) {
+  sparse_mla_bwd_impl::detail::emit_dkv_pairs<kDeterministic, false, kL2Hint>(
+      acc, rows.valid, lane,
+      [&](int half, int ab) { return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock; },
+      kL2Hint ? l2_evict_last_policy() : 0);
+}
+
+// Chunk c >= 2: issue chunk c into acc[c % 2], wait for chunk c - 1 (one group may stay in flight),
+// emit it.
+template <bool kDeterministic, int kChunk>
+__device__ __forceinline__ void dkv_step(SmemPlanV3& sm, float (&acc0)[32], float (&acc1)[32], const DkvRowsV2& rows,
+                                         int lane) {
+  float(&cur)[32] = (kChunk % 2 == 0) ? acc0 : acc1;
+  float(&prev)[32] = (kChunk % 2 == 0) ? acc1 : acc0;
+  issue_dkv_chunk(sm, cur, kChunk);
+  hw::wgmma_wait<1>();
+  hw::fence_regs(prev);
+  emit_chunk<kDeterministic>(prev, kChunk - 1, rows, lane);
+}
+
+template <bool kDeterministic>
+__device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  {
+    const Work w = make_work(p);
+    load_q_do(p, sm, w, 128 + tid);
+  }
+  hw::mbar_wait(&sm.setup_full, 0);
+  const int num_blocks = sm.num_blocks;
+  float dq[4 * 32];  // dQ columns [320, 576)
+#pragma unroll
+  for (int i = 0; i < 4 * 32; ++i) dq[i] = 0.f;
+
+#pragma unroll 1
+  for (int i = 0; i < num_blocks; ++i) {
+    hw::mbar_wait(&sm.pds_full, i & 1);
+    hw::fence_proxy_async();
+    const DkvRowsV2 rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
+
+    // dQ first: the kv tile is released as early as possible (the producer gathers the next block).
+    mma_dq_back(dq, sm);
+    float acc0[32], acc1[32];
+    issue_dkv_chunk(sm, acc0, 0);
+    issue_dkv_chunk(sm, acc1, 1);
+    hw::wgmma_wait<2>();  // dQ
+    hw::fence_regs(dq);
+    hw::mbar_arrive(&sm.kv_empty);
+    hw::wgmma_wait<1>();  // chunk 0
+    hw::fence_regs(acc0);
+    emit_chunk<kDeterministic>(acc0, 0, rows, lane);
+    dkv_step<kDeterministic, 2>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
+    dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane);
+    hw::wgmma_wait<0>();  // chunk 8: the last read of the P and dS tiles
+    hw::fence_regs(acc0);
+    hw::mbar_arrive(&sm.tiles_free);
+    emit_chunk<kDeterministic>(acc0, 8, rows, lane);
+  }
+
+  const Work w = make_work(p);
+  const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
+  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4, false>(dq, dq_head0, w.heads, kFrontDqBlocks, r0, q4);
+}
+
+}  // namespace detail
+
+// grid = (tokens of this launch, ceil(H / 64)), v3::kThreads, v3::kSmemBytes dynamic.
+template <bool kDeterministic>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v3(const __grid_constant__ MainParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  SmemPlanV3& sm = sparse_mla_bwd_impl::detail::smem_plan<SmemPlanV3>(smem_raw);
+  using sparse_mla_bwd_impl::detail::BarrierInit;
+  // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
+  sparse_mla_bwd_impl::detail::init_barriers(BarrierInit{&sm.setup_full, 128}, BarrierInit{&sm.kv_full, 256},
+                                             BarrierInit{&sm.kv_empty, 256}, BarrierInit{&sm.pds_full, 128},
+                                             BarrierInit{&sm.tiles_free, 128});
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (wg == 2) {
+    hw::reg_dealloc<kProducerRegs>();
+    detail::produce(p, sm, tid);
+  } else if (wg == 0) {
+    hw::reg_alloc<kFrontRegs>();
+    detail::front<kDeterministic>(p, sm, tid);
+  } else {
+    hw::reg_alloc<kBackRegs>();
+    detail::back<kDeterministic>(p, sm, tid);
+  }
+}
+
+}  // namespace v3
+}  // namespace flashdsa::sm90::sparse_mla_bwd_impl
