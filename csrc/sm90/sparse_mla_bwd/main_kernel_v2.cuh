@@ -200,15 +200,17 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
     const int h = cp.rsub + 16 * r;
     const bool real = h < w.heads;
     const int hh = real ? h0 + h : 0;
-    const __nv_bfloat16* q_src = p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h;
-    const __nv_bfloat16* do_src = p.dout + (w.token * p.H + hh) * int64_t(kVCols);
     if constexpr (kL2Hint) {  // read once: L2::evict_first, plain loads (no hinted cp.async, l2_policy.cuh)
       const uint32_t off = cp.row_off + r * 16 * 128;
-      copy_row_ldg<kQkBlocks>(q_tile + off, kHeadsPerCta * 128, q_src + 8 * cp.chunk, real, l2_evict_first_policy());
-      copy_row_ldg<kVBlocks>(do_tile + off, kHeadsPerCta * 128, do_src + 8 * cp.chunk, real, l2_evict_first_policy());
+      copy_row_ldg<kQkBlocks>(q_tile + off, kHeadsPerCta * 128,
+                              p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h + 8 * cp.chunk, real,
+                              l2_evict_first_policy());
+      copy_row_ldg<kVBlocks>(do_tile + off, kHeadsPerCta * 128,
+                             p.dout + (w.token * p.H + hh) * int64_t(kVCols) + 8 * cp.chunk, real,
+                             l2_evict_first_policy());
     } else {
-      cp.copy_row<kQkBlocks, kHeadsPerCta>(q_tile, r, q_src, real);
-      cp.copy_row<kVBlocks, kHeadsPerCta>(do_tile, r, do_src, real);
+      cp.copy_row<kQkBlocks, kHeadsPerCta>(q_tile, r, p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h, real);
+      cp.copy_row<kVBlocks, kHeadsPerCta>(do_tile, r, p.dout + (w.token * p.H + hh) * int64_t(kVCols), real);
     }
   }
   hw::cp_async_commit();

@@ -58,7 +58,7 @@ struct alignas(1024) SmemPlanV3 {
   uint8_t block_list[kMaxBlocksPerRow];  // non-empty key blocks of the row, in processing order
   int32_t num_blocks;               // entries of block_list
   uint64_t setup_full;              // producer -> front, back: block list and num_blocks written (once)
-  uint64_t kv_full;                 // producer -> front: kv tile + idx of block i (cp.async + arrive)
+  uint64_t kv_full;                 // producer -> front, back: kv tile + idx of block i (cp.async + arrive)
   uint64_t kv_empty;                // front, back -> producer: both dQ of block i done, kv may be overwritten
   uint64_t pds_full;                // front -> back: P and dS tiles of block i written
   uint64_t tiles_free;              // back -> front: back's last dKV wgmma of block i done (P, dS free)
@@ -343,6 +343,9 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
+    // kv_full too (already complete by then): the kv tile and idx reach the back through a direct
+    // producer -> back release / acquire, not only through the front's pds_full.
+    hw::mbar_wait(&sm.kv_full, i & 1);
     hw::mbar_wait(&sm.pds_full, i & 1);
     hw::fence_proxy_async();
     const DkvRowsV2 rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# One-command GPU check of the sparse MLA backward v3 kernel and the L2 cache-policy step (compile-time
+# variants -DFLASHDSA_BWD_V3=1 and -DFLASHDSA_BWD_L2HINT=1; csrc/sm90/sparse_mla_bwd/main_kernel_v3.cuh,
+# l2_policy.cuh; design: docs/kernels/sparse_mla_bwd.md, "v3").
+#   PREBUILT=1 BIN=build-bwd3 bash scripts/bwd_v3_gpu.sh   (binaries built on the CPU box; <= 8 min)
+#   bash scripts/bwd_v3_gpu.sh                               (builds first: + about 2 minutes)
+# Variants of the check program tests/cuda/sparse_mla_bwd_check.cu:
+#   base = main's dispatch (no flag: v2 below the sweep / deterministic, v1 with the sorted sweep),
+#   v2   = -DFLASHDSA_BWD_V2=1 (v2 everywhere),          v2h = v2 + -DFLASHDSA_BWD_L2HINT=1,
+#   v3   = -DFLASHDSA_BWD_V3=1 (v3 everywhere),          v3h = v3 + -DFLASHDSA_BWD_L2HINT=1.
+# Steps (each under its own timeout; logs in $OUT, default /tmp/bwd_v3_gpu):
+#   1. (unless PREBUILT=1) the five builds in parallel (scripts/lib/gpu_steps.sh build_variants);
+#   2. v3: the 38 correctness cases (fast, deterministic 3 runs bitwise, mass) and the scale check;
+#   3. fast mode, the five variants alternated for 2 rounds: --bench-only --fast-only --T $T_BENCH;
+#   4. v3 deterministic mode at 32K (--bench-only --T 32768: fast, det, det 3 runs bitwise);
+#   5. compute-sanitizer memcheck, racecheck, synccheck of v3 --small --no-bench.
+# Prints one summary table last. Exit 0 when v3 is correct, det bitwise, sanitizers clean. The run is
+# bounded by BUDGET seconds (default 470): each step's timeout is cut to what is left, a step with
+# < 15 s left is skipped (the sanitizers come last). SAN_ONLY=1 runs only step 5 (and the table);
+# SKIP_SAN=1 skips it. BUILD_ONLY=1 stops after the builds (BIN defaults to /tmp/bwd_v3_gpu_bin;
+# build-bwd3/ in the repository is git-ignored and can be carried to the GPU machine).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib/gpu_steps.sh  # budget_step, build_variants
+OUT=${OUT:-/tmp/bwd_v3_gpu}; mkdir -p "$OUT"
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+BIN=${BIN:-/tmp/bwd_v3_gpu_bin}; mkdir -p "$BIN"
+T_BENCH=${T_BENCH:-4096,8192,16384,32768,131072}
+BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
+flags=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Xptxas -v -Iinclude -Icsrc)
+variants=(base v2 v3 v3h v2h)
+declare -A vflags=([base]="" [v2]="-DFLASHDSA_BWD_V2=1" [v3]="-DFLASHDSA_BWD_V3=1"
+                   [v3h]="-DFLASHDSA_BWD_V3=1 -DFLASHDSA_BWD_L2HINT=1" [v2h]="-DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_L2HINT=1")
+status=()  # "step|result" lines for the table
+START=$(date +%s); BUDGET=${BUDGET:-470}
+step() { budget_step "$@"; }  # step NAME TIMEOUT LOG CMD...
+
+# A carried build folder may come as one archive (bwd3_bin.tar.xz next to the binaries).
+if [ -f "$BIN/bwd3_bin.tar.xz" ] && [ ! -x "$BIN/bwd_v3" ]; then
+  echo "=== unpacking $BIN/bwd3_bin.tar.xz"; tar -xJf "$BIN/bwd3_bin.tar.xz" -C "$BIN" || exit 2
+fi
+
+if [ "${PREBUILT:-0}" = 1 ]; then
+  echo "=== PREBUILT=1: using $BIN/bwd_{${variants[*]}}"
+  for v in "${variants[@]}"; do [ -x "$BIN/bwd_$v" ] || { echo "missing $BIN/bwd_$v"; exit 2; }; done
+  status+=("build|prebuilt ($BIN)")
+else
+  echo "=== build ${variants[*]} ($(date -u +%H:%M:%S))"
+  build_rc=0
+  build_variants tests/cuda/sparse_mla_bwd_check.cu csrc/sm90/sparse_mla_bwd/sparse_mla_bwd.cu bwd || build_rc=1
+  echo "  builds done after $(( $(date +%s) - START )) s"
+  for v in "${variants[@]}"; do
+    spills=$(grep -A1 "Function properties for .*main_kernel" "$OUT/build_$v.log" | grep -o "[0-9]* bytes spill stores" | sort -u | tr '\n' ' ')
+    echo "  $v main kernels: ${spills:-?}"
+  done
+  if [ $build_rc -ne 0 ]; then echo "build failed"; tail -n 20 "$OUT"/build_*.log; exit 2; fi
+  status+=("build ${variants[*]}|ok")
+  [ "${BUILD_ONLY:-0}" = 1 ] && { echo "BUILD_ONLY=1: binaries in $BIN, stopping"; exit 0; }
+fi
+
+if [ "${SAN_ONLY:-0}" != 1 ]; then
+  # 2. v3 correctness
+  step "v3 correctness (38 cases + scale check)" 240 "$OUT/v3_correctness.log" "$BIN/bwd_v3" --no-bench
+  rc=$?
+  passed=$(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$OUT/v3_correctness.log" | tail -1)
+  worst=$(awk '/dq rel_l2/ {for (i = 1; i <= NF; ++i) { if ($i == "dq" && $(i+1) == "rel_l2" && $(i+2) > dq) dq = $(i+2);
+                                                    if ($i == "dkv" && $(i+1) == "rel_l2" && $(i+2) > dkv) dkv = $(i+2) } }
+               END { printf "worst dq rel_l2 %s, dkv rel_l2 %s", dq, dkv }' "$OUT/v3_correctness.log")
+  status+=("v3 correctness|rc=$rc; ${passed:-no summary}; $worst; $(grep -c 'DIFFER' "$OUT/v3_correctness.log") det lines DIFFER")
+
+  # 3. fast mode, the variants alternated
+  for r in 1 2; do
+    for v in "${variants[@]}"; do
+      step "round $r $v fast --T $T_BENCH" 100 "$OUT/bench_fast_${v}_r$r.log" "$BIN/bwd_$v" --bench-only --fast-only --T "$T_BENCH"
+    done
+  done
+
+  # 4. v3 deterministic mode at 32K
+  step "v3 det --T 32768" 90 "$OUT/bench_det_v3.log" "$BIN/bwd_v3" --bench-only --T 32768
+fi
+
+# 5. sanitizers on v3 --small
+if [ "${SKIP_SAN:-0}" != 1 ]; then
+  if [ -x "$SAN" ]; then
+    step "v3 memcheck --small" 150 "$OUT/v3_memcheck.log" "$SAN" --tool memcheck "$BIN/bwd_v3" --small --no-bench
+    status+=("v3 memcheck --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$OUT/v3_memcheck.log" | tail -1)")
+    step "v3 racecheck --small" 240 "$OUT/v3_racecheck.log" "$SAN" --tool racecheck "$BIN/bwd_v3" --small --no-bench
+    status+=("v3 racecheck --small|rc=$?; $(grep -o 'RACECHECK SUMMARY: .*' "$OUT/v3_racecheck.log" | tail -1)")
+    step "v3 synccheck --small" 150 "$OUT/v3_synccheck.log" "$SAN" --tool synccheck "$BIN/bwd_v3" --small --no-bench
+    status+=("v3 synccheck --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$OUT/v3_synccheck.log" | tail -1)")
+  else
+    status+=("sanitizers|compute-sanitizer not found")
+  fi
+fi
+
+# Summary. Bench lines: "T | fast ms TFLOP/s | det ms TFLOP/s | fast+mass ms | checks".
+echo
+echo "================ summary (sparse MLA bwd base / v2 / v3 / v3+L2HINT / v2+L2HINT, H = 64, K = 2048, uniform) ================"
+printf "%-26s %s\n" "step" "result"
+for s in "${status[@]}"; do printf "%-26s %s\n" "${s%%|*}" "${s#*|}"; done
+if [ "${SAN_ONLY:-0}" != 1 ]; then
+  echo
+  echo "fast ms, mean of rounds 1 and 2 (r1 / r2); ratio = base / variant (> 1: faster than main's dispatch)"
+  printf "%8s" "T"; for v in "${variants[@]}"; do printf " | %-19s" "$v"; done; printf " | %s\n" "base/v3 base/v3h base/v2h"
+  IFS=, read -ra Ts <<< "$T_BENCH"
+  get() { awk -v T="$1" -F'|' '$1 + 0 == T && NF >= 5 { split($2, a, " "); print a[1]; exit }' "$2" 2>/dev/null; }
+  for T in "${Ts[@]}"; do
+    declare -A mean=()
+    printf "%8s" "$T"
+    for v in "${variants[@]}"; do
+      a=$(get "$T" "$OUT/bench_fast_${v}_r1.log"); b=$(get "$T" "$OUT/bench_fast_${v}_r2.log")
+      mean[$v]=$(awk -v a="$a" -v b="$b" 'BEGIN { n = (a > 0) + (b > 0); if (n) printf "%.2f", (a + b) / n; else print "" }')
+      printf " | %-19s" "${mean[$v]:--} (${a:--}/${b:--})"
+    done
+    r() { awk -v a="${mean[base]}" -v b="${mean[$1]}" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b; else print "-" }'; }
+    printf " | %s %s %s\n" "$(r v3)" "$(r v3h)" "$(r v2h)"
+  done
+  line=$(awk -F'|' '$1 + 0 == 32768 && NF >= 5' "$OUT/bench_det_v3.log" 2>/dev/null | head -1)
+  fast=$(echo "$line" | awk -F'|' '{ split($2, a, " "); print a[1] }')
+  det=$(echo "$line" | awk -F'|' '{ split($3, a, " "); print a[1] }')
+  echo
+  echo "v3 at 32K: fast ${fast:--} ms, det ${det:--} ms, det/fast $(awk -v f="$fast" -v d="$det" 'BEGIN { if (f > 0) printf "%.2f", d / f; else print "-" }');$(echo "$line" | awk -F'|' '{ print $NF }')"
+fi
+echo "logs: $OUT"
+fail=0
+if [ "${SAN_ONLY:-0}" != 1 ]; then
+  grep -q "correctness: [0-9]* passed, 0 failed" "$OUT/v3_correctness.log" || fail=1
+  grep -q "DIFFER" "$OUT"/v3_correctness.log "$OUT"/bench_det_v3.log 2>/dev/null && fail=1
+fi
+if [ "${SKIP_SAN:-0}" != 1 ]; then
+  grep -q "ERROR SUMMARY: 0 errors" "$OUT/v3_memcheck.log" 2>/dev/null || fail=1
+  grep -q "RACECHECK SUMMARY: 0 hazards" "$OUT/v3_racecheck.log" 2>/dev/null || fail=1
+  grep -q "ERROR SUMMARY: 0 errors" "$OUT/v3_synccheck.log" 2>/dev/null || fail=1
+fi
+echo "exit status $fail (0: v3 correct, det bitwise, sanitizers clean)"
+exit $fail
