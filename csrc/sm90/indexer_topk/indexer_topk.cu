@@ -13,8 +13,8 @@
 #include "sm90/heuristics.h"
 #include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/indexer_topk/launch.cuh"
-#if defined(FLASHDSA_INDEXER_V2) && FLASHDSA_INDEXER_V2
-#include "sm90/indexer_topk/kernel_v2.cuh"  // compile-time variant: two warpgroups, TMA key ring
+#if !defined(FLASHDSA_INDEXER_V2) || FLASHDSA_INDEXER_V2
+#include "sm90/indexer_topk/kernel_v2.cuh"  // the default since 2026-12-02 (-DFLASHDSA_INDEXER_V2=0: kernel.cuh)
 #endif
 #include "sm90/backend.h"
 
@@ -62,7 +62,7 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
-#if defined(FLASHDSA_INDEXER_V2) && FLASHDSA_INDEXER_V2
+#if !defined(FLASHDSA_INDEXER_V2) || FLASHDSA_INDEXER_V2
   static_assert(v2::smem_bytes<32, 128>() <= static_cast<size_t>(kSmemPerCtaBudget) &&
                     v2::smem_bytes<64, 128>() <= static_cast<size_t>(kSmemPerCtaBudget),
                 "two v2 CTAs per SM must fit");
