@@ -11,6 +11,7 @@
 # Steps (each under its own timeout; logs in $OUT, default /tmp/bwd_v3_gpu):
 #   1. (unless PREBUILT=1) the five builds in parallel (scripts/lib/gpu_steps.sh build_variants);
 #   2. v3: the 38 correctness cases (fast, deterministic 3 runs bitwise, mass) and the scale check;
+#      v3h and v2h: the reduced (--small) correctness set;
 #   3. fast mode, the five variants alternated for 2 rounds: --bench-only --fast-only --T $T_BENCH;
 #   4. v3 deterministic mode at 32K (--bench-only --T 32768: fast, det, det 3 runs bitwise);
 #   5. compute-sanitizer memcheck, racecheck, synccheck of v3 --small --no-bench.
@@ -69,6 +70,13 @@ if [ "${SAN_ONLY:-0}" != 1 ]; then
                END { printf "worst dq rel_l2 %s, dkv rel_l2 %s", dq, dkv }' "$OUT/v3_correctness.log")
   status+=("v3 correctness|rc=$rc; ${passed:-no summary}; $worst; $(grep -c 'DIFFER' "$OUT/v3_correctness.log") det lines DIFFER")
 
+  # 2b. the L2HINT builds: the reduced correctness set (the hints change no value; a bad policy
+  # descriptor would fault or corrupt)
+  for v in v3h v2h; do
+    step "$v correctness --small" 90 "$OUT/${v}_correctness.log" "$BIN/bwd_$v" --small --no-bench
+    status+=("$v correctness --small|rc=$?; $(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$OUT/${v}_correctness.log" | tail -1)")
+  done
+
   # 3. fast mode, the variants alternated
   for r in 1 2; do
     for v in "${variants[@]}"; do
@@ -102,7 +110,7 @@ for s in "${status[@]}"; do printf "%-26s %s\n" "${s%%|*}" "${s#*|}"; done
 if [ "${SAN_ONLY:-0}" != 1 ]; then
   echo
   echo "fast ms, mean of rounds 1 and 2 (r1 / r2); ratio = base / variant (> 1: faster than main's dispatch)"
-  printf "%8s" "T"; for v in "${variants[@]}"; do printf " | %-19s" "$v"; done; printf " | %s\n" "base/v3 base/v3h base/v2h"
+  printf "%8s" "T"; for v in "${variants[@]}"; do printf " | %-19s" "$v"; done; printf " | %s\n" "base/v3 base/v3h base/v2h v2/v3"
   IFS=, read -ra Ts <<< "$T_BENCH"
   get() { awk -v T="$1" -F'|' '$1 + 0 == T && NF >= 5 { split($2, a, " "); print a[1]; exit }' "$2" 2>/dev/null; }
   for T in "${Ts[@]}"; do
@@ -113,8 +121,8 @@ if [ "${SAN_ONLY:-0}" != 1 ]; then
       mean[$v]=$(awk -v a="$a" -v b="$b" 'BEGIN { n = (a > 0) + (b > 0); if (n) printf "%.2f", (a + b) / n; else print "" }')
       printf " | %-19s" "${mean[$v]:--} (${a:--}/${b:--})"
     done
-    r() { awk -v a="${mean[base]}" -v b="${mean[$1]}" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b; else print "-" }'; }
-    printf " | %s %s %s\n" "$(r v3)" "$(r v3h)" "$(r v2h)"
+    r() { awk -v a="${mean[$1]}" -v b="${mean[$2]}" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b; else print "-" }'; }
+    printf " | %s %s %s %s\n" "$(r base v3)" "$(r base v3h)" "$(r base v2h)" "$(r v2 v3)"
   done
   line=$(awk -F'|' '$1 + 0 == 32768 && NF >= 5' "$OUT/bench_det_v3.log" 2>/dev/null | head -1)
   fast=$(echo "$line" | awk -F'|' '{ split($2, a, " "); print a[1] }')
@@ -127,11 +135,12 @@ fail=0
 if [ "${SAN_ONLY:-0}" != 1 ]; then
   grep -q "correctness: [0-9]* passed, 0 failed" "$OUT/v3_correctness.log" || fail=1
   grep -q "DIFFER" "$OUT"/v3_correctness.log "$OUT"/bench_det_v3.log 2>/dev/null && fail=1
+  for v in v3h v2h; do grep -q "correctness: [0-9]* passed, 0 failed" "$OUT/${v}_correctness.log" || fail=1; done
 fi
 if [ "${SKIP_SAN:-0}" != 1 ]; then
   grep -q "ERROR SUMMARY: 0 errors" "$OUT/v3_memcheck.log" 2>/dev/null || fail=1
   grep -q "RACECHECK SUMMARY: 0 hazards" "$OUT/v3_racecheck.log" 2>/dev/null || fail=1
   grep -q "ERROR SUMMARY: 0 errors" "$OUT/v3_synccheck.log" 2>/dev/null || fail=1
 fi
-echo "exit status $fail (0: v3 correct, det bitwise, sanitizers clean)"
+echo "exit status $fail (0: v3 correct, det bitwise, v3h / v2h --small correct, sanitizers clean)"
 exit $fail

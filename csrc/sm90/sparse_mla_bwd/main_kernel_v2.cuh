@@ -213,6 +213,7 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
       cp.copy_row<kVBlocks, kHeadsPerCta>(do_tile, r, p.dout + (w.token * p.H + hh) * int64_t(kVCols), real);
     }
   }
+  if constexpr (kL2Hint) hw::fence_proxy_async();  // writer side of the st.shared Q / dO pieces (wgmma operands)
   hw::cp_async_commit();
   if (tid < kHeadsPerCta) {
     const bool real = tid < w.heads;

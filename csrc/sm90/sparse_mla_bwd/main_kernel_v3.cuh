@@ -131,8 +131,9 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, c
     sm.delta[t] = real ? p.delta[at] : 0.f;
   }
   hw::cp_async_wait<0>();
+  hw::fence_proxy_async();  // writer side: this thread's Q / dO pieces are wgmma (async proxy) operands
   hw::named_bar_sync(kBarQdo, 256);
-  hw::fence_proxy_async();  // Q / dO (generic-proxy writes) are wgmma operands
+  hw::fence_proxy_async();  // reader side (as v2)
 }
 
 // ---- producer warpgroup -------------------------------------------------------------------------
