@@ -34,7 +34,11 @@ namespace sparse_mla_bwd_impl {
 namespace {
 
 // The scheduling thresholds: csrc/sm90/heuristics.h.
+#if defined(FLASHDSA_BWD_SWEEP_MIN_KEYS)  // A/B builds only (scripts/bwd_v3_gpu.sh: never sweep)
+constexpr int64_t kSweepMinKeys = FLASHDSA_BWD_SWEEP_MIN_KEYS;
+#else
 constexpr int64_t kSweepMinKeys = tuning::kBwdSweepMinKeys;
+#endif
 constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
 constexpr int64_t kDetChunkBytes = tuning::kBwdDetChunkBytes;
 constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per thread
