@@ -11,13 +11,15 @@
 #   v2   = -DFLASHDSA_BWD_V2=1 (v2 everywhere),          v2h = v2 + -DFLASHDSA_BWD_L2HINT=1,
 #   v3   = -DFLASHDSA_BWD_V3=1 (v3 everywhere),          v3h = v3 + -DFLASHDSA_BWD_L2HINT=1,
 #   v3hn = v3h without the sorted sweep at any T_kv (-DFLASHDSA_BWD_SWEEP_MIN_KEYS=2^47-1: the L2 policy
-#          alone steers residency, as in cuDNN's kernel), benched at T_NOSWEEP = 16K, 32K, 128K only.
+#          alone steers residency, as in cuDNN's kernel), benched at T_NOSWEEP = 16K, 32K, 128K only,
+#   v3hc = v3h with v2's order in the back (dKV chunk 0, then dQ: -DFLASHDSA_BWD_V3_DQ_AFTER_C0=1),
+#          benched at T_DQORDER = 8K, 32K only.
 # Steps (each under its own timeout; logs in $OUT, default /tmp/bwd_v3_gpu):
-#   1. (unless PREBUILT=1) the six builds in parallel (scripts/lib/gpu_steps.sh build_variants);
+#   1. (unless PREBUILT=1) the seven builds in parallel (scripts/lib/gpu_steps.sh build_variants);
 #   2. v3: the 38 correctness cases (fast, deterministic 3 runs bitwise, mass) and the scale check;
 #      v3h and v2h: the reduced (--small) correctness set;
-#   3. fast mode, the six variants alternated for 2 rounds: --bench-only --fast-only --T $T_BENCH
-#      (v3hn: --T $T_NOSWEEP);
+#   3. fast mode, the seven variants alternated for 2 rounds: --bench-only --fast-only --T $T_BENCH
+#      (v3hn: --T $T_NOSWEEP, v3hc: --T $T_DQORDER);
 #   4. v3 deterministic mode at 32K (--bench-only --T 32768: fast, det, det 3 runs bitwise);
 #   5. compute-sanitizer memcheck, racecheck, synccheck of v3 --small --no-bench.
 # Prints one summary table last. Exit 0 when v3 is correct, det bitwise, sanitizers clean. The run is
@@ -35,11 +37,13 @@ BIN=${BIN:-/tmp/bwd_v3_gpu_bin}; mkdir -p "$BIN"
 T_BENCH=${T_BENCH:-4096,8192,16384,32768,131072}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
 flags=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Xptxas -v -Iinclude -Icsrc)
-variants=(base v2 v3 v3h v2h v3hn)
+variants=(base v2 v3 v3h v2h v3hn v3hc)
 declare -A vflags=([base]="" [v2]="-DFLASHDSA_BWD_V2=1" [v3]="-DFLASHDSA_BWD_V3=1"
                    [v3h]="-DFLASHDSA_BWD_V3=1 -DFLASHDSA_BWD_L2HINT=1" [v2h]="-DFLASHDSA_BWD_V2=1 -DFLASHDSA_BWD_L2HINT=1"
-                   [v3hn]="-DFLASHDSA_BWD_V3=1 -DFLASHDSA_BWD_L2HINT=1 -DFLASHDSA_BWD_SWEEP_MIN_KEYS=0x7fffffffffff")
+                   [v3hn]="-DFLASHDSA_BWD_V3=1 -DFLASHDSA_BWD_L2HINT=1 -DFLASHDSA_BWD_SWEEP_MIN_KEYS=0x7fffffffffff"
+                   [v3hc]="-DFLASHDSA_BWD_V3=1 -DFLASHDSA_BWD_L2HINT=1 -DFLASHDSA_BWD_V3_DQ_AFTER_C0=1")
 T_NOSWEEP=${T_NOSWEEP:-16384,32768,131072}  # v3hn differs from v3h only where the sweep would run
+T_DQORDER=${T_DQORDER:-8192,32768}          # v3hc: one point without and one with the sweep
 status=()  # "step|result" lines for the table
 START=$(date +%s); BUDGET=${BUDGET:-470}
 step() { budget_step "$@"; }  # step NAME TIMEOUT LOG CMD...
@@ -87,7 +91,7 @@ if [ "${SAN_ONLY:-0}" != 1 ]; then
   # 3. fast mode, the variants alternated
   for r in 1 2; do
     for v in "${variants[@]}"; do
-      Tv=$T_BENCH; [ "$v" = v3hn ] && Tv=$T_NOSWEEP
+      Tv=$T_BENCH; [ "$v" = v3hn ] && Tv=$T_NOSWEEP; [ "$v" = v3hc ] && Tv=$T_DQORDER
       step "round $r $v fast --T $Tv" 100 "$OUT/bench_fast_${v}_r$r.log" "$BIN/bwd_$v" --bench-only --fast-only --T "$Tv"
     done
   done
@@ -112,13 +116,13 @@ fi
 
 # Summary. Bench lines: "T | fast ms TFLOP/s | det ms TFLOP/s | fast+mass ms | checks".
 echo
-echo "================ summary (sparse MLA bwd base / v2 / v3 / v3+L2HINT / v2+L2HINT / v3+L2HINT no sweep, H = 64, K = 2048, uniform) ================"
+echo "================ summary (sparse MLA bwd, H = 64, K = 2048, uniform indices; variants: see the script's header) ================"
 printf "%-26s %s\n" "step" "result"
 for s in "${status[@]}"; do printf "%-26s %s\n" "${s%%|*}" "${s#*|}"; done
 if [ "${SAN_ONLY:-0}" != 1 ]; then
   echo
   echo "fast ms, mean of rounds 1 and 2 (r1 / r2); ratio = base / variant (> 1: faster than main's dispatch)"
-  printf "%8s" "T"; for v in "${variants[@]}"; do printf " | %-19s" "$v"; done; printf " | %s\n" "base/v3 base/v3h base/v2h v2/v3 v3h/v3hn"
+  printf "%8s" "T"; for v in "${variants[@]}"; do printf " | %-19s" "$v"; done; printf " | %s\n" "base/v3 base/v3h base/v2h v2/v3 v3h/v3hn v3h/v3hc"
   IFS=, read -ra Ts <<< "$T_BENCH"
   get() { awk -v T="$1" -F'|' '$1 + 0 == T && NF >= 5 { split($2, a, " "); print a[1]; exit }' "$2" 2>/dev/null; }
   for T in "${Ts[@]}"; do
@@ -130,7 +134,7 @@ if [ "${SAN_ONLY:-0}" != 1 ]; then
       printf " | %-19s" "${mean[$v]:--} (${a:--}/${b:--})"
     done
     r() { awk -v a="${mean[$1]}" -v b="${mean[$2]}" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b; else print "-" }'; }
-    printf " | %s %s %s %s %s\n" "$(r base v3)" "$(r base v3h)" "$(r base v2h)" "$(r v2 v3)" "$(r v3h v3hn)"
+    printf " | %s %s %s %s %s %s\n" "$(r base v3)" "$(r base v3h)" "$(r base v2h)" "$(r v2 v3)" "$(r v3h v3hn)" "$(r v3h v3hc)"
   done
   line=$(awk -F'|' '$1 + 0 == 32768 && NF >= 5' "$OUT/bench_det_v3.log" 2>/dev/null | head -1)
   fast=$(echo "$line" | awk -F'|' '{ split($2, a, " "); print a[1] }')

@@ -35,6 +35,12 @@ namespace v3 {
 constexpr int kThreads = 384;                              // WG0 front, WG1 back, WG2 producer
 constexpr int kFrontDqBlocks = 5;                          // dQ columns [0, 320): RS m64n256 + m64n64
 constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64n256
+// The back issues its dQ GEMM before its first dKV chunk (kv released early); the A/B switch
+// -DFLASHDSA_BWD_V3_DQ_AFTER_C0=1 restores v2's order (chunk 0, dQ, chunk 1).
+#ifndef FLASHDSA_BWD_V3_DQ_AFTER_C0
+#define FLASHDSA_BWD_V3_DQ_AFTER_C0 0
+#endif
+constexpr bool kDqFirst = FLASHDSA_BWD_V3_DQ_AFTER_C0 == 0;
 constexpr int kFrontRegs = 232;
 constexpr int kBackRegs = 232;
 constexpr int kProducerRegs = 40;
@@ -351,18 +357,36 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
     hw::fence_proxy_async();
     const DkvRowsV2 rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
 
-    // dQ first: the kv tile is released as early as possible (the producer gathers the next block).
-    mma_dq_back(dq, sm);
     float acc0[32], acc1[32];
-    issue_dkv_chunk(sm, acc0, 0);
-    issue_dkv_chunk(sm, acc1, 1);
-    hw::wgmma_wait<2>();  // dQ
-    hw::fence_regs(dq);
-    hw::mbar_arrive(&sm.kv_empty);
-    hw::wgmma_wait<1>();  // chunk 0
-    hw::fence_regs(acc0);
-    emit_chunk<kDeterministic>(acc0, 0, rows, lane);
-    dkv_step<kDeterministic, 2>(sm, acc0, acc1, rows, lane);
+    if constexpr (kDqFirst) {
+      // dQ first: the kv tile is released as early as possible (the producer gathers the next block).
+      mma_dq_back(dq, sm);
+      issue_dkv_chunk(sm, acc0, 0);
+      issue_dkv_chunk(sm, acc1, 1);
+      hw::wgmma_wait<2>();  // dQ
+      hw::fence_regs(dq);
+      hw::mbar_arrive(&sm.kv_empty);
+      hw::wgmma_wait<1>();  // chunk 0
+      hw::fence_regs(acc0);
+      emit_chunk<kDeterministic>(acc0, 0, rows, lane);
+      dkv_step<kDeterministic, 2>(sm, acc0, acc1, rows, lane);
+    } else {
+      // v2's order (A/B switch FLASHDSA_BWD_V3_DQ_AFTER_C0): chunk 0 first, its reds start earlier,
+      // kv is released after chunk 0's emission.
+      issue_dkv_chunk(sm, acc0, 0);
+      mma_dq_back(dq, sm);
+      issue_dkv_chunk(sm, acc1, 1);
+      hw::wgmma_wait<2>();  // chunk 0
+      hw::fence_regs(acc0);
+      emit_chunk<kDeterministic>(acc0, 0, rows, lane);
+      issue_dkv_chunk(sm, acc0, 2);
+      hw::wgmma_wait<2>();  // dQ
+      hw::fence_regs(dq);
+      hw::mbar_arrive(&sm.kv_empty);
+      hw::wgmma_wait<1>();  // chunk 1
+      hw::fence_regs(acc1);
+      emit_chunk<kDeterministic>(acc1, 1, rows, lane);
+    }
     dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
     dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
     dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
