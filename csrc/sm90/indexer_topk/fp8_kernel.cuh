@@ -145,7 +145,7 @@ __device__ __forceinline__ void load_key_scales_fp8(float* ks, const Fp8KernelAr
 // tokens >= T are zero-filled.
 template <int H, int D>
 __device__ __forceinline__ void load_query_block_fp8(uint8_t* qs, const Fp8KernelArgs& a, int t0) {
-  for_each_query_chunk<H, D / 16, kThreads, 4>(t0, a.T, [&](int row, int chunk, int t, int h, bool valid) {
+  for_each_query_chunk<H, D / 16, kThreads, 4>(a, t0, [&](int row, int chunk, int t, int h, bool valid) {
     const uint8_t* src =
         a.q8 + (valid ? static_cast<int64_t>(t) * a.q8_st + static_cast<int64_t>(h) * a.q8_sh + chunk * 16 : 0);
     hw::cp_async_16(qs + hw::sw128_offset(row, chunk), src, valid);

@@ -71,18 +71,20 @@ struct KernelArgs {
 
 // The 16-byte chunks of a block's query rows (row = token * H + head, kCols rows of kRowChunks
 // chunks), spread over NTH threads: calls copy(row, chunk, t, h, valid) for this thread's chunks, with
-// token t = t0 + row / H, head h = row % H and valid = t < T (the copy zero-fills invalid rows).
+// token t = t0 + row / H, head h = row % H and valid = t < a.T (the copy zero-fills invalid rows).
 // Shared by the bf16 (load_query_block) and FP8 (load_query_block_fp8) query loads; kUnroll is
-// their measured unroll factor.
-template <int H, int kRowChunks, int NTH, int kUnroll, class Copy>
-__device__ __forceinline__ void for_each_query_chunk(int t0, int T, Copy&& copy) {
+// their measured unroll factor. (a.T is read in the loop, as the loads had it: passing T by value
+// moved the bf16 kernel's SASS.)
+template <int H, int kRowChunks, int NTH, int kUnroll, class Args, class Copy>
+__device__ __forceinline__ void for_each_query_chunk(const Args& a, int t0, Copy&& copy) {
   constexpr int kPerThread = kCols * kRowChunks / NTH;
 #pragma unroll(kUnroll)
   for (int i = 0; i < kPerThread; ++i) {
     const int c = threadIdx.x + NTH * i;
     const int row = c / kRowChunks, chunk = c % kRowChunks;
     const int t = t0 + row / H, h = row % H;
-    copy(row, chunk, t, h, t < T);
+    const bool valid = t < a.T;
+    copy(row, chunk, t, h, valid);
   }
 }
 
@@ -90,7 +92,7 @@ __device__ __forceinline__ void for_each_query_chunk(int t0, int T, Copy&& copy)
 // tile (row = token * H + head); rows of tokens >= T are zero-filled. All NTH threads (the bf16 kernel: 256).
 template <int H, int D, int NTH>
 __device__ __forceinline__ void load_query_block(__nv_bfloat16* qs, const KernelArgs& a, int t0) {
-  for_each_query_chunk<H, D / 8, NTH, 8>(t0, a.T, [&](int row, int chunk, int t, int h, bool valid) {
+  for_each_query_chunk<H, D / 8, NTH, 8>(a, t0, [&](int row, int chunk, int t, int h, bool valid) {
     const __nv_bfloat16* src =
         a.q + (valid ? static_cast<int64_t>(t) * a.q_st + static_cast<int64_t>(h) * a.q_sh + chunk * 8 : 0);
     hw::cp_async_16(reinterpret_cast<char*>(qs) + hw::sw128_elem_offset(kCols, row, chunk * 8), src, valid);
