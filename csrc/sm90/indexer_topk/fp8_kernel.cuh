@@ -152,8 +152,9 @@ __device__ __forceinline__ void load_query_block_fp8(uint8_t* qs, const Fp8Kerne
   });
 }
 
-// Issues acc = K̂_tile [64, D] x Q̂_half^T [D, 128] (f32) for one column half (half h = Q rows
-// the bf16 kernel): D / 32 k-steps of 32 bytes inside each 128-byte row.
+// Issues (does not wait for) acc = K̂_tile [64, D] x Q̂_half^T [D, 128] (f32) for one column half:
+// half h = Q rows [128 h, 128 h + 128), i.e. tokens [h kTokens / 2, (h + 1) kTokens / 2); D / 32
+// k-steps of 32 bytes inside each 128-byte row (both operands K-major SW128 tiles in smem).
 template <int D>
 __device__ __forceinline__ void issue_score_half_fp8(float (&acc)[kHalfAcc], const uint8_t* ktile, const uint8_t* qs,
                                                      int half) {
