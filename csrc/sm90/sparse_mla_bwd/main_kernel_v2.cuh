@@ -78,6 +78,7 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");
 namespace detail {
 
 using namespace two_wg;  // the pieces v2 and v3 share, and their short names (two_wg_common.cuh)
+using sparse_mla_bwd_impl::detail::issue_dkv_chunk;
 using sparse_mla_bwd_impl::detail::mma_dq_rs;
 using sparse_mla_bwd_impl::detail::mma_dq_ss;
 using sparse_mla_bwd_impl::detail::store_tile_group;
@@ -115,7 +116,12 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
   }
   if constexpr (kL2Hint) hw::fence_proxy_async();  // writer side of the st.shared Q / dO pieces (wgmma operands)
   hw::cp_async_commit();
-  if (tid < kHeadsPerCta) load_lse_delta(p, sm, w, h0, tid);
+  if (tid < kHeadsPerCta) {
+    const bool real = tid < w.heads;
+    const int64_t at = w.token * p.H + h0 + tid;
+    sm.lse2[tid] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
+    sm.delta[tid] = real ? p.delta[at] : 0.f;
+  }
 
   // Non-empty key blocks, rotated by the sweep phase.
   build_block_list<kBarFront>(p, sm, idx_row, num_row_blocks, warp, lane);
@@ -150,8 +156,7 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
 
   float dq[kFrontDqBlocks * 32];
   zero_acc(dq);
-  const float lse2_lo = sm.lse2[r0], lse2_hi = sm.lse2[r0 + 8];
-  const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
+  const RowStats rs = row_stats(sm, r0);
   char* const p_tile = reinterpret_cast<char*>(sm.p);
   char* const ds_tile = reinterpret_cast<char*>(sm.ds);
 
@@ -175,13 +180,13 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
     hw::fence_regs(s);
 
     // P = exp(scale S - lse) on valid keys, 0 elsewhere (fp32, kept for dS and the mass).
-    exp_scores(s, sm.idx[st], p, lse2_lo, lse2_hi, q4);
+    exp_scores(s, sm.idx[st], p, rs.lse2_lo, rs.lse2_hi, q4);
     hw::wgmma_wait<0>();
     hw::fence_regs(dp);
     // dS = scale P (dP - Delta) from the fp32 P.
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      ds_group(dp, n, s[4 * n + 0], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3], delta_lo, delta_hi, p.scale);
+      ds_group(dp, n, s[4 * n + 0], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3], rs.delta_lo, rs.delta_hi, p.scale);
     }
     if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
 #pragma unroll
@@ -231,17 +236,29 @@ __device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
     hw::mbar_wait(&sm.pds_full, ph);
     hw::fence_proxy_async();
     const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
-    // dQ[:, 256:576) += dS . KV (A = dS tile, K-major; B = kv, MN-major), issued after dKV chunk 0.
-    back_block<kDeterministic, false>(
-        sm, rows, lane,
-        [](const SmemPlanV2& s, float (&a)[4 * 32], float (&b)[32]) { mma_dq_ss(a, b, s, kFrontDqBlocks); }, dq_a,
-        dq_b);
+    // Up to chunk 2 spelled out here (v3's back spells the same steps, with its dQ-first order as an
+    // option): a shared function taking the dQ accumulators by reference moved v2's SASS.
+    float acc0[32], acc1[32];
+    issue_dkv_chunk(sm, acc0, 0);
+    // dQ[:, 256:576) += dS . KV (A = dS tile, K-major; B = kv, MN-major).
+    mma_dq_ss(dq_a, dq_b, sm, kFrontDqBlocks);
+    issue_dkv_chunk(sm, acc1, 1);
+    hw::wgmma_wait<2>();  // chunk 0
+    hw::fence_regs(acc0);
+    emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
+    issue_dkv_chunk(sm, acc0, 2);
+    hw::wgmma_wait<2>();  // dQ: the kv tile is no longer read by this warpgroup
+    hw::fence_regs(dq_a);
+    hw::fence_regs(dq_b);
+    hw::mbar_arrive(&sm.kv_empty);
+    back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
   }
 
   const Work w = make_work(p);
   const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
-  store_dq<4, false>(dq_a, dq_head0(p, w), w.heads, kFrontDqBlocks, r0, q4);
-  store_dq<1, false>(dq_b, dq_head0(p, w), w.heads, kFrontDqBlocks + 4, r0, q4);
+  __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4, false>(dq_a, dqh0, w.heads, kFrontDqBlocks, r0, q4);
+  store_dq<1, false>(dq_b, dqh0, w.heads, kFrontDqBlocks + 4, r0, q4);
 }
 
 }  // namespace detail

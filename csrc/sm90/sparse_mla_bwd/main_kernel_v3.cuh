@@ -65,6 +65,7 @@ static_assert(kSmemBytes <= hw::kSmemLimit, "shared memory budget: one kv stage 
 namespace detail {
 
 using namespace two_wg;  // the pieces v2 and v3 share, and their short names (two_wg_common.cuh)
+using sparse_mla_bwd_impl::detail::issue_dkv_chunk;
 using sparse_mla_bwd_impl::detail::tile_pair_offset;
 
 // ---- prologue: Q, dO, lse, Delta (front + back) --------------------------------------------------
@@ -99,7 +100,12 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, c
     }
   }
   hw::cp_async_commit();
-  if (t < kHeadsPerCta) load_lse_delta(p, sm, w, h0, t);
+  if (t < kHeadsPerCta) {
+    const bool real = t < w.heads;
+    const int64_t at = w.token * p.H + h0 + t;
+    sm.lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
+    sm.delta[t] = real ? p.delta[at] : 0.f;
+  }
   hw::cp_async_wait<0>();
   hw::fence_proxy_async();  // writer side: this thread's Q / dO pieces are wgmma (async proxy) operands
   hw::named_bar_sync(kBarQdo, 256);
@@ -180,8 +186,7 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
   float dq_a[4 * 32], dq_b[32];  // dQ columns [0, 256) and [256, 320)
   zero_acc(dq_a);
   zero_acc(dq_b);
-  const float lse2_lo = sm.lse2[r0], lse2_hi = sm.lse2[r0 + 8];
-  const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
+  const RowStats rs = row_stats(sm, r0);
   char* const p_tile = reinterpret_cast<char*>(sm.p);
   char* const ds_tile = reinterpret_cast<char*>(sm.ds);
 
@@ -202,7 +207,7 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
       hw::wgmma_commit();
       hw::wgmma_wait<0>();
       hw::fence_regs(s);
-      exp_scores(s, sm.idx[st], p, lse2_lo, lse2_hi, q4);
+      exp_scores(s, sm.idx[st], p, rs.lse2_lo, rs.lse2_hi, q4);
       // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
       // after kv_full of block i + 1, which needs warp 0's kv_empty arrival of block i.
       if (p.mass != nullptr) emit_mass<kBarMass>(p, sm, w, s, mass_slot, warp, lane);
@@ -227,7 +232,7 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
     for (int n = 0; n < 8; ++n) {
       const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n]));
       const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n + 1]));
-      ds_group(dp, n, lo.x, lo.y, hi.x, hi.y, delta_lo, delta_hi, p.scale);
+      ds_group(dp, n, lo.x, lo.y, hi.x, hi.y, rs.delta_lo, rs.delta_hi, p.scale);
     }
     if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
 #pragma unroll
@@ -249,8 +254,9 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
     hw::mbar_arrive(&sm.kv_empty);
   }
 
-  store_dq<4, false>(dq_a, dq_head0(p, w), w.heads, 0, r0, q4);
-  store_dq<1, false>(dq_b, dq_head0(p, w), w.heads, 4, r0, q4);
+  __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4, false>(dq_a, dqh0, w.heads, 0, r0, q4);
+  store_dq<1, false>(dq_b, dqh0, w.heads, 4, r0, q4);
 }
 
 // ---- back warpgroup -----------------------------------------------------------------------------
@@ -285,15 +291,36 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
     hw::mbar_wait(&sm.pds_full, i & 1);
     hw::fence_proxy_async();
     const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
-    // kDqFirst: dQ first, the kv tile is released as early as possible (the producer gathers the next
-    // block); the A/B switch FLASHDSA_BWD_V3_DQ_AFTER_C0: v2's order, chunk 0's reds start earlier.
-    back_block<kDeterministic, kDqFirst>(
-        sm, rows, lane, [](const SmemPlanV3& s, float (&d)[4 * 32]) { mma_dq_back(d, s); }, dq);
+    // One sequence for both orders (a shared function taking the dQ accumulators by reference moved
+    // v2's SASS, so v2 and v3 spell these steps out). kDqFirst: dQ first, the kv tile is released as early as possible (the
+    // producer gathers the next block); the A/B switch FLASHDSA_BWD_V3_DQ_AFTER_C0: v2's order, dKV
+    // chunk 0 first, its reds start earlier, kv is released after chunk 0's emission.
+    float acc0[32], acc1[32];
+    if constexpr (kDqFirst) mma_dq_back(dq, sm);
+    issue_dkv_chunk(sm, acc0, 0);
+    if constexpr (!kDqFirst) mma_dq_back(dq, sm);
+    issue_dkv_chunk(sm, acc1, 1);
+    hw::wgmma_wait<2>();  // kDqFirst: dQ; else chunk 0
+    if constexpr (kDqFirst) {
+      hw::fence_regs(dq);
+      hw::mbar_arrive(&sm.kv_empty);
+      hw::wgmma_wait<1>();  // chunk 0
+    }
+    hw::fence_regs(acc0);
+    emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
+    issue_dkv_chunk(sm, acc0, 2);
+    if constexpr (!kDqFirst) {
+      hw::wgmma_wait<2>();  // dQ
+      hw::fence_regs(dq);
+      hw::mbar_arrive(&sm.kv_empty);
+    }
+    back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
   }
 
   const Work w = make_work(p);
   const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
-  store_dq<4, false>(dq, dq_head0(p, w), w.heads, kFrontDqBlocks, r0, q4);
+  __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4, false>(dq, dqh0, w.heads, kFrontDqBlocks, r0, q4);
 }
 
 }  // namespace detail

@@ -90,14 +90,12 @@ __device__ __forceinline__ void prefetch_kv_row(const MainParams& p, int32_t key
   detail::prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, key, p.T_kv, lane);
 }
 
-// lse * log2(e) (+inf on padded heads: P = 0) and Delta (0 on padded heads) of head t of the CTA's
-// group, t < kHeadsPerCta.
-__device__ __forceinline__ void load_lse_delta(const MainParams& p, SmemTiles& sm, const detail::Work& w, int h0,
-                                               int t) {
-  const bool real = t < w.heads;
-  const int64_t at = w.token * p.H + h0 + t;
-  sm.lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
-  sm.delta[t] = real ? p.delta[at] : 0.f;
+// The front's per-row constants of accumulator rows (heads) r0 and r0 + 8: lse * log2(e) and Delta.
+struct RowStats {
+  float lse2_lo, lse2_hi, delta_lo, delta_hi;
+};
+__device__ __forceinline__ RowStats row_stats(const SmemTiles& sm, int r0) {
+  return RowStats{sm.lse2[r0], sm.lse2[r0 + 8], sm.delta[r0], sm.delta[r0 + 8]};
 }
 
 // Zeroes an accumulator.
@@ -105,11 +103,6 @@ template <int kN>
 __device__ __forceinline__ void zero_acc(float (&acc)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) acc[i] = 0.f;
-}
-
-// Row (head) 0 of the CTA's group in dq.
-__device__ __forceinline__ __nv_bfloat16* dq_head0(const MainParams& p, const detail::Work& w) {
-  return p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
 }
 
 // dkv destinations of one thread for the current key block: rows A = 16 warp + lane / 4 + 8 half -
@@ -167,51 +160,28 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
       detail::kL2Hint ? detail::l2_evict_last_policy() : 0);
 }
 
-// The back's dQ GEMM of the block completed (wgmma_wait done): register fences on its accumulators,
-// then the kv tile is no longer read by this warpgroup (kv_empty).
-template <class Smem, class... Dq>
-__device__ __forceinline__ void back_dq_done(Smem& sm, Dq&... dq) {
-  (hw::fence_regs(dq), ...);
-  hw::mbar_arrive(&sm.kv_empty);
-}
-
-// Chunk c >= 2: issue chunk c into acc[c % 2], (kDqDone: wait for the dQ group, back_dq_done), wait
-// for chunk c - 1 (one group may stay in flight), emit it.
-template <bool kDeterministic, int kChunk, bool kDqDone = false, class Smem, class... Dq>
+// Chunk c >= 2: issue chunk c into acc[c % 2], wait for chunk c - 1 (one group may stay in flight),
+// emit it.
+template <bool kDeterministic, int kChunk, class Smem>
 __device__ __forceinline__ void dkv_step(Smem& sm, float (&acc0)[32], float (&acc1)[32], const DkvRows& rows,
-                                         int lane, Dq&... dq) {
+                                         int lane) {
   float(&cur)[32] = (kChunk % 2 == 0) ? acc0 : acc1;
   float(&prev)[32] = (kChunk % 2 == 0) ? acc1 : acc0;
   detail::issue_dkv_chunk(sm, cur, kChunk);
-  if constexpr (kDqDone) {
-    hw::wgmma_wait<2>();  // dQ: the kv tile is no longer read by this warpgroup
-    back_dq_done(sm, dq...);
-  }
   hw::wgmma_wait<1>();
   hw::fence_regs(prev);
   emit_dkv_chunk<kDeterministic>(prev, kChunk - 1, rows, lane);
 }
 
-// The back warpgroup's work on one key block: its dQ GEMM (issue_dq(sm, dq...) issues it as one commit
-// group into the accumulators dq...) and the nine dKV chunks, emitted one behind. kDqFirst: dQ,
-// chunk 0, chunk 1 (kv released first); else v2's order chunk 0, dQ, chunk 1 (chunk 0's reds start
-// earlier, kv released after chunk 0's emission). Arrives on sm.tiles_free once the last chunk read
-// the P and dS tiles.
-template <bool kDeterministic, bool kDqFirst, class Smem, class IssueDq, class... Dq>
-__device__ __forceinline__ void back_block(Smem& sm, const DkvRows& rows, int lane, IssueDq issue_dq, Dq&... dq) {
-  float acc0[32], acc1[32];
-  if constexpr (kDqFirst) issue_dq(sm, dq...);
-  detail::issue_dkv_chunk(sm, acc0, 0);
-  if constexpr (!kDqFirst) issue_dq(sm, dq...);
-  detail::issue_dkv_chunk(sm, acc1, 1);
-  hw::wgmma_wait<2>();  // kDqFirst: dQ, else chunk 0
-  if constexpr (kDqFirst) {
-    back_dq_done(sm, dq...);
-    hw::wgmma_wait<1>();  // chunk 0
-  }
-  hw::fence_regs(acc0);
-  emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
-  dkv_step<kDeterministic, 2, !kDqFirst>(sm, acc0, acc1, rows, lane, dq...);
+// The back's dKV chunks of a block from the wait for chunk 1 on (chunks 1 and 2 issued into acc1,
+// acc0, chunk 0 emitted, the dQ group done): chunks 1 .. 8 emitted, chunks 3 .. 8 issued one ahead;
+// arrives on sm.tiles_free once chunk 8 read the P and dS tiles.
+template <bool kDeterministic, class Smem>
+__device__ __forceinline__ void back_tail(Smem& sm, float (&acc0)[32], float (&acc1)[32], const DkvRows& rows,
+                                          int lane) {
+  hw::wgmma_wait<1>();  // chunk 1
+  hw::fence_regs(acc1);
+  emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
   dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
   dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
   dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
