@@ -156,9 +156,7 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
 
   float dq[kFrontDqBlocks * 32];
   zero_acc(dq);
-  const RowStats rs = row_stats(sm, r0);
-  char* const p_tile = reinterpret_cast<char*>(sm.p);
-  char* const ds_tile = reinterpret_cast<char*>(sm.ds);
+  const FrontConsts fc = front_consts(sm, r0);
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
@@ -180,19 +178,19 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
     hw::fence_regs(s);
 
     // P = exp(scale S - lse) on valid keys, 0 elsewhere (fp32, kept for dS and the mass).
-    exp_scores(s, sm.idx[st], p, rs.lse2_lo, rs.lse2_hi, q4);
+    exp_scores(s, sm.idx[st], p, fc.lse2_lo, fc.lse2_hi, q4);
     hw::wgmma_wait<0>();
     hw::fence_regs(dp);
     // dS = scale P (dP - Delta) from the fp32 P.
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      ds_group(dp, n, s[4 * n + 0], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3], rs.delta_lo, rs.delta_hi, p.scale);
+      ds_group(dp, n, s[4 * n + 0], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3], fc.delta_lo, fc.delta_hi, p.scale);
     }
     if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      store_tile_group(p_tile, s, n, r0, q4);
-      store_tile_group(ds_tile, dp, n, r0, q4);
+      store_tile_group(fc.p_tile, s, n, r0, q4);
+      store_tile_group(fc.ds_tile, dp, n, r0, q4);
     }
     hw::fence_proxy_async();  // the tiles are wgmma operands of the back warpgroup
     hw::mbar_arrive(&sm.pds_full);
@@ -267,10 +265,9 @@ __device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v2(const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SmemPlanV2& sm = sparse_mla_bwd_impl::detail::smem_plan<SmemPlanV2>(smem_raw);
-  using sparse_mla_bwd_impl::detail::BarrierInit;
-  sparse_mla_bwd_impl::detail::init_barriers(BarrierInit{&sm.setup_full, 128}, BarrierInit{&sm.pds_full, 128},
-                                             BarrierInit{&sm.kv_empty, 128}, BarrierInit{&sm.tiles_free, 128});
+  SmemPlanV2& sm = detail::smem_plan<SmemPlanV2>(smem_raw);
+  detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.pds_full, 128},
+                        detail::BarrierInit{&sm.kv_empty, 128}, detail::BarrierInit{&sm.tiles_free, 128});
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 0) detail::front<kDeterministic>(p, sm, tid);

@@ -186,9 +186,7 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
   float dq_a[4 * 32], dq_b[32];  // dQ columns [0, 256) and [256, 320)
   zero_acc(dq_a);
   zero_acc(dq_b);
-  const RowStats rs = row_stats(sm, r0);
-  char* const p_tile = reinterpret_cast<char*>(sm.p);
-  char* const ds_tile = reinterpret_cast<char*>(sm.ds);
+  const FrontConsts fc = front_consts(sm, r0);
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
@@ -207,7 +205,7 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
       hw::wgmma_commit();
       hw::wgmma_wait<0>();
       hw::fence_regs(s);
-      exp_scores(s, sm.idx[st], p, rs.lse2_lo, rs.lse2_hi, q4);
+      exp_scores(s, sm.idx[st], p, fc.lse2_lo, fc.lse2_hi, q4);
       // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
       // after kv_full of block i + 1, which needs warp 0's kv_empty arrival of block i.
       if (p.mass != nullptr) emit_mass<kBarMass>(p, sm, w, s, mass_slot, warp, lane);
@@ -232,15 +230,15 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
     for (int n = 0; n < 8; ++n) {
       const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n]));
       const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n + 1]));
-      ds_group(dp, n, lo.x, lo.y, hi.x, hi.y, rs.delta_lo, rs.delta_hi, p.scale);
+      ds_group(dp, n, lo.x, lo.y, hi.x, hi.y, fc.delta_lo, fc.delta_hi, p.scale);
     }
     if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0, n, q4)) = pk[2 * n];
-      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0 + 8, n, q4)) = pk[2 * n + 1];
-      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
-      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
+      *reinterpret_cast<uint32_t*>(fc.p_tile + tile_pair_offset(r0, n, q4)) = pk[2 * n];
+      *reinterpret_cast<uint32_t*>(fc.p_tile + tile_pair_offset(r0 + 8, n, q4)) = pk[2 * n + 1];
+      *reinterpret_cast<uint32_t*>(fc.ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
+      *reinterpret_cast<uint32_t*>(fc.ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
           hw::pack_bf16(dp[4 * n + 2], dp[4 * n + 3]);
     }
     hw::fence_proxy_async();  // the tiles are wgmma operands of the back warpgroup
@@ -292,9 +290,10 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
     hw::fence_proxy_async();
     const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
     // One sequence for both orders (a shared function taking the dQ accumulators by reference moved
-    // v2's SASS, so v2 and v3 spell these steps out). kDqFirst: dQ first, the kv tile is released as early as possible (the
-    // producer gathers the next block); the A/B switch FLASHDSA_BWD_V3_DQ_AFTER_C0: v2's order, dKV
-    // chunk 0 first, its reds start earlier, kv is released after chunk 0's emission.
+    // v2's SASS, so v2 and v3 spell these steps out, then share back_tail). kDqFirst: dQ first, the kv
+    // tile is released as early as possible (the producer gathers the next block); the A/B switch
+    // FLASHDSA_BWD_V3_DQ_AFTER_C0: v2's order, dKV chunk 0 first, its reds start earlier, kv is
+    // released after chunk 0's emission.
     float acc0[32], acc1[32];
     if constexpr (kDqFirst) mma_dq_back(dq, sm);
     issue_dkv_chunk(sm, acc0, 0);
@@ -317,10 +316,7 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
     back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
   }
 
-  const Work w = make_work(p);
-  const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
-  __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
-  store_dq<4, false>(dq, dqh0, w.heads, kFrontDqBlocks, r0, q4);
+  store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
 }
 
 }  // namespace detail
@@ -329,12 +325,11 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v3(const __grid_constant__ MainParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SmemPlanV3& sm = sparse_mla_bwd_impl::detail::smem_plan<SmemPlanV3>(smem_raw);
-  using sparse_mla_bwd_impl::detail::BarrierInit;
+  SmemPlanV3& sm = detail::smem_plan<SmemPlanV3>(smem_raw);
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
-  sparse_mla_bwd_impl::detail::init_barriers(BarrierInit{&sm.setup_full, 128}, BarrierInit{&sm.kv_full, 256},
-                                             BarrierInit{&sm.kv_empty, 256}, BarrierInit{&sm.pds_full, 128},
-                                             BarrierInit{&sm.tiles_free, 128});
+  detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
+                        detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},
+                        detail::BarrierInit{&sm.tiles_free, 128});
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 2) {

@@ -25,6 +25,7 @@ using detail::copy_row_ldg, detail::kL2Hint, detail::l2_evict_first_policy;  // 
 using detail::ds_group, detail::exp_scores, detail::mma_heads_keys;         // S, P, dP, dS
 using detail::emit_mass, detail::mass_slot_of, detail::store_dq;            // mass and dQ outputs
 using hw::desc_k_major, hw::desc_mn_major;
+using detail::BarrierInit, detail::init_barriers, detail::smem_plan;          // the kernels' prologue
 
 // The buffers of both smem plans, in the same order (SmemPlanV2 / SmemPlanV3 derive from it and add
 // their barriers after num_blocks, where the members stood before).
@@ -90,12 +91,17 @@ __device__ __forceinline__ void prefetch_kv_row(const MainParams& p, int32_t key
   detail::prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, key, p.T_kv, lane);
 }
 
-// The front's per-row constants of accumulator rows (heads) r0 and r0 + 8: lse * log2(e) and Delta.
-struct RowStats {
+// The front's constants: lse * log2(e) and Delta of its accumulator rows (heads) r0 and r0 + 8, and
+// the P and dS tiles as bytes.
+struct FrontConsts {
   float lse2_lo, lse2_hi, delta_lo, delta_hi;
+  char* p_tile;
+  char* ds_tile;
 };
-__device__ __forceinline__ RowStats row_stats(const SmemTiles& sm, int r0) {
-  return RowStats{sm.lse2[r0], sm.lse2[r0 + 8], sm.delta[r0], sm.delta[r0 + 8]};
+__device__ __forceinline__ FrontConsts front_consts(SmemTiles& sm, int r0) {
+  return FrontConsts{sm.lse2[r0],          sm.lse2[r0 + 8],
+                     sm.delta[r0],         sm.delta[r0 + 8],
+                     reinterpret_cast<char*>(sm.p), reinterpret_cast<char*>(sm.ds)};
 }
 
 // Zeroes an accumulator.
@@ -103,6 +109,17 @@ template <int kN>
 __device__ __forceinline__ void zero_acc(float (&acc)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) acc[i] = 0.f;
+}
+
+// Stores kBlocks 64-column blocks of a dQ accumulator (first column block `first`) of the CTA's
+// heads (warpgroup thread with warp `warp`, lane `lane`).
+template <int kBlocks>
+__device__ __forceinline__ void store_dq_blocks(const MainParams& p, const float (&acc)[kBlocks * 32], int first,
+                                                int warp, int lane) {
+  const Work w = make_work(p);
+  const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
+  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<kBlocks, false>(acc, dq_head0, w.heads, first, r0, q4);
 }
 
 // dkv destinations of one thread for the current key block: rows A = 16 warp + lane / 4 + 8 half -
