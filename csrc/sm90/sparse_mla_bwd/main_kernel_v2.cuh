@@ -117,10 +117,9 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
   if constexpr (kL2Hint) hw::fence_proxy_async();  // writer side of the st.shared Q / dO pieces (wgmma operands)
   hw::cp_async_commit();
   if (tid < kHeadsPerCta) {
-    const bool real = tid < w.heads;
-    const int64_t at = w.token * p.H + h0 + tid;
-    sm.lse2[tid] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
-    sm.delta[tid] = real ? p.delta[at] : 0.f;
+    const float2 ld = lse_delta_of(p, w, h0, tid);
+    sm.lse2[tid] = ld.x;
+    sm.delta[tid] = ld.y;
   }
 
   // Non-empty key blocks, rotated by the sweep phase.
@@ -264,8 +263,7 @@ __device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
 // grid = (tokens of this launch, ceil(H / 64)), v2::kThreads, v2::kSmemBytes dynamic.
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v2(const __grid_constant__ MainParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  SmemPlanV2& sm = detail::smem_plan<SmemPlanV2>(smem_raw);
+  SmemPlanV2& sm = detail::dynamic_smem_plan<SmemPlanV2>();
   detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.pds_full, 128},
                         detail::BarrierInit{&sm.kv_empty, 128}, detail::BarrierInit{&sm.tiles_free, 128});
 

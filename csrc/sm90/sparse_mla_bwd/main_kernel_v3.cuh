@@ -101,10 +101,9 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, c
   }
   hw::cp_async_commit();
   if (t < kHeadsPerCta) {
-    const bool real = t < w.heads;
-    const int64_t at = w.token * p.H + h0 + t;
-    sm.lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
-    sm.delta[t] = real ? p.delta[at] : 0.f;
+    const float2 ld = lse_delta_of(p, w, h0, t);
+    sm.lse2[t] = ld.x;
+    sm.delta[t] = ld.y;
   }
   hw::cp_async_wait<0>();
   hw::fence_proxy_async();  // writer side: this thread's Q / dO pieces are wgmma (async proxy) operands
@@ -324,8 +323,7 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
 // grid = (tokens of this launch, ceil(H / 64)), v3::kThreads, v3::kSmemBytes dynamic.
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v3(const __grid_constant__ MainParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  SmemPlanV3& sm = detail::smem_plan<SmemPlanV3>(smem_raw);
+  SmemPlanV3& sm = detail::dynamic_smem_plan<SmemPlanV3>();
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
   detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
                         detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},

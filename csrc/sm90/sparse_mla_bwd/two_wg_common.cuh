@@ -25,7 +25,7 @@ using detail::copy_row_ldg, detail::kL2Hint, detail::l2_evict_first_policy;  // 
 using detail::ds_group, detail::exp_scores, detail::mma_heads_keys;         // S, P, dP, dS
 using detail::emit_mass, detail::mass_slot_of, detail::store_dq;            // mass and dQ outputs
 using hw::desc_k_major, hw::desc_mn_major;
-using detail::BarrierInit, detail::init_barriers, detail::smem_plan;          // the kernels' prologue
+using detail::BarrierInit, detail::init_barriers;                            // the kernels' prologue
 
 // The buffers of both smem plans, in the same order (SmemPlanV2 / SmemPlanV3 derive from it and add
 // their barriers after num_blocks, where the members stood before).
@@ -102,6 +102,22 @@ __device__ __forceinline__ FrontConsts front_consts(SmemTiles& sm, int r0) {
   return FrontConsts{sm.lse2[r0],          sm.lse2[r0 + 8],
                      sm.delta[r0],         sm.delta[r0 + 8],
                      reinterpret_cast<char*>(sm.p), reinterpret_cast<char*>(sm.ds)};
+}
+
+// lse * log2(e) (+inf on padded heads: P = 0 there) and Delta (0 on padded heads) of head t < 64 of
+// the CTA's group (h0 = its first head); the caller stores them to sm.lse2[t], sm.delta[t].
+__device__ __forceinline__ float2 lse_delta_of(const MainParams& p, const Work& w, int h0, int t) {
+  const bool real = t < w.heads;
+  const int64_t at = w.token * p.H + h0 + t;
+  return make_float2(real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000), real ? p.delta[at] : 0.f);
+}
+
+// The CTA's smem plan at the start of the dynamic shared memory (every kernel's extern __shared__
+// array starts there).
+template <class Plan>
+__device__ __forceinline__ Plan& dynamic_smem_plan() {
+  extern __shared__ uint8_t dynamic_smem[];
+  return detail::smem_plan<Plan>(dynamic_smem);
 }
 
 // Zeroes an accumulator.
