@@ -117,9 +117,10 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
   if constexpr (kL2Hint) hw::fence_proxy_async();  // writer side of the st.shared Q / dO pieces (wgmma operands)
   hw::cp_async_commit();
   if (tid < kHeadsPerCta) {
-    const float2 ld = lse_delta_of(p, w, h0, tid);
-    sm.lse2[tid] = ld.x;
-    sm.delta[tid] = ld.y;
+    const bool real = tid < w.heads;
+    const int64_t at = w.token * p.H + h0 + tid;
+    sm.lse2[tid] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
+    sm.delta[tid] = real ? p.delta[at] : 0.f;
   }
 
   // Non-empty key blocks, rotated by the sweep phase.
@@ -173,11 +174,9 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
     hw::wgmma_commit();
     mma_heads_keys<kVBlocks>(dp, sm.dout, sm.kv);
     hw::wgmma_commit();
-    hw::wgmma_wait<1>();
-    hw::fence_regs(s);
-
-    // P = exp(scale S - lse) on valid keys, 0 elsewhere (fp32, kept for dS and the mass).
-    exp_scores(s, sm.idx[st], p, fc.lse2_lo, fc.lse2_hi, q4);
+    // S landed (dP may stay in flight): P = exp(scale S - lse) on valid keys, 0 elsewhere (fp32, kept
+    // for dS and the mass).
+    scores_to_p<1>(s, sm.idx[st], p, fc, q4);
     hw::wgmma_wait<0>();
     hw::fence_regs(dp);
     // dS = scale P (dP - Delta) from the fp32 P.

@@ -101,9 +101,10 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, c
   }
   hw::cp_async_commit();
   if (t < kHeadsPerCta) {
-    const float2 ld = lse_delta_of(p, w, h0, t);
-    sm.lse2[t] = ld.x;
-    sm.delta[t] = ld.y;
+    const bool real = t < w.heads;
+    const int64_t at = w.token * p.H + h0 + t;
+    sm.lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
+    sm.delta[t] = real ? p.delta[at] : 0.f;
   }
   hw::cp_async_wait<0>();
   hw::fence_proxy_async();  // writer side: this thread's Q / dO pieces are wgmma (async proxy) operands
@@ -202,9 +203,7 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
       hw::wgmma_fence();
       mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
       hw::wgmma_commit();
-      hw::wgmma_wait<0>();
-      hw::fence_regs(s);
-      exp_scores(s, sm.idx[st], p, fc.lse2_lo, fc.lse2_hi, q4);
+      scores_to_p<0>(s, sm.idx[st], p, fc, q4);
       // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
       // after kv_full of block i + 1, which needs warp 0's kv_empty arrival of block i.
       if (p.mass != nullptr) emit_mass<kBarMass>(p, sm, w, s, mass_slot, warp, lane);

@@ -104,20 +104,22 @@ __device__ __forceinline__ FrontConsts front_consts(SmemTiles& sm, int r0) {
                      reinterpret_cast<char*>(sm.p), reinterpret_cast<char*>(sm.ds)};
 }
 
-// lse * log2(e) (+inf on padded heads: P = 0 there) and Delta (0 on padded heads) of head t < 64 of
-// the CTA's group (h0 = its first head); the caller stores them to sm.lse2[t], sm.delta[t].
-__device__ __forceinline__ float2 lse_delta_of(const MainParams& p, const Work& w, int h0, int t) {
-  const bool real = t < w.heads;
-  const int64_t at = w.token * p.H + h0 + t;
-  return make_float2(real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000), real ? p.delta[at] : 0.f);
-}
-
 // The CTA's smem plan at the start of the dynamic shared memory (every kernel's extern __shared__
 // array starts there).
 template <class Plan>
 __device__ __forceinline__ Plan& dynamic_smem_plan() {
   extern __shared__ uint8_t dynamic_smem[];
   return detail::smem_plan<Plan>(dynamic_smem);
+}
+
+// Waits until at most kPending wgmma groups are in flight (S = Q . KV^T landed), then
+// P = exp(scale S - lse) in place on valid keys, 0 elsewhere (exp_scores).
+template <int kPending>
+__device__ __forceinline__ void scores_to_p(float (&s)[32], const int32_t* idx, const MainParams& p,
+                                            const FrontConsts& fc, int q4) {
+  hw::wgmma_wait<kPending>();
+  hw::fence_regs(s);
+  detail::exp_scores(s, idx, p, fc.lse2_lo, fc.lse2_hi, q4);
 }
 
 // Zeroes an accumulator.
