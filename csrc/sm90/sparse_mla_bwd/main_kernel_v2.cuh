@@ -116,12 +116,7 @@ __device__ void front(const MainParams& p, SmemPlanV2& sm, int tid) {
   }
   if constexpr (kL2Hint) hw::fence_proxy_async();  // writer side of the st.shared Q / dO pieces (wgmma operands)
   hw::cp_async_commit();
-  if (tid < kHeadsPerCta) {
-    const bool real = tid < w.heads;
-    const int64_t at = w.token * p.H + h0 + tid;
-    sm.lse2[tid] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
-    sm.delta[tid] = real ? p.delta[at] : 0.f;
-  }
+  if (tid < kHeadsPerCta) store_lse_delta(p, sm.lse2, sm.delta, w.token * p.H + h0, tid < w.heads, tid);
 
   // Non-empty key blocks, rotated by the sweep phase.
   build_block_list<kBarFront>(p, sm, idx_row, num_row_blocks, warp, lane);

@@ -100,12 +100,7 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, c
     }
   }
   hw::cp_async_commit();
-  if (t < kHeadsPerCta) {
-    const bool real = t < w.heads;
-    const int64_t at = w.token * p.H + h0 + t;
-    sm.lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
-    sm.delta[t] = real ? p.delta[at] : 0.f;
-  }
+  if (t < kHeadsPerCta) store_lse_delta(p, sm.lse2, sm.delta, w.token * p.H + h0, t < w.heads, t);
   hw::cp_async_wait<0>();
   hw::fence_proxy_async();  // writer side: this thread's Q / dO pieces are wgmma (async proxy) operands
   hw::named_bar_sync(kBarQdo, 256);

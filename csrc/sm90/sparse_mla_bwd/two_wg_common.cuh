@@ -104,6 +104,16 @@ __device__ __forceinline__ FrontConsts front_consts(SmemTiles& sm, int r0) {
                      reinterpret_cast<char*>(sm.p), reinterpret_cast<char*>(sm.ds)};
 }
 
+// Head t < 64 of the CTA's group (dO / lse row row0 + t; real: not a padded head): lse2[t] =
+// lse * log2(e) (+inf on padded heads: P = 0 there), delta[t] = Delta (0 on padded heads). Scalars
+// in, not the plan and the work item: a spelling with references to them moved v2's SASS.
+__device__ __forceinline__ void store_lse_delta(const MainParams& p, float* lse2, float* delta, int64_t row0,
+                                                bool real, int t) {
+  const int64_t at = row0 + t;
+  lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
+  delta[t] = real ? p.delta[at] : 0.f;
+}
+
 // The CTA's smem plan at the start of the dynamic shared memory (every kernel's extern __shared__
 // array starts there).
 template <class Plan>
