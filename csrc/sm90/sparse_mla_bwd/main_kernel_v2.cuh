@@ -247,9 +247,9 @@ __device__ void back(const MainParams& p, SmemPlanV2& sm, int tid) {
 
   const Work w = make_work(p);
   const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
-  __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
-  store_dq<4, false>(dq_a, dqh0, w.heads, kFrontDqBlocks, r0, q4);
-  store_dq<1, false>(dq_b, dqh0, w.heads, kFrontDqBlocks + 4, r0, q4);
+  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4, false>(dq_a, dq_head0, w.heads, kFrontDqBlocks, r0, q4);
+  store_dq<1, false>(dq_b, dq_head0, w.heads, kFrontDqBlocks + 4, r0, q4);
 }
 
 }  // namespace detail

@@ -99,9 +99,8 @@ struct FrontConsts {
   char* ds_tile;
 };
 __device__ __forceinline__ FrontConsts front_consts(SmemTiles& sm, int r0) {
-  return FrontConsts{sm.lse2[r0],          sm.lse2[r0 + 8],
-                     sm.delta[r0],         sm.delta[r0 + 8],
-                     reinterpret_cast<char*>(sm.p), reinterpret_cast<char*>(sm.ds)};
+  return FrontConsts{sm.lse2[r0], sm.lse2[r0 + 8], sm.delta[r0], sm.delta[r0 + 8], reinterpret_cast<char*>(sm.p),
+                     reinterpret_cast<char*>(sm.ds)};
 }
 
 // Head t < 64 of the CTA's group (dO / lse row row0 + t; real: not a padded head): lse2[t] =
@@ -195,7 +194,9 @@ __device__ __forceinline__ float* dkv_row_ptr(const DkvRows& r, int half, int ab
 // (emit_dkv_pairs).
 template <bool kDeterministic>
 __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRows& rows, int lane) {
-#if FLASHDSA_BWD_V2_NO_DKV  // measurement build only (scripts/bwd_v2_gpu.sh NO_REDS=1): no dkv writes, wrong dkv
+// FLASHDSA_BWD_V2_NO_DKV: measurement build only (scripts/bwd_v2_gpu.sh NO_REDS=1): no dkv writes,
+// wrong dkv; since the move here it also applies to v3 builds (none uses it).
+#if FLASHDSA_BWD_V2_NO_DKV
   return;
 #endif
   // FLASHDSA_BWD_L2HINT: the reds carry an L2::evict_last policy (l2_policy.cuh).
