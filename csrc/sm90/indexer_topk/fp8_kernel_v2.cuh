@@ -227,33 +227,38 @@ __device__ __forceinline__ void rescore_row_v2(const Fp8KernelArgs& a, int t, fl
     hw::cp_async_wait<P - 1>();
     __syncwarp();  // every lane's copies of batch b have landed
     const uint16_t* kb = rs.keys[warp][b % P];
-    float acc[H / 8][4];
+    // Heads in groups of 32 (4 n-tiles of 8: 16 accumulators; H_I = 64 takes two passes over the A
+    // fragments, which keeps the per-row tail within the 128 registers).
+    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
+#pragma unroll 1
+    for (int h0 = 0; h0 < H; h0 += 32) {
+      float acc[4][4];
 #pragma unroll
-    for (int n = 0; n < H / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+      for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int col = 16 * ks + 2 * c;
-      const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
-                              lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int col = 16 * ks + 2 * c;
+        const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
+                                lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
 #pragma unroll
-      for (int n = 0; n < H / 8; ++n) {
-        const uint16_t* qh = rs.q + (8 * n + g) * kLd + col;
-        mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+        for (int n = 0; n < 4; ++n) {
+          const uint16_t* qh = rs.q + (h0 + 8 * n + g) * kLd + col;
+          mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const float2 w = *reinterpret_cast<const float2*>(rs.w + h0 + 8 * n + 2 * c);
+        s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
+        s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
+        s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
+        s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
       }
     }
     __syncwarp();  // every lane has read batch b's stage: it may be refilled
     if (b + P < nb) issue(b + P, next_key);
     hw::cp_async_commit();
     next_key = batch_key(b + P + 1);
-    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
-#pragma unroll
-    for (int n = 0; n < H / 8; ++n) {
-      const float2 w = *reinterpret_cast<const float2*>(rs.w + 8 * n + 2 * c);
-      s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
-      s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
-      s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
-      s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
-    }
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
     s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
     s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
