@@ -116,7 +116,8 @@ Status run(const IndexerTopkParams& p) {
   static_assert(indexer_topk_impl::fp8v2::smem_bytes<32>() <= static_cast<size_t>(kSmemPerCtaBudget) &&
                     indexer_topk_impl::fp8v2::smem_bytes<64>() <= static_cast<size_t>(kSmemPerCtaBudget),
                 "two FP8 v2 CTAs per SM must fit");
-  if (indexer_topk_impl::fp8v2::supports_shape(p.indexer.H_I, p.indexer.D_I))
+  // (T_kv = 0: no tensor map; the base kernel zero-fills any key tile instead.)
+  if (p.T_kv > 0 && indexer_topk_impl::fp8v2::supports_shape(p.indexer.H_I, p.indexer.D_I))
     return indexer_topk_impl::fp8v2::run(args, p.indexer.H_I, p.indexer.relu, shape.grid, stream);
 #endif
   return indexer_topk_impl::dispatch_variant(p.indexer.H_I, p.indexer.D_I, p.indexer.relu, [&](auto v) {
