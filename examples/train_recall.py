@@ -924,6 +924,46 @@ def plot_training(hist: Dict[str, list], cfg: Config, path: Path, title: str) ->
     save_figure(fig, title, path)
 
 
+def plot_overlay(runs: Dict[str, Dict], path: Path, title: str) -> None:
+    """Overlays several runs' ``metrics.json`` contents (label -> dict with ``config`` and ``history``):
+    LM loss, task accuracy and the first full layer's top-k recall of the queried pair, per step."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.5))
+    for i, (label, run) in enumerate(runs.items()):
+        hist, color = run["history"], f"C{i}"
+        steps = list(range(1, len(hist["lm_loss"]) + 1))
+        w = max(1, len(steps) // 50)
+        ax[0].plot(steps, smooth(hist["lm_loss"], w), color=color, label=label)
+        ax[1].plot(steps, smooth(hist["accuracy"], w), color=color, label=label)
+        ax[2].plot(steps, smooth([v[0] for v in hist["recall"]], w), color=color, label=label)
+        ax[2].plot(steps, smooth(hist["chance_recall"], w), color=color, ls=":", lw=0.8,
+                   label=f"{label}: random top-k")
+    first = next(iter(runs.values()))["config"]
+    ax[0].set(title="LM loss on the answers", xlabel="step", yscale="log")
+    ax[1].axhline(1 / first["num_values"], ls=":", color="gray", label="chance")
+    ax[1].set(title="task accuracy", xlabel="step", ylim=(0, 1.02))
+    ax[2].set(title=f"top-{first['topk']} recall of the queried pair, full layer 0", xlabel="step", ylim=(0, 1.02))
+    for a in ax:
+        a.legend(fontsize=8)
+    save_figure(fig, title, path)
+
+
+def overlay(paths: List[Path], out: Path) -> Dict[str, Dict[str, float]]:
+    """Reads ``metrics.json`` files of earlier runs, writes ``out / overlay.png`` and returns each run's
+    summary keyed by its label (the run's ``selection`` and the file's folder name)."""
+    runs = {}
+    for path in paths:
+        run = json.loads(Path(path).read_text())
+        if "history" not in run or "config" not in run:
+            raise ValueError(f"{path}: not a metrics.json of examples/train_recall.py (no history / config)")
+        label = f"{Path(path).parent.name or Path(path).stem} (selection {run['config'].get('selection', 'bf16')})"
+        runs[label] = run
+    out.mkdir(parents=True, exist_ok=True)
+    plot_overlay(runs, out / "overlay.png", "key-value recall: runs overlaid")
+    print(f"wrote {out / 'overlay.png'}")
+    return {label: run.get("summary", {}) for label, run in runs.items()}
+
+
 PARITY_RUNS = ["fused", "reference", "reference-shared-topk"]
 
 
@@ -1015,6 +1055,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--log-every", type=int, default=50, help="steps between printed lines (without tqdm)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--fp64", action="store_true", help="CPU only: fp64 parameters and activations (fp32 by default)")
+    ap.add_argument("--overlay", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="no training: overlay the curves of earlier runs' metrics.json files into --out/overlay.png")
     add_config_options(ap, Config, PRESETS)
     return ap.parse_args(argv)
 
@@ -1042,6 +1084,8 @@ def build_config(args: argparse.Namespace) -> Config:
 def main(argv=None) -> Dict:
     """Runs the example; returns what it writes to the JSON file (the tests use it)."""
     args = parse_args(argv)
+    if args.overlay:
+        return {"overlay": overlay(args.overlay, args.out)}
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = build_config(args)

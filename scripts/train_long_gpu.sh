@@ -14,7 +14,7 @@
 # Phases: build, two-stage, scratch (compare = both), parity. Time: the two-stage recipe M minutes,
 # scratch S minutes (default M), each + ~30 s (start, plot); parity ~3-5 min; build a few min.
 # One device call runs at most 10 min. The run of record (docs/training.md, "GPU run commands"):
-#   bash scripts/train_long_gpu.sh --phases two-stage --minutes 8            # ~9.2 min
+#   bash scripts/train_long_gpu.sh --phases two-stage --minutes 7            # ~7.5 min (run of record 2026-12-02)
 #   bash scripts/train_long_gpu.sh --phases scratch,parity --minutes 3       # ~7-8 min (if time allows)
 # (the extension must be built on that machine first: --phases build, its own call when needed);
 # the recipes' JSONs are merged into compare.png after each recipe phase.

@@ -138,6 +138,21 @@ def test_training_with_fp8_selection(example, tmp_path):
         example.main(TINY + ["--steps", "1", "--selection", "fp8", "--backend", "reference", "--out", str(tmp_path)])
 
 
+def test_overlay_of_two_runs(example, tmp_path):
+    """--overlay plots earlier runs' metrics.json side by side and returns their summaries; a file that
+    is not a run's metrics is refused."""
+    for sel in ("bf16", "fp8"):
+        example.main(TINY + ["--steps", "3", "--selection", sel, "--out", str(tmp_path / sel)])
+    result = example.main(["--overlay", str(tmp_path / "bf16" / "metrics.json"), str(tmp_path / "fp8" / "metrics.json"),
+                           "--out", str(tmp_path / "both")])["overlay"]
+    assert sorted(result) == ["bf16 (selection bf16)", "fp8 (selection fp8)"]
+    assert all(summary["steps"] == 3 for summary in result.values())
+    assert (tmp_path / "both" / "overlay.png").stat().st_size > 10_000
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a metrics.json"):
+        example.main(["--overlay", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x")])
+
+
 def test_parity_mode_agrees(example, tmp_path):
     result = example.main(TINY + ["--parity", "--steps", "8", "--out", str(tmp_path)])
     report = result["parity"]
