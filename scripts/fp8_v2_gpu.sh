@@ -14,7 +14,8 @@
 #
 # Steps (per-step timeouts; logs under ${OUT:-/tmp/flashdsa_fp8v2}; a table last):
 #   1. correctness, concurrently: the check cases of v2 (--tol8 0.05: the packed epilogue's error
-#      bound) and of v2f32 (default tolerance), memcheck / racecheck / synccheck of v2 --small;
+#      bound; again with 0.005, informational) and of v2f32 (default tolerance), memcheck / racecheck /
+#      synccheck of v2 --small;
 #   2. benchmark --bench-only --bench-T 8192,32768,131072 --bench-H 32,64: base and v2 alternated over
 #      2 rounds, v2f32 once (round 1); each run also times the bf16 fused kernel;
 #   3. the table: FP8 ms (quantize + select) per build and shape, speed vs bf16 and vs base, recall
@@ -86,6 +87,10 @@ collect_bg() { wait; for f in "$OUT"/rows.d/*; do [ -f "$f" ] && rows+=("$(cat "
 # ---- 1. correctness + sanitizers (concurrent: nothing is timed here)
 bg_step "check v2" 240 check_v2.log "$X/fp8check_v2" --no-bench --seed 1 --tol8 "$TOL8_PACKED"
 bg_step "check v2f32" 240 check_v2f32.log "$X/fp8check_v2f32" --no-bench --seed 1
+# Informational: the packed build against a realistic tolerance (0.005 of the row bound: 5x the largest
+# packed-vs-f32 difference seen in emulation). A FAIL here with a PASS above is a boundary case of the
+# bf16 rounding, not a bug; in the CPU emulation a wrong weight layout or key scale fails here only.
+bg_step "check v2 tight (tol8 0.005, info)" 240 check_v2_tight.log "$X/fp8check_v2" --no-bench --seed 1 --tol8 0.005
 if [ -x "$SAN" ]; then
   for tool in memcheck racecheck synccheck; do
     bg_step "$tool v2 --small" 240 "${tool}_v2.log" "$SAN" --tool $tool --error-exitcode 3 "$X/fp8check_v2" --small \
@@ -106,7 +111,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 # ---- summary
-for v in v2 v2f32; do
+for v in v2 v2f32 v2_tight; do
   [ -f "$OUT/check_$v.log" ] && echo "==== check $v: $(grep -cE ' PASS' "$OUT/check_$v.log") PASS, $(grep -cE ' FAIL' "$OUT/check_$v.log") FAIL; $(tail -1 "$OUT/check_$v.log")" \
     && grep -E "FAIL" "$OUT/check_$v.log" | head -5
 done
