@@ -3,11 +3,14 @@
 
 Usage: python3 scripts/fp8_sass_counts.py KERNEL.cubin [more.cubin ...]   (or .sass text)
 
-For every instance of indexer_topk_kernel / indexer_topk_fp8_kernel it lists each loop (a backward
-branch, body without EXIT, >= 40 instructions) with its instruction count by opcode class (the
-classes of scripts/fwd_sass_counts.py). The key walk's steady-state loop is the one holding HGMMA
-instructions: its counts are the per-tile SASS of one warp (both column halves, the appends of the
-previous tile; the compaction is out of line behind a branch and counted only if the body contains it).
+For every instance of the bf16 kernel (indexer_topk_v2_kernel, kernel_v2.cuh) and of
+indexer_topk_fp8_kernel it lists each loop (a backward branch, body without EXIT, >= 40
+instructions) with its instruction count by opcode class (the classes of scripts/fwd_sass_counts.py).
+The key walk's steady-state loop is the one holding HGMMA / QGMMA instructions: its counts are the
+per-tile SASS of one warp (bf16: its warpgroup's 128 columns and their appends; FP8: both column
+halves and the appends of the previous tile). The compaction is out of line behind a branch and
+counted only if the body contains it. (The first bf16 kernel, indexer_topk_kernel, is matched too,
+for cubins of older revisions.)
 """
 import collections
 import os
@@ -21,8 +24,8 @@ CLASSES = [("HGMMA", ("HGMMA", "QGMMA"))] + f.CLASSES[1:]  # QGMMA: the e4m3 wgm
 
 def functions(text):
     """{mangled name: [(address, opcode, operands)]} of the indexer top-k kernels (bf16 and FP8)."""
-    return f.functions_by_tag(text, lambda name: name if "indexer_topk_kernel" in name
-                              or "indexer_topk_fp8_kernel" in name else None)
+    tags = ("indexer_topk_v2_kernel", "indexer_topk_fp8_kernel", "indexer_topk_kernel")
+    return f.functions_by_tag(text, lambda name: name if any(t in name for t in tags) else None)
 
 
 def main(paths):

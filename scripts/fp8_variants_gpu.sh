@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# A/B of the FP8 (e4m3) selection pass's build switches on one H200 (issue 20 item 2; the switches
-# are described at the top of csrc/sm90/indexer_topk/fp8_kernel.cuh and in docs/perf-notes.md):
-# builds tests/cuda/indexer_topk_fp8_check.cu once per variant (the library build's objects, only
-# indexer_topk_fp8.cu recompiled with the variant's -D flags), runs the correctness cases of the
-# non-attribution variants and compute-sanitizer memcheck + racecheck of the best guess (--small), all
-# at once, then the benchmark (--bench-only --bench-T $BENCH_T --bench-H $BENCH_H) alternated over
-# the variants for $ROUNDS rounds; per-step timeouts, logs under ${OUT:-/tmp/flashdsa_fp8v}, a table
-# last (ms per variant, speed vs the bf16 fused kernel of the same run, recall).
+# Attribution of the FP8 (e4m3) selection pass's time on one H200 (csrc/sm90/indexer_topk/fp8_kernel.cuh;
+# docs/kernels/indexer_topk.md "FP8 selection pass"): builds tests/cuda/indexer_topk_fp8_check.cu once
+# per variant (the library build's objects, only indexer_topk_fp8.cu recompiled with the variant's -D
+# flags): `full` (the library's kernel) and the attribution builds a1-a4 (-DFLASHDSA_FP8_ABLATE=n,
+# wrong results by design). Runs the correctness cases of `full` and compute-sanitizer memcheck +
+# racecheck of it (--small), all at once, then the benchmark (--bench-only --bench-T $BENCH_T
+# --bench-H $BENCH_H) alternated over the variants for $ROUNDS rounds; per-step timeouts, logs under
+# ${OUT:-/tmp/flashdsa_fp8v}, a table last (ms per variant, speed vs the bf16 fused kernel of the same
+# run, recall). (Until 2026-12-02 it also A/B-tested four speed switches; they are folded in.)
 #
 #   bash scripts/fp8_variants_gpu.sh --phases build          (first, on a machine without binaries)
 #   bash scripts/fp8_variants_gpu.sh --phases check,bench    (about 5-6 minutes)
@@ -14,9 +15,8 @@
 #        (dir holds fp8check_<variant> binaries or fp8_variants.tar.xz of them, built elsewhere with
 #         --phases build, e.g. on the CPU box: BIN=/path LIB=/path/to/libflashdsa.a ... --phases build)
 #
-# Environment: VARIANTS (base, a1-a4, dense, append1, kscale, pipe, walk, all: see flags_of; default
-# "base a1 a2 a3 pipe walk all"), CHECK_VARIANTS
-# (default "pipe walk all"), BEST (sanitized variant, default all), ROUNDS (2), BENCH_T
+# Environment: VARIANTS (full, a1-a4: see flags_of; default "full a1 a2 a3 a4"), CHECK_VARIANTS
+# (default "full"), BEST (sanitized variant, default full), ROUNDS (2), BENCH_T
 # (8192,32768,131072), BENCH_H (32,64), BUILD (the CMake build dir holding libflashdsa.a, default
 # build), LIB (default $BUILD/libflashdsa.a), BIN / OBJ (binaries / objects, default
 # $BUILD/fp8_variants/{bin,obj}: outside $OUT, which holds only the logs), NVCC, JOBS.
@@ -34,9 +34,9 @@ BIN=${BIN:-$BUILD/fp8_variants/bin}
 OBJ=${OBJ:-$BUILD/fp8_variants/obj}
 NVCC=${NVCC:-nvcc}
 JOBS=${JOBS:-$(nproc)}
-VARIANTS=${VARIANTS:-"base a1 a2 a3 pipe walk all"}
-CHECK_VARIANTS=${CHECK_VARIANTS:-"pipe walk all"}
-BEST=${BEST:-all}
+VARIANTS=${VARIANTS:-"full a1 a2 a3 a4"}
+CHECK_VARIANTS=${CHECK_VARIANTS:-"full"}
+BEST=${BEST:-full}
 ROUNDS=${ROUNDS:-2}
 BENCH_T=${BENCH_T:-8192,32768,131072}
 BENCH_H=${BENCH_H:-32,64}
@@ -54,30 +54,18 @@ has() { [[ ",$phases," == *",$1,"* ]]; }
 
 flags_of() {  # the -D flags of a variant
   case $1 in
-    base) echo "" ;;
+    full) echo "" ;;
     a1|a2|a3|a4) echo "-DFLASHDSA_FP8_ABLATE=${1#a}" ;;  # attribution only: results are wrong
-    dense) echo "-DFLASHDSA_FP8_DENSE=1" ;;
-    append1) echo "-DFLASHDSA_FP8_APPEND1=1" ;;
-    kscale) echo "-DFLASHDSA_FP8_KSCALE=1" ;;
-    pipe) echo "-DFLASHDSA_FP8_RESCORE_PIPE=1" ;;
-    walk) echo "-DFLASHDSA_FP8_DENSE=1 -DFLASHDSA_FP8_APPEND1=1 -DFLASHDSA_FP8_KSCALE=1" ;;
-    all) echo "-DFLASHDSA_FP8_DENSE=1 -DFLASHDSA_FP8_APPEND1=1 -DFLASHDSA_FP8_KSCALE=1 -DFLASHDSA_FP8_RESCORE_PIPE=1" ;;
     *) echo "BAD" ;;
   esac
 }
 describe() {
   case $1 in
-    base) echo "main's kernel" ;;
+    full) echo "the library's kernel" ;;
     a1) echo "attribution: MMA + fold only" ;;
     a2) echo "attribution: scores + head sums + pass test, no appends" ;;
     a3) echo "attribution: walk + appends, top K from the FP8 lists (no C cut, no re-score)" ;;
     a4) echo "attribution: walk + C cut, no re-score" ;;
-    dense) echo "DENSE" ;;
-    append1) echo "APPEND1" ;;
-    kscale) echo "KSCALE" ;;
-    pipe) echo "RESCORE_PIPE" ;;
-    walk) echo "DENSE + APPEND1 + KSCALE (the walk's fixes)" ;;
-    all) echo "DENSE + APPEND1 + KSCALE + RESCORE_PIPE" ;;
   esac
 }
 for v in $VARIANTS $CHECK_VARIANTS $BEST; do
@@ -130,7 +118,7 @@ binary() {
   if [ -x "$BIN/fp8check_$1" ]; then echo "$BIN/fp8check_$1"; else echo "$BIN/x/fp8check_$1"; fi
 }
 
-# ---- 2. correctness of the fix variants + sanitizers of the best guess (concurrent: no timing here).
+# ---- 2. correctness of the full kernel + its sanitizers (concurrent: no timing here).
 if has check; then
   for v in $CHECK_VARIANTS; do
     b=$(binary "$v"); [ -x "$b" ] || { rows+=("check $v | NO BINARY | - | -"); continue; }
@@ -165,7 +153,7 @@ echo "==== steps (logs in $OUT)"
 printf 'step | status | time | log\n'
 printf '%s\n' "${rows[@]}"
 if has bench; then
-  echo "==== benchmark: FP8 ms (quantize + select; min over rounds), speed vs the bf16 fused kernel of the same runs and vs base, spread over rounds"
+  echo "==== benchmark: FP8 ms (quantize + select; min over rounds), speed vs the bf16 fused kernel of the same runs and vs full, spread over rounds"
   python3 - "$OUT" "$ROUNDS" $VARIANTS <<'PY'
 import glob, os, re, sys
 out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -193,9 +181,9 @@ for v in variants:
         fp8 = min(x[1] for x in rs)
         bf = min(x[0] for x in rs)
         spread = max(x[1] for x in rs) / fp8 - 1
-        base = res.get(("base", H, T))
-        vs_base = ", %.2fx base" % (min(x[1] for x in base) / fp8) if base and v != "base" else ""
-        cells.append("%-38s" % ("%.3f (%.2fx bf16%s, ±%.0f%%)" % (fp8, bf / fp8, vs_base, 100 * spread)))
+        full = res.get(("full", H, T))
+        vs_full = ", %.2fx full" % (min(x[1] for x in full) / fp8) if full and v != "full" else ""
+        cells.append("%-38s" % ("%.3f (%.2fx bf16%s, ±%.0f%%)" % (fp8, bf / fp8, vs_full, 100 * spread)))
     print("%-8s " % v + " ".join(cells))
 print("recall (mean / min row) of the exact bf16 top-K per variant and shape:")
 for v in variants:

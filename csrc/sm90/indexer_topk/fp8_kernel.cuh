@@ -1,10 +1,13 @@
 // Internal: the device side of the FP8 (e4m3) selection pass of the fused Hopper indexer + top-k
 // (docs/spec.md §3 "FP8 selection"; design: docs/kernels/indexer_topk.md, "FP8 selection").
-// Host side: indexer_topk_fp8.cu. The bf16 kernel (kernel.cuh) is not touched: this file reuses its
-// configuration constants, its epilogue helpers (partial_head_sums, quad_reduce_scatter), the
+// Host side: indexer_topk_fp8.cu. It uses the shared pieces of kernel.cuh (one-warpgroup
+// configuration, partial_head_sums, quad_reduce_scatter, the list compaction and final write), the
 // activation of common/indexer_score.cuh and the selection of select.cuh.
 //
-// Differences from the bf16 kernel:
+// One warpgroup per CTA, two CTAs per SM, persistent grid with a dynamic block scheduler, a cp.async
+// key ring, and the two column halves (m64n128 each) software-pipelined so that the epilogue of one
+// half runs on the CUDA cores while the tensor cores score the other (the structure of the first bf16
+// kernel, docs/kernels/indexer_topk.md "History"). Differences from the bf16 scoring:
 //  - q̂ / k̂ are e4m3, one SW128 row of 128 bytes per (token, head) / key (D_I = 64 fills its first
 //    64 bytes); the score MMA is wgmma m64n128k32 e4m3 x e4m3 -> f32 (D_I / 32 k-steps per half);
 //  - the query scale is folded into the block's weights when they are staged (w' = w · a), the key
@@ -27,38 +30,23 @@
 #include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/indexer_topk/select.cuh"
 
-// Build switches (docs/kernels/indexer_topk.md "FP8 selection pass", docs/perf-notes.md). Every one
-// defaults to 0 / undefined, which compiles the measured kernel unchanged.
-//  - FLASHDSA_FP8_ABLATE=n, attribution for the check program's benchmark only (the results are
-//    WRONG): 1 = the MMAs and a cheap fold of the accumulators (no head sums, no appends);
-//    2 = scores, head sums, key scales and the pass test, but no appends (no list ever fills);
-//    3 = the full walk, then the top K straight from the FP8 lists (no C cut, no re-score);
-//    4 = the full walk and the C cut, no re-score (the final top K of the FP8 scores).
-//  - FLASHDSA_FP8_DENSE=1: while a row has not been compacted (threshold 0) every visible key is a
+// The four speed changes that were build switches until 2026-12-02 (FLASHDSA_FP8_DENSE, _APPEND1,
+// _KSCALE, _RESCORE_PIPE; measured together fastest on the H200, docs/kernels/indexer_topk.md) are
+// now the only code:
+//  - dense appends: while a row has not been compacted (threshold 0) every visible key is a
 //    candidate, so key k goes to slot k - k_start with a plain store: no ballot, shared atomic or
-//    shuffle; one thread per row sets the row's count after the tile.
-//  - FLASHDSA_FP8_APPEND1=1: one shared atomic per (row, warp, tile) for both of a lane's keys, the
-//    rows' ballots, atomics and shuffles issued back to back (independent chains), instead of one
-//    dependent ballot -> atomic -> shuffle round per (row, key half).
-//  - FLASHDSA_FP8_RESCORE_PIPE=1: the re-score gathers key rows with cp.async into a per-warp ring of
-//    kRescorePipe stages (in the Q block + key ring, free after the walk), the candidate indices
-//    prefetched one batch ahead, so several gathers per warp are in flight instead of one.
-//  - FLASHDSA_FP8_KSCALE=1: the tile's 64 key scales travel with the key tile (cp.async, 4 bytes per
-//    thread of the first 64) into a ring of 2 x kFp8Stages slots, so the epilogue reads them from
-//    shared memory; otherwise each thread loads its 2 scales from global memory in the epilogue (the
-//    second load sits ≈ 35 instructions before its use in the SASS: an L2 round trip per tile).
-#ifndef FLASHDSA_FP8_KSCALE
-#define FLASHDSA_FP8_KSCALE 1  // default since 2026-12-02 (measured fastest, all four on)
-#endif
-#ifndef FLASHDSA_FP8_DENSE
-#define FLASHDSA_FP8_DENSE 1  // default since 2026-12-02 (measured fastest, all four on)
-#endif
-#ifndef FLASHDSA_FP8_APPEND1
-#define FLASHDSA_FP8_APPEND1 1  // default since 2026-12-02 (measured fastest, all four on)
-#endif
-#ifndef FLASHDSA_FP8_RESCORE_PIPE
-#define FLASHDSA_FP8_RESCORE_PIPE 1  // default since 2026-12-02 (measured fastest, all four on)
-#endif
+//    shuffle; one thread per row sets the row's count after the tile;
+//  - one shared atomic per (row, warp, tile) for both of a lane's keys, the rows' ballots, atomics and
+//    shuffles issued back to back (independent chains);
+//  - the tile's 64 key scales travel with the key tile (cp.async, 4 bytes per thread of the first 64)
+//    into a ring of 2 x kFp8Stages slots, so the epilogue reads them from shared memory;
+//  - the re-score gathers key rows with cp.async into a per-warp ring of kPipe stages (in the Q
+//    block + key ring, free after the walk), the candidate indices prefetched one batch ahead.
+// FLASHDSA_FP8_ABLATE=n: attribution for the check program's benchmark only (the results are WRONG;
+// never in the library build): 1 = the MMAs and a cheap fold of the accumulators (no head sums, no
+// appends); 2 = scores, head sums, key scales and the pass test, but no appends (no list ever fills);
+// 3 = the full walk, then the top K straight from the FP8 lists (no C cut, no re-score);
+// 4 = the full walk and the C cut, no re-score (the final top K of the FP8 scores).
 
 namespace flashdsa::sm90::indexer_topk_impl {
 
@@ -66,6 +54,11 @@ constexpr int kFp8RowBytes = 128;  // one SW128 row per (token, head) / key: D_I
 constexpr int kFp8Stages = 4;      // key-tile ring depth (8 KB tiles)
 constexpr int kRescoreKeys = 16;   // keys per warp per re-score step (the M of mma.m16n8k16)
 
+// The shared memory of the first (unpipelined) re-score. No code uses it any more, but it stays in
+// Fp8Smem's union because it sets the union's size: at H_I = 64, D_I = 128 it is 2304 bytes larger
+// than the key ring, and dropping it would move every member after the union (w, ks, sel, ...), i.e.
+// change the measured kernel's SASS and shared-memory size. Freeing those bytes is a separate,
+// measured change.
 template <int H, int D>
 struct RescoreSmem {
   static constexpr int kLd = D + 8;                  // bf16 row stride: conflict-free fragment loads
@@ -80,12 +73,10 @@ struct alignas(1024) Fp8Smem {
   uint8_t q[kCols * kFp8RowBytes];  // SW128 [256, 128 B]: row = token * H + head
   union {
     uint8_t k[kFp8Stages][kTileKeys * kFp8RowBytes];  // SW128 [64, 128 B] key tiles (the walk)
-    RescoreSmem<H, D> rs;                             // the re-score (after the walk)
+    RescoreSmem<H, D> rs;                             // size only (see RescoreSmem)
   };
   float w[kCols];  // w' = w · q_scale of the block's columns (0 past T)
-#if FLASHDSA_FP8_KSCALE
   float ks[2 * kFp8Stages][kTileKeys];  // key scales of tile j in slot j % (2 S) (0 past T_kv)
-#endif
   SelectScratch sel;
   int count[Config<H, D>::kTokens];
   uint32_t thr[Config<H, D>::kTokens];
@@ -139,7 +130,6 @@ __device__ __forceinline__ void load_key_tile_fp8(uint8_t* tile, const Fp8Kernel
   }
 }
 
-#if FLASHDSA_FP8_KSCALE
 // The key scales of key rows [key0, key0 + 64) into `ks` (4-byte cp.async by the first 64 threads,
 // zero-filled past T_kv), in the same commit group as the tile. The slot ring is twice as deep as the
 // tile ring: the copy of tile j + S is issued before the epilogue of tile j - 1 reads its scales.
@@ -150,28 +140,21 @@ __device__ __forceinline__ void load_key_scales_fp8(float* ks, const Fp8KernelAr
     hw::cp_async_4(hw::smem_u32(ks + threadIdx.x), a.k_scale + (valid ? key : 0), valid);
   }
 }
-#endif
 
 // cp.async of the block's queries [t0, t0 + kTokens) x H heads (row = token * H + head); rows of
 // tokens >= T are zero-filled.
 template <int H, int D>
 __device__ __forceinline__ void load_query_block_fp8(uint8_t* qs, const Fp8KernelArgs& a, int t0) {
-  constexpr int kRowChunks = D / 16;
-  constexpr int kPerThread = kCols * kRowChunks / kThreads;
-#pragma unroll 4
-  for (int i = 0; i < kPerThread; ++i) {
-    const int c = threadIdx.x + kThreads * i;
-    const int row = c / kRowChunks, chunk = c % kRowChunks;
-    const int t = t0 + row / H, h = row % H;
-    const bool valid = t < a.T;
+  for_each_query_chunk<H, D / 16, kThreads, 4>(a, t0, [&](int row, int chunk, int t, int h, bool valid) {
     const uint8_t* src =
         a.q8 + (valid ? static_cast<int64_t>(t) * a.q8_st + static_cast<int64_t>(h) * a.q8_sh + chunk * 16 : 0);
     hw::cp_async_16(qs + hw::sw128_offset(row, chunk), src, valid);
-  }
+  });
 }
 
-// Issues acc = K̂_tile [64, D] x Q̂_half^T [D, 128] (f32) for one column half (as issue_score_half of
-// the bf16 kernel): D / 32 k-steps of 32 bytes inside each 128-byte row.
+// Issues (does not wait for) acc = K̂_tile [64, D] x Q̂_half^T [D, 128] (f32) for one column half:
+// half h = Q rows [128 h, 128 h + 128), i.e. tokens [h kTokens / 2, (h + 1) kTokens / 2); D / 32
+// k-steps of 32 bytes inside each 128-byte row (both operands K-major SW128 tiles in smem).
 template <int D>
 __device__ __forceinline__ void issue_score_half_fp8(float (&acc)[kHalfAcc], const uint8_t* ktile, const uint8_t* qs,
                                                      int half) {
@@ -198,75 +181,7 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
 
 __device__ __forceinline__ uint32_t lds_u32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Exact re-score of one row's m candidates (list_i[0, m)) from the bf16 inputs: list_s[i] = Σ_h
-// w[t,h] · f(q[t,h] · k[list_i[i]]), fp32 accumulation. Each warp takes 16 keys at a time: gathers
-// their rows into shared memory, then mma.m16n8k16 with A = keys [16, D], B = q^T [D, 8 heads] per
-// 8-head group; lane (g, c) = (lane / 4, lane % 4) ends with keys g and g + 8, heads 8n + 2c + {0, 1}.
-// All threads; begins after a barrier that freed the key ring, ends with a barrier.
-template <int H, int D, bool kRelu>
-__device__ __forceinline__ void rescore_row(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i, int m,
-                                            RescoreSmem<H, D>& rs) {
-  constexpr int kLd = RescoreSmem<H, D>::kLd;
-  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-  for (int i = tid; i < H * kChunks; i += kThreads) {
-    const int h = i / kChunks, chunk = i % kChunks;
-    const uint4 v = *reinterpret_cast<const uint4*>(a.q + static_cast<int64_t>(t) * a.q_st +
-                                                    static_cast<int64_t>(h) * a.q_sh + chunk * 8);
-    *reinterpret_cast<uint4*>(rs.q + h * kLd + chunk * 8) = v;
-  }
-  for (int h = tid; h < H; h += kThreads) rs.w[h] = a.w[static_cast<int64_t>(t) * a.w_st + h];
-  __syncthreads();
-
-  uint16_t* kb = rs.keys[warp];
-  for (int i0 = warp * kRescoreKeys; i0 < m; i0 += kSelectWarps * kRescoreKeys) {
-    // Gather the 16 key rows (an empty slot reads as zeros and is never written back).
-    const int my_key = lane < kRescoreKeys && i0 + lane < m ? list_i[i0 + lane] : -1;
-#pragma unroll
-    for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
-      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
-      const int key = __shfl_sync(0xffffffffu, my_key, row);
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (key >= 0) v = *reinterpret_cast<const uint4*>(a.k + static_cast<int64_t>(key) * a.k_st + chunk * 8);
-      *reinterpret_cast<uint4*>(kb + row * kLd + chunk * 8) = v;
-    }
-    __syncwarp();
-    float acc[H / 8][4];
-#pragma unroll
-    for (int n = 0; n < H / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int col = 16 * ks + 2 * c;
-      const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
-                              lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
-#pragma unroll
-      for (int n = 0; n < H / 8; ++n) {
-        const uint16_t* qh = rs.q + (8 * n + g) * kLd + col;
-        mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
-      }
-    }
-    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
-#pragma unroll
-    for (int n = 0; n < H / 8; ++n) {
-      const float2 w = *reinterpret_cast<const float2*>(rs.w + 8 * n + 2 * c);
-      s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
-      s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
-      s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
-      s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
-    }
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (c == 0 && i0 + g < m) list_s[i0 + g] = s0;
-    if (c == 0 && i0 + g + 8 < m) list_s[i0 + g + 8] = s1;
-    __syncwarp();  // every lane is done with kb before the next gather
-  }
-  __syncthreads();  // the re-scored list is complete (and rs is free)
-}
-
-#if FLASHDSA_FP8_RESCORE_PIPE
-// The re-score's shared memory with a gather ring (FLASHDSA_FP8_RESCORE_PIPE): it overlays the Q
+// The re-score's shared memory with a gather ring: it overlays the Q
 // block and the key ring (64 KB, both free after the walk), so each warp gets kPipe stages.
 template <int H, int D>
 struct RescorePipeSmem {
@@ -282,7 +197,11 @@ struct RescorePipeSmem {
   float w[H];                                            // the row's unscaled weights
 };
 
-// rescore_row with the gather ring: warp w's batches are b = 0, 1, ... (candidates
+// Exact re-score of one row's m candidates (list_i[0, m)) from the bf16 inputs: list_s[i] = Σ_h
+// w[t,h] · f(q[t,h] · k[list_i[i]]), fp32 accumulation. Each warp takes 16 keys per batch: gathers
+// their rows into shared memory, then mma.m16n8k16 with A = keys [16, D], B = q^T [D, 8 heads] per
+// 8-head group; lane (g, c) = (lane / 4, lane % 4) ends with keys g and g + 8, heads 8n + 2c + {0, 1}.
+// The gathers go through a ring: warp w's batches are b = 0, 1, ... (candidates
 // [16 (w + 4 b), +16)); batch b + kPipe is issued (cp.async, zero-filled empty slots) while batch b
 // is scored, and the candidate indices of batch b + kPipe + 1 are loaded one batch ahead.
 // All threads; begins after a barrier that freed the Q block and the key ring, ends with a barrier.
@@ -369,7 +288,6 @@ __device__ __forceinline__ void rescore_row_pipe(const Fp8KernelArgs& a, int t, 
   hw::cp_async_wait<0>();
   __syncthreads();  // the re-scored list is complete (and rs is free)
 }
-#endif  // FLASHDSA_FP8_RESCORE_PIPE
 
 template <int H, int D, bool kRelu>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(const __grid_constant__ Fp8KernelArgs a) {
@@ -413,14 +331,22 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
     uint32_t my_thr[TPL];
 
-    // The software pipeline of the bf16 kernel (see kernel.cuh), with the e4m3 MMA.
+    // Software pipeline over (tile, column half). Iteration it (0 .. ntiles; the last one only drains):
+    //   barrier (tile it landed; every warp is done with tile it-1's stage; flags OR-ed) |
+    //   issue MMA(it, 0) -> acc0 | load tile it-1+S (and its key scales) into tile it-1's stage |
+    //   head sums of tile it-1's half 1 (acc1, complete), quad reduce-scatter, appends of tile it-1 |
+    //   compact the flagged lists | issue MMA(it, 1) -> acc1n | wait MMA(it, 0); head sums of half 0 |
+    //   wait MMA(it, 1); acc1 = acc1n.
+    // No wgmma is in flight across the loop's back edge (ptxas serializes every wgmma of the kernel
+    // otherwise). Ring: tile i lives in stage i % S; the prologue loads tiles 0 .. S-1 (one cp.async
+    // group each, Q joins tile 0's) and iteration it >= 1 commits one group (tile it-1+S, maybe
+    // empty), so tile it is cp.async group it. A row flagged by tile it-2's appends is compacted after
+    // tile it-1's appends, so the flag is raised at cap - 2 * 64 (two tiles of appends fit behind it).
     if (ntiles > 0) load_query_block_fp8<H, D>(sm.q, a, t0);
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       if (s < ntiles) load_key_tile_fp8<D>(sm.k[s], a, (tile0 + s) * kTileKeys);
-#if FLASHDSA_FP8_KSCALE
       if (s < ntiles) load_key_scales_fp8(sm.ks[s], a, (tile0 + s) * kTileKeys);
-#endif
       hw::cp_async_commit();
     }
 
@@ -437,7 +363,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       list_nearly_full = false;
       return flagged;
     };
-#if FLASHDSA_FP8_DENSE || FLASHDSA_FP8_APPEND1 || FLASHDSA_FP8_KSCALE || defined(FLASHDSA_FP8_ABLATE)
     auto append_tile = [&](int tile) {
 #if FLASHDSA_FP8_ABLATE == 1
       // Attribution: a cheap fold of the accumulators (and of half 0's), nothing else.
@@ -459,11 +384,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       }
       const int key0 = (tile0 + tile) * kTileKeys + acc_row;
       // The key scale, applied after the head sum (keys past T_kv are masked below).
-#if FLASHDSA_FP8_KSCALE
       const float kscale[2] = {sm.ks[tile % (2 * S)][acc_row], sm.ks[tile % (2 * S)][acc_row + 8]};
-#else
-      const float kscale[2] = {key0 < a.T_kv ? a.k_scale[key0] : 0.f, key0 + 8 < a.T_kv ? a.k_scale[key0 + 8] : 0.f};
-#endif
       float sv[TPL][2];
       bool pv[TPL][2];
 #pragma unroll
@@ -483,7 +404,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
         for (int r = 0; r < 2; ++r) list_nearly_full |= pv[u][r] && sv[u][r] == 1.2345e-30f;  // never in practice
       }
 #else
-#if FLASHDSA_FP8_DENSE
       // Rows not yet compacted (threshold 0): every visible key passes (score_key >= 1), so the
       // row's candidates are exactly its visible keys in order: key k at slot k - k_start.
       if (tid < NT && sm.thr[tid] == 0u) {
@@ -505,8 +425,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
           pv[u][r] = pv[u][r] && my_thr[u] != 0u;  // the rest go through the counters
         }
       }
-#endif
-#if FLASHDSA_FP8_APPEND1
+      // The other rows: one shared atomic per (row, warp, tile) for both of a lane's keys.
       unsigned b0[TPL], b1[TPL], any = 0u;
 #pragma unroll
       for (int u = 0; u < TPL; ++u) {
@@ -541,74 +460,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
           }
         }
       }
-#else
-#pragma unroll
-      for (int u = 0; u < TPL; ++u) {
-        const int row = quad * TPL + u;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const bool pass = pv[u][r];
-          const unsigned ballot = __ballot_sync(0xffffffffu, pass);
-          if (ballot == 0u) continue;
-          const unsigned group = ballot & (0x11111111u << quad);
-          const int leader = group != 0u ? __ffs(group) - 1 : lane;
-          int base = 0;
-          if (pass && lane == leader) base = atomicAdd(&sm.count[row], __popc(group));
-          base = __shfl_sync(0xffffffffu, base, leader);
-          if (pass) {
-            const int pos = base + __popc(group & ((1u << lane) - 1u));
-            const size_t at = static_cast<size_t>(row) * a.cap + pos;
-            cand_s[at] = sv[u][r];
-            cand_i[at] = key0 + 8 * r;
-            list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
-          }
-        }
-      }
-#endif  // FLASHDSA_FP8_APPEND1
 #endif  // FLASHDSA_FP8_ABLATE == 2
 #endif  // FLASHDSA_FP8_ABLATE == 1
     };
-#else
-    auto append_tile = [&](int tile) {
-      partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
-      float sums[NT / 2];
-      quad_reduce_scatter<NT>(part, sums, quad);
-      int my_start[TPL], my_end[TPL];
-#pragma unroll
-      for (int u = 0; u < TPL; ++u) {
-        my_thr[u] = sm.thr[quad * TPL + u];
-        my_start[u] = sm.k_start[quad * TPL + u];
-        my_end[u] = sm.k_end[quad * TPL + u];
-      }
-      const int key0 = (tile0 + tile) * kTileKeys + acc_row;
-      // The key scale, applied after the head sum (keys past T_kv are masked below).
-      const float kscale[2] = {key0 < a.T_kv ? a.k_scale[key0] : 0.f, key0 + 8 < a.T_kv ? a.k_scale[key0 + 8] : 0.f};
-#pragma unroll
-      for (int u = 0; u < TPL; ++u) {
-        const int row = quad * TPL + u;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key = key0 + 8 * r;
-          const float s = sums[2 * u + r] * kscale[r];
-          const bool pass = key >= my_start[u] && key < my_end[u] && score_key(s) > my_thr[u];
-          const unsigned ballot = __ballot_sync(0xffffffffu, pass);
-          if (ballot == 0u) continue;
-          const unsigned group = ballot & (0x11111111u << quad);
-          const int leader = group != 0u ? __ffs(group) - 1 : lane;
-          int base = 0;
-          if (pass && lane == leader) base = atomicAdd(&sm.count[row], __popc(group));
-          base = __shfl_sync(0xffffffffu, base, leader);
-          if (pass) {
-            const int pos = base + __popc(group & ((1u << lane) - 1u));
-            const size_t at = static_cast<size_t>(row) * a.cap + pos;
-            cand_s[at] = s;
-            cand_i[at] = key;
-            list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
-          }
-        }
-      }
-    };
-#endif
     auto finish_tile = [&](float (&acc0)[kHalfAcc], int it) {
       float acc1n[kHalfAcc];
       issue_score_half_fp8<D>(acc1n, sm.k[it % S], sm.q, 1);
@@ -642,9 +496,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
         {
           const int next = it - 1 + S;
           if (next < ntiles) load_key_tile_fp8<D>(sm.k[next % S], a, (tile0 + next) * kTileKeys);
-#if FLASHDSA_FP8_KSCALE
           if (next < ntiles) load_key_scales_fp8(sm.ks[next % (2 * S)], a, (tile0 + next) * kTileKeys);
-#endif
           hw::cp_async_commit();
         }
         append_tile(it - 1);
@@ -670,15 +522,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
 #if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
 #if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
-#if FLASHDSA_FP8_RESCORE_PIPE
       using Pipe = RescorePipeSmem<H, D>;
       using Sm = Fp8Smem<H, D>;
       static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
                     "the re-score ring overlays the Q block and the key ring, which are contiguous");
       rescore_row_pipe<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<Pipe*>(sm.q));
-#else
-      rescore_row<H, D, kRelu>(a, t, list_s, list_i, m, sm.rs);
-#endif
 #endif
 #endif
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;

@@ -1,5 +1,6 @@
 // Hopper (sm_90a) lightning indexer fused with exact top-k selection (docs/spec.md §3): host side
-// (workspace, checks, dispatch). The kernel is in kernel.cuh; design in docs/kernels/indexer_topk.md.
+// (workspace, checks, dispatch). The kernel is in kernel_v2.cuh (its shared pieces in kernel.cuh);
+// design in docs/kernels/indexer_topk.md.
 #include "sm90/indexer_topk/indexer_topk.h"
 
 #include <cuda_runtime.h>
@@ -12,22 +13,12 @@
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/heuristics.h"
 #include "sm90/indexer_topk/kernel.cuh"
+#include "sm90/indexer_topk/kernel_v2.cuh"
 #include "sm90/indexer_topk/launch.cuh"
-#if !defined(FLASHDSA_INDEXER_V2) || FLASHDSA_INDEXER_V2
-#include "sm90/indexer_topk/kernel_v2.cuh"  // the default since 2026-12-02 (-DFLASHDSA_INDEXER_V2=0: kernel.cuh)
-#endif
 #include "sm90/backend.h"
 
 namespace flashdsa::sm90::indexer_topk_impl {
 namespace {
-
-template <int H, int D, bool kRelu>
-Status launch(const KernelArgs& args, int grid, cudaStream_t stream) {
-  static_assert(smem_bytes<H, D>() <= static_cast<size_t>(kSmemPerCtaBudget), "two CTAs per SM must fit");
-  constexpr int kSmem = static_cast<int>(smem_bytes<H, D>());
-  return launch_with_smem(indexer_topk_kernel<H, D, kRelu>, dim3(grid), kThreads, kSmem, stream, "indexer_topk_kernel",
-                          args);
-}
 
 bool supported_shape(const IndexerTopkParams& p) {
   return (p.indexer.H_I == 32 || p.indexer.H_I == 64) && (p.indexer.D_I == 64 || p.indexer.D_I == 128);
@@ -62,17 +53,10 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
-#if !defined(FLASHDSA_INDEXER_V2) || FLASHDSA_INDEXER_V2
   static_assert(v2::smem_bytes<32, 128>() <= static_cast<size_t>(kSmemPerCtaBudget) &&
                     v2::smem_bytes<64, 128>() <= static_cast<size_t>(kSmemPerCtaBudget),
-                "two v2 CTAs per SM must fit");
+                "two CTAs per SM must fit");
   return v2::run(args, p.indexer.H_I, p.indexer.D_I, p.indexer.relu, shape.grid, stream);
-#else
-  return dispatch_variant(p.indexer.H_I, p.indexer.D_I, p.indexer.relu, [&](auto v) {
-    using V = decltype(v);
-    return launch<V::H, V::D, V::kRelu>(args, shape.grid, stream);
-  });
-#endif
 }
 
 }  // namespace flashdsa::sm90::indexer_topk_impl

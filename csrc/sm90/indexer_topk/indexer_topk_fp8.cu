@@ -43,6 +43,20 @@ Status launch(const Fp8KernelArgs& args, int grid, cudaStream_t stream) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// Fills the e4m3 inputs of the selection pass (the counterpart of launch.cuh fill_bf16_inputs, which
+// fills the re-score's bf16 inputs).
+void fill_fp8_inputs(const IndexerTensors& in, Fp8KernelArgs* args) {
+  args->q8 = static_cast<const uint8_t*>(in.q_idx);
+  args->k8 = static_cast<const uint8_t*>(in.k_idx);
+  args->q_scale = in.q_idx_scale;
+  args->k_scale = in.k_idx_scale;
+  args->w8 = static_cast<const float*>(in.weights);
+  args->q8_st = in.q_idx_stride_t;
+  args->q8_sh = in.q_idx_stride_h;
+  args->k8_st = in.k_idx_stride_t;
+  args->w8_st = in.weights_stride_t;
+}
+
 }  // namespace
 
 int candidates(const IndexerTopkParams& p) { return p.candidates ? p.candidates : fp8_selection_candidates(p.K); }
@@ -99,15 +113,7 @@ Status run(const IndexerTopkParams& p) {
       indexer_topk_impl::check_workspace(p, indexer_topk_impl::workspace_bytes(shape, cap), "sm90 indexer_topk (fp8)"));
   Fp8KernelArgs args{};
   indexer_topk_impl::fill_shared_args(p, shape, cap, &args);
-  args.q8 = static_cast<const uint8_t*>(p.indexer.q_idx);
-  args.k8 = static_cast<const uint8_t*>(p.indexer.k_idx);
-  args.q_scale = p.indexer.q_idx_scale;
-  args.k_scale = p.indexer.k_idx_scale;
-  args.w8 = static_cast<const float*>(p.indexer.weights);
-  args.q8_st = p.indexer.q_idx_stride_t;
-  args.q8_sh = p.indexer.q_idx_stride_h;
-  args.k8_st = p.indexer.k_idx_stride_t;
-  args.w8_st = p.indexer.weights_stride_t;
+  fill_fp8_inputs(p.indexer, &args);
   indexer_topk_impl::fill_bf16_inputs(p.rescore, &args);
   args.C = C;
   const auto stream = static_cast<cudaStream_t>(p.stream);

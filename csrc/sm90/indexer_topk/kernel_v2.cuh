@@ -1,10 +1,16 @@
-// Internal: the v2 device side of the fused Hopper indexer + top-k (docs/spec.md §3), selected at
-// compile time by -DFLASHDSA_INDEXER_V2=1 in indexer_topk.cu (the default build runs kernel.cuh).
-// Design: docs/kernels/indexer_topk.md, "v2 (2026-12-02, not yet measured)" (redesign plan step 1).
+// Internal: the bf16 kernel of the fused Hopper indexer + top-k (docs/spec.md §3) and its host launch
+// (tensor map, dispatch); called by indexer_topk.cu. Design: docs/kernels/indexer_topk.md, "The bf16
+// kernel". The building blocks it shares with the FP8 kernel (block shape, KernelArgs, query load,
+// quad reduce-scatter, list compaction and final selection) are in kernel.cuh. The file and namespace
+// keep the name v2 they had as the second design (the default since 2026-12-02; the first one is
+// gone, docs "History").
 //
-// Same block, schedule, lists and selection rules as kernel.cuh (persistent grid, a block of
-// kTokens = 256 / H_I query rows, 64-key tiles over the union of the rows' ranges, per-row candidate
-// lists compacted to the exact top K), with:
+// Persistent grid with a dynamic block scheduler; a block is kTokens = 256 / H_I query rows
+// (kCols = 256 (token, head) columns); the CTA walks the 64-key tiles of the union of its rows' key
+// ranges, scores each tile with wgmma (keys = M, columns = N), applies f, the weights and the head
+// sum in registers, and appends the (score, key) pairs above each row's running threshold to a
+// per-row candidate list in the workspace; a list that may overflow within two tiles is compacted to
+// its exact top K (select.cuh), which raises the row's threshold. Specifically:
 //   - 256 threads = two consumer warpgroups; warpgroup w owns the block's columns [128 w, 128 w + 128)
 //     (tokens [w kTokens / 2, (w + 1) kTokens / 2)) with one m64n128 accumulator (8 wgmma per tile),
 //   - __launch_bounds__(256, 2): 128 registers per thread, two CTAs per SM (4 warps per scheduler),
@@ -15,8 +21,9 @@
 //     "list nearly full" flags, so that compactions are decided uniformly,
 //   - compactions and final selects over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per
 //     thread for a 4096-entry list).
-// The scores are bitwise those of kernel.cuh: the same wgmma instructions on the same operands, the
-// same per-lane fmaf chain over a thread's columns and the same quad butterfly ((p0 + p2) + (p1 + p3)).
+// The scores are bitwise those of the first kernel: the same wgmma instructions on the same
+// operands, the same per-lane fmaf chain over a thread's columns (kernel.cuh partial_head_sums) and the
+// same quad butterfly ((p0 + p2) + (p1 + p3)).
 #pragma once
 
 #include <cuda.h>
@@ -37,7 +44,7 @@
 #include "sm90/indexer_topk/launch.cuh"
 #include "sm90/indexer_topk/select.cuh"
 
-// Attribution builds of the check program only (docs/kernels/indexer_topk.md, plan step 0):
+// Attribution builds of the check program only (docs/kernels/indexer_topk.md, "Attribution builds"):
 // 1 = MMA only (the accumulators are folded into a sink), 2 = head sums and reduce-scatter with the
 // pass test, but no appends. Never defined in the library build.
 #if defined(FLASHDSA_INDEXER_ABLATE)
@@ -109,7 +116,7 @@ __device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (static_cast<u
 
 // Issues (does not wait for) acc = K_tile [64, D] x Q_wg^T [D, 128] (fp32): the warpgroup's 128
 // columns. ka / qb: desc_lo of the key tile and of the warpgroup's first Q row (both K-major SW128;
-// the Q tile has kCols rows per 64-column block). The same instructions as kernel.cuh issue_score_half.
+// the Q tile has kCols rows per 64-column block).
 template <int D>
 __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka, uint32_t qb) {
   auto step = [](int rows, int ks) -> uint32_t {
@@ -282,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       }
 #endif
       // A row flagged by tile it-1's appends is compacted after tile it's (at most 2 x 64 appends
-      // past the flag, as in kernel.cuh).
+      // past the flag: kMinCapacitySlack).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it is in the lists and counts
         compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
@@ -315,7 +322,7 @@ inline Status make_key_tensor_map(const KernelArgs& a, int D, CUtensorMap* map) 
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  if (encode == nullptr) return Status::CudaError("sm90 indexer_topk v2: cuTensorMapEncodeTiled is not available");
+  if (encode == nullptr) return Status::CudaError("sm90 indexer_topk: cuTensorMapEncodeTiled is not available");
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.T_kv)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.k_st) * sizeof(__nv_bfloat16)};
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTileKeys)};
@@ -324,7 +331,7 @@ inline Status make_key_tensor_map(const KernelArgs& a, int D, CUtensorMap* map) 
                             box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    return Status::NotSupported("sm90 indexer_topk v2: k_idx cannot be described by a TMA tensor map (error " +
+    return Status::NotSupported("sm90 indexer_topk: k_idx cannot be described by a TMA tensor map (error " +
                                 std::to_string(static_cast<int>(r)) + "): needs a 16-byte aligned base and stride");
   return Status::OK();
 }
@@ -336,7 +343,7 @@ Status launch(const KernelArgsV2& args, int grid, cudaStream_t stream) {
                           "indexer_topk_v2_kernel", args);
 }
 
-// Runs the v2 kernel with the host's KernelArgs (the same workspace layout and grid as kernel.cuh).
+// Runs the kernel with the host's KernelArgs (workspace layout and grid: launch.cuh).
 inline Status run(const KernelArgs& base, int H, int D, bool relu, int grid, cudaStream_t stream) {
   KernelArgsV2 args{};
   args.base = base;

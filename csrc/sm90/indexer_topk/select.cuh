@@ -1,7 +1,7 @@
 // Internal: CTA-wide exact top-K selection over a candidate list of (score, key index) pairs held
 // in global memory, for the fused indexer + top-k kernels. Every routine is a template on the CTA's
-// thread count NTH (a multiple of 128): the v1 and FP8 kernels run it over one warpgroup
-// (kSelectThreads = 128, SelectScratch), the v2 kernel (kernel_v2.cuh) over its 256 threads.
+// thread count NTH (a multiple of 128): the FP8 kernel runs it over one warpgroup
+// (kSelectThreads = 128, SelectScratch), the bf16 kernel (kernel_v2.cuh) over its 256 threads.
 //
 // Scores are compared through an order-preserving 32-bit key (score_key). A selection returns a
 // KeepRule: keep every element with key > thr, and among the elements with key == thr the first
@@ -11,7 +11,7 @@
 // offsets key - min key, in 11-bit digits of the list's own key span, then a filter whose slots are
 // allocated once per warp. Longer lists are streamed from memory on every pass: radix select over the
 // raw keys (11 + 11 + 10 bits, select_top_k), then filter_keep. With NTH threads a resident list takes
-// 4096 / NTH vectors per thread (8 + 8 at 128 threads, 4 + 4 at 256, which is what lets the v2 kernel
+// 4096 / NTH vectors per thread (8 + 8 at 128 threads, 4 + 4 at 256, which is what lets the bf16 kernel
 // keep its 128-register budget).
 // The lists are rewritten by the kernel that reads them: their pointers are deliberately not
 // __restrict__, so that loads never take the non-coherent read-only path.
@@ -24,7 +24,7 @@
 
 namespace flashdsa::sm90::indexer_topk_impl {
 
-constexpr int kSelectThreads = 128;  // the v1 and FP8 kernels: one warpgroup
+constexpr int kSelectThreads = 128;  // the FP8 kernel: one warpgroup
 constexpr int kSelectWarps = kSelectThreads / 32;
 constexpr int kHistBins = 2048;  // widest radix digit: 11 bits
 // Elements per thread per sweep of the list (4 x 16-byte vectors), for memory-level parallelism.
