@@ -22,8 +22,8 @@
 //     FLASHDSA_FP8_V2_PACKED=0: the f32 epilogue of the v1 FP8 kernel (FMNMX + FFMA per value, bitwise
 //     the same FP8 scores as fp8_kernel.cuh), run after the MMA wait as in the bf16 v2 kernel.
 //   - rows of a never-compacted list (threshold 0) store key k at slot k - k_start without atomics
-//     (fp8_kernel.cuh's FLASHDSA_FP8_DENSE rule); the other rows append by ballot + one shared atomic
-//     per (row, warp, key).
+//     (fp8_kernel.cuh's dense appends, formerly FLASHDSA_FP8_DENSE); the other rows append by
+//     ballot + one shared atomic per (row, warp, key).
 // Supported: H_I 32 / 64, D_I = 128 (one 128-byte SW128 row per key: the TMA box). D_I = 64 is refused
 // by supports_shape and runs fp8_kernel.cuh.
 #pragma once
