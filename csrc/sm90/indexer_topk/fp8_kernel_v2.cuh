@@ -64,6 +64,7 @@ constexpr int kWgCols = kHalfCols;   // (token, head) columns per warpgroup
 constexpr int kW2Ld = 20;            // packed weights: words per (warpgroup, quad) row (16 + 4: no bank conflict)
 constexpr bool kPacked = FLASHDSA_FP8_V2_PACKED != 0;
 
+// Per-H_I shape of a block and of a warpgroup's share of it.
 template <int H>
 struct Cfg {
   static_assert(H == 32 || H == 64, "H_I must be 32 or 64");
@@ -90,6 +91,7 @@ struct RescoreSmemV2 {
   float w[H];                                        // the row's unscaled weights
 };
 
+// Shared memory of a CTA (the Q block and the key ring first: the re-score overlays them).
 template <int H>
 struct alignas(1024) Smem {
   static constexpr int NT = Cfg<H>::kTokens;
@@ -107,6 +109,7 @@ struct alignas(1024) Smem {
   int block;
 };
 
+// Dynamic shared memory of a CTA.
 template <int H>
 constexpr size_t smem_bytes() {
   return sizeof(Smem<H>) + 1024;  // + slack to align the dynamic base
@@ -116,6 +119,7 @@ static_assert(kCtas * (smem_bytes<32>() + 1024) <= 228 * 1024 && kCtas * (smem_b
               "two CTAs per SM (with the 1 KB each reserves) must fit the SM's 228 KB of shared memory");
 static_assert(kCols == kNth, "one weight column per thread when a block starts");
 
+// Kernel arguments: the FP8 pass's (fp8_kernel.cuh) plus the e4m3 key tensor map.
 struct Fp8V2Args {
   Fp8KernelArgs base;
   CUtensorMap tmap_k8;  // k8 as [T_kv, 128] uint8, box 64 keys x 128 bytes, 128-byte swizzle
@@ -271,6 +275,10 @@ __device__ __forceinline__ void rescore_row_v2(const Fp8KernelArgs& a, int t, fl
   __syncthreads();  // the re-scored list is complete (and rs is free)
 }
 
+// The FP8 selection pass, v2 walk: a persistent CTA of two consumer warpgroups takes blocks of
+// 256 / H query rows from the scheduler, walks their key tiles (TMA ring, e4m3 wgmma, the packed or f32
+// epilogue, dense / counter appends, compactions to the C best), then per row cuts the list to C,
+// re-scores it exactly from bf16 and writes the top K (indices and exact scores, -1 / -inf padding).
 template <int H, int D, bool kRelu>
 __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const __grid_constant__ Fp8V2Args args) {
   static_assert(D == 128, "the v2 FP8 walk takes D_I = 128 (one 128-byte TMA box row per key)");
@@ -571,6 +579,7 @@ inline Status make_k8_tensor_map(const Fp8KernelArgs& a, CUtensorMap* map) {
   return Status::OK();
 }
 
+// Launches one instance with its dynamic shared memory.
 template <int H, bool kRelu>
 Status launch(const Fp8V2Args& args, int grid, cudaStream_t stream) {
   constexpr int kSmem = static_cast<int>(smem_bytes<H>());
