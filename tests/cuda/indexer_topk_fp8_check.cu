@@ -6,7 +6,7 @@
 // Build: the CMake target indexer_topk_fp8_check (`cmake --build build --target indexer_topk_fp8_check`).
 // Run:
 //   indexer_topk_fp8_check [--small] [--no-bench] [--bench-only] [--bench-T 8192,32768,131072]
-//                          [--bench-H 32] [--bench-data spread|uniform] [--seed N]
+//                          [--bench-H 32] [--bench-data spread|uniform] [--seed N] [--tol8 R]
 // Exit code: 0 all cases pass, 1 a case failed, 77 no CUDA device.
 //
 // Every call goes through the public entry points (flashdsa::run_quantize_fp8, run_indexer_topk with
@@ -243,6 +243,11 @@ KeyFloats key_floats(const Problem& p, const Run& r) {
   return k;
 }
 
+// The FP8 tolerance relative to the row's bound (--tol8 R): 2e-4 for the f32 epilogues; a selection
+// pass with a packed bf16x2 epilogue (-DFLASHDSA_FP8_V2=1, fp8_kernel_v2.cuh) needs 0.03 (its error
+// bound, docs/kernels/indexer_topk.md "FP8 v2").
+double g_tol8_rel = 2e-4;
+
 RowResult check_row(const Problem& p, const Run& r, const KeyFloats& keys, int64_t t, double max_k_norm,
                     double max_k8_norm) {
   RowResult res;
@@ -271,7 +276,7 @@ RowResult check_row(const Problem& p, const Run& r, const KeyFloats& keys, int64
   }
   // The FP8 MMA accumulates with less than fp32 precision (about 2^-14 relative per addition on
   // Hopper), so the FP8 tolerance is looser than the fp32 one of the exact scores.
-  const double tol = 4e-6 * bound, tol8 = 2e-4 * bound8;
+  const double tol = 4e-6 * bound, tol8 = g_tol8_rel * bound8;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = s0 + i;
     const float* kf = &keys.kf[s * p.D];
@@ -546,6 +551,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--small")) small = true, bench = false;
     else if (!std::strcmp(argv[i], "--no-bench")) bench = false;
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
+    else if (!std::strcmp(argv[i], "--tol8") && i + 1 < argc) g_tol8_rel = std::strtod(argv[++i], nullptr);
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--bench-T") && i + 1 < argc) bench_T = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-data") && i + 1 < argc) spread = std::strcmp(argv[++i], "uniform") != 0;
