@@ -17,10 +17,8 @@
 # already in $BIN (e.g. built with BUILD_ONLY=1 on a machine without a GPU and carried over).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/lib/gpu_steps.sh  # budget_step, build_variants
+source scripts/lib/gpu_steps.sh  # budget_step, build_variants, sanitize_steps, print_status; NVCC, SAN
 OUT=${OUT:-/tmp/bwd_v2_gpu}; mkdir -p "$OUT"
-NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 BIN=${BIN:-/tmp/bwd_v2_gpu_bin}; mkdir -p "$BIN"
 T_BENCH=${T_BENCH:-4096,8192,32768,131072}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
@@ -82,20 +80,12 @@ if [ "${NO_REDS:-0}" = 1 ] && [ -x "$BIN/bwd_v2_nodkv" ]; then
 fi
 
 # 5. sanitizers on v2 --small
-if [ -x "$SAN" ]; then
-  step "v2 memcheck --small" 150 "$OUT/v2_memcheck.log" "$SAN" --tool memcheck "$BIN/bwd_v2" --small --no-bench
-  status+=("v2 memcheck --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$OUT/v2_memcheck.log" | tail -1)")
-  step "v2 racecheck --small" 240 "$OUT/v2_racecheck.log" "$SAN" --tool racecheck "$BIN/bwd_v2" --small --no-bench
-  status+=("v2 racecheck --small|rc=$?; $(grep -o 'RACECHECK SUMMARY: .*' "$OUT/v2_racecheck.log" | tail -1)")
-else
-  status+=("sanitizers|compute-sanitizer not found")
-fi
+sanitize_steps "v2 " "memcheck:150 racecheck:240" "$BIN/bwd_v2" --small --no-bench
 
 # Summary. Bench lines: "T | fast ms TFLOP/s | det ms TFLOP/s | fast+mass ms | checks".
 echo
 echo "================ summary (sparse MLA bwd v1 vs v2, H = 64, K = 2048, uniform indices) ================"
-printf "%-28s %s\n" "step" "result"
-for s in "${status[@]}"; do printf "%-28s %s\n" "${s%%|*}" "${s#*|}"; done
+print_status 28
 echo
 printf "%8s | %-17s | %-17s | %9s | %s\n" "T" "v1 fast ms (r1 r2)" "v2 fast ms (r1 r2)" "v1/v2" "v2 fast+mass ms"
 IFS=, read -ra Ts <<< "$T_BENCH"

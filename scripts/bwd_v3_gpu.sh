@@ -29,10 +29,8 @@
 # build-bwd3/ in the repository is git-ignored and can be carried to the GPU machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/lib/gpu_steps.sh  # budget_step, build_variants
+source scripts/lib/gpu_steps.sh  # budget_step, build_variants, sanitize_steps, print_status; NVCC, SAN
 OUT=${OUT:-/tmp/bwd_v3_gpu}; mkdir -p "$OUT"
-NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 BIN=${BIN:-/tmp/bwd_v3_gpu_bin}; mkdir -p "$BIN"
 T_BENCH=${T_BENCH:-4096,8192,16384,32768,131072}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
@@ -102,23 +100,13 @@ fi
 
 # 5. sanitizers on v3 --small
 if [ "${SKIP_SAN:-0}" != 1 ]; then
-  if [ -x "$SAN" ]; then
-    step "v3 memcheck --small" 150 "$OUT/v3_memcheck.log" "$SAN" --tool memcheck "$BIN/bwd_v3" --small --no-bench
-    status+=("v3 memcheck --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$OUT/v3_memcheck.log" | tail -1)")
-    step "v3 racecheck --small" 240 "$OUT/v3_racecheck.log" "$SAN" --tool racecheck "$BIN/bwd_v3" --small --no-bench
-    status+=("v3 racecheck --small|rc=$?; $(grep -o 'RACECHECK SUMMARY: .*' "$OUT/v3_racecheck.log" | tail -1)")
-    step "v3 synccheck --small" 150 "$OUT/v3_synccheck.log" "$SAN" --tool synccheck "$BIN/bwd_v3" --small --no-bench
-    status+=("v3 synccheck --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$OUT/v3_synccheck.log" | tail -1)")
-  else
-    status+=("sanitizers|compute-sanitizer not found")
-  fi
+  sanitize_steps "v3 " "memcheck:150 racecheck:240 synccheck:150" "$BIN/bwd_v3" --small --no-bench
 fi
 
 # Summary. Bench lines: "T | fast ms TFLOP/s | det ms TFLOP/s | fast+mass ms | checks".
 echo
 echo "================ summary (sparse MLA bwd, H = 64, K = 2048, uniform indices; variants: see the script's header) ================"
-printf "%-26s %s\n" "step" "result"
-for s in "${status[@]}"; do printf "%-26s %s\n" "${s%%|*}" "${s#*|}"; done
+print_status 26
 if [ "${SAN_ONLY:-0}" != 1 ]; then
   echo
   echo "fast ms, mean of rounds 1 and 2 (r1 / r2); ratio = base / variant (> 1: faster than main's dispatch)"

@@ -21,10 +21,8 @@
 # with < 15 s left is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/lib/gpu_steps.sh  # budget_step, build_variants
+source scripts/lib/gpu_steps.sh  # budget_step, build_variants, sanitize_steps, print_status; NVCC, SAN
 OUT=${OUT:-/tmp/indexer_gpu}; mkdir -p "$OUT"
-NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 BIN=${BIN:-build-itk}; mkdir -p "$BIN"
 T_BENCH=${T_BENCH:-8192,32768,131072}
 H_BENCH=${H_BENCH:-32,64}
@@ -82,14 +80,7 @@ for r in 1 2; do
 done
 
 # 4. sanitizers --small
-if [ -x "$SAN" ]; then
-  for tool in memcheck racecheck synccheck; do
-    step "$tool --small" 75 "$OUT/$tool.log" "$SAN" --tool $tool "$BIN/itk_full" --small --seed 1
-    status+=("$tool --small|rc=$?; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: .*' "$OUT/$tool.log" | tail -1)")
-  done
-else
-  status+=("sanitizers|compute-sanitizer not found")
-fi
+sanitize_steps "" "memcheck:75 racecheck:75 synccheck:75" "$BIN/itk_full" --small --seed 1
 
 # 5. attribution builds, once each
 for v in a1 a2; do
@@ -101,8 +92,7 @@ ms() { awk -v H="$2" -v T="$3" '$1 == H && $2 == T && NF >= 7 { print $3; exit }
 spot() { awk -v H="$2" -v T="$3" '$1 == H && $2 == T && NF >= 7 { $1 = $2 = $3 = $4 = $5 = $6 = $7 = $8 = ""; gsub(/^ +/, ""); print; exit }' "$1" 2>/dev/null; }
 echo
 echo "================ summary (indexer + top-k; D_I = 128, K = 2048, relu, one causal sequence) ================"
-printf "%-34s %s\n" "step" "result"
-for s in "${status[@]}"; do printf "%-34s %s\n" "${s%%|*}" "${s#*|}"; done
+print_status 34
 echo
 printf "%3s %7s | %-17s | %-9s %-9s | %s\n" "H_I" "T" "ms (r1 r2)" "a1 ms" "a2 ms" "spot check (r1)"
 IFS=, read -ra Ts <<< "$T_BENCH"

@@ -8,6 +8,16 @@
 #   row_step NAME LIMIT LOG CMD...      LOG is relative to $OUT; appends "NAME | status | seconds | LOG"
 #                                       to the caller's array `rows` (status OK / TIMEOUT / FAIL (rc N)).
 # Both return CMD's exit status (124: timeout).
+#   sanitize_steps LABEL "TOOL:LIMIT ..." BINARY ARGS...
+#                                       compute-sanitizer TOOL on BINARY ARGS through the caller's `step`
+#                                       (its log $OUT/<LABEL with _ for spaces><TOOL>.log), one row
+#                                       "LABEL TOOL ARGS|rc=..; <summary line>" per tool appended to the
+#                                       caller's array `status`; without compute-sanitizer one row saying so.
+#   print_status WIDTH                  the caller's `status` rows ("step|result") as a two-column table.
+# Tool paths (a caller's setting wins): NVCC, SAN (from COMPUTE_SANITIZER).
+
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+SAN=${SAN:-${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}}
 
 budget_step() {
   local name=$1 limit=$2 log=$3; shift 3
@@ -58,4 +68,21 @@ build_variants() {
       >> "$OUT/build_$v.log" 2>&1 || rc=1; }
   done
   return $rc
+}
+
+sanitize_steps() {
+  local label=$1 tools=$2 bin=$3; shift 3
+  local entry tool limit log rc
+  if [ ! -x "$SAN" ]; then status+=("sanitizers|compute-sanitizer not found"); return 0; fi
+  for entry in $tools; do
+    tool=${entry%%:*}; limit=${entry#*:}; log="$OUT/${label// /_}$tool.log"
+    step "$label$tool $*" "$limit" "$log" "$SAN" --tool "$tool" "$bin" "$@"; rc=$?
+    status+=("$label$tool $1|rc=$rc; $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: .*' "$log" | tail -1)")
+  done
+}
+
+print_status() {
+  local s
+  printf "%-${1}s %s\n" "step" "result"
+  for s in "${status[@]}"; do printf "%-${1}s %s\n" "${s%%|*}" "${s#*|}"; done
 }
