@@ -55,11 +55,7 @@ status+=("build v1 / v2|ok")
 # 2. v2 correctness
 step "v2 correctness (38 cases + scale check)" 300 "$OUT/v2_correctness.log" "$BIN/bwd_v2" --no-bench
 rc=$?
-passed=$(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$OUT/v2_correctness.log" | tail -1)
-worst=$(awk '/dq rel_l2/ {for (i = 1; i <= NF; ++i) { if ($i == "dq" && $(i+1) == "rel_l2" && $(i+2) > dq) dq = $(i+2);
-                                                  if ($i == "dkv" && $(i+1) == "rel_l2" && $(i+2) > dkv) dkv = $(i+2) } }
-             END { printf "worst dq rel_l2 %s, dkv rel_l2 %s", dq, dkv }' "$OUT/v2_correctness.log")
-status+=("v2 correctness|rc=$rc; ${passed:-no summary}; $worst; $(grep -c 'RUNS DIFFER' "$OUT/v2_correctness.log") det cases not bitwise")
+status+=("v2 correctness|rc=$rc; $(bwd_check_summary "$OUT/v2_correctness.log"); $(grep -c 'RUNS DIFFER' "$OUT/v2_correctness.log") det cases not bitwise")
 
 # 3. A/B fast mode, alternated
 for r in 1 2; do

@@ -73,11 +73,7 @@ if [ "${SAN_ONLY:-0}" != 1 ]; then
   # 2. v3 correctness
   step "v3 correctness (38 cases + scale check)" 240 "$OUT/v3_correctness.log" "$BIN/bwd_v3" --no-bench
   rc=$?
-  passed=$(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$OUT/v3_correctness.log" | tail -1)
-  worst=$(awk '/dq rel_l2/ {for (i = 1; i <= NF; ++i) { if ($i == "dq" && $(i+1) == "rel_l2" && $(i+2) > dq) dq = $(i+2);
-                                                    if ($i == "dkv" && $(i+1) == "rel_l2" && $(i+2) > dkv) dkv = $(i+2) } }
-               END { printf "worst dq rel_l2 %s, dkv rel_l2 %s", dq, dkv }' "$OUT/v3_correctness.log")
-  status+=("v3 correctness|rc=$rc; ${passed:-no summary}; $worst; $(grep -c 'DIFFER' "$OUT/v3_correctness.log") det lines DIFFER")
+  status+=("v3 correctness|rc=$rc; $(bwd_check_summary "$OUT/v3_correctness.log"); $(grep -c 'DIFFER' "$OUT/v3_correctness.log") det lines DIFFER")
 
   # 2b. the L2HINT builds: the reduced correctness set (the hints change no value; a bad policy
   # descriptor would fault or corrupt)

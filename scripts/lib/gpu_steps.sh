@@ -13,6 +13,8 @@
 #                                       (its log $OUT/<LABEL with _ for spaces><TOOL>.log), one row
 #                                       "LABEL TOOL ARGS|rc=..; <summary line>" per tool appended to the
 #                                       caller's array `status`; without compute-sanitizer one row saying so.
+#   bwd_check_summary LOG               "<passed/failed line>; worst dq rel_l2 X, dkv rel_l2 Y" of a
+#                                       sparse_mla_bwd_check correctness log.
 #   print_status WIDTH                  the caller's `status` rows ("step|result") as a two-column table.
 # Tool paths (a caller's setting wins): NVCC, SAN (from COMPUTE_SANITIZER).
 
@@ -85,4 +87,13 @@ print_status() {
   local s
   printf "%-${1}s %s\n" "step" "result"
   for s in "${status[@]}"; do printf "%-${1}s %s\n" "${s%%|*}" "${s#*|}"; done
+}
+
+bwd_check_summary() {
+  local passed worst
+  passed=$(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$1" | tail -1)
+  worst=$(awk '/dq rel_l2/ { for (i = 1; i <= NF; ++i) { if ($i == "dq" && $(i+1) == "rel_l2" && $(i+2) > dq) dq = $(i+2);
+                                                         if ($i == "dkv" && $(i+1) == "rel_l2" && $(i+2) > dkv) dkv = $(i+2) } }
+               END { printf "worst dq rel_l2 %s, dkv rel_l2 %s", dq, dkv }' "$1")
+  echo "${passed:-no summary}; $worst"
 }
