@@ -71,8 +71,12 @@ using sparse_mla_bwd_impl::detail::tile_pair_offset;
 // ---- prologue: Q, dO, lse, Delta (front + back) --------------------------------------------------
 
 // Thread t (0..255) of the front and back copies tile rows t / 8 + 32 r (r < 2), 16-byte piece t % 8
-// of every 64-column block of Q and dO (padded heads zero-filled, never read).
-__device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, const Work& w, int t) {
+// of every 64-column block of Q and dO (padded heads zero-filled, never read). Called once, before
+// the role split, so that both warpgroups reach the one kBarQdo instruction: `bar.sync` is PTX's
+// aligned barrier (every participating thread executes the same instruction), and compute-sanitizer
+// synccheck rejects the two roles' separately inlined copies ("Divergent thread(s) in block").
+__device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, int t) {
+  const Work w = make_work(p);
   const int rsub = t / 8, chunk = t % 8;
   const uint32_t row_off = hw::sw128_offset(rsub, chunk);
   const uint32_t q_tile = hw::smem_u32(sm.q), do_tile = hw::smem_u32(sm.dout);
@@ -174,7 +178,6 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
   const Work w = make_work(p);
   const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
   const int r0 = 16 * warp + lane / 4;  // accumulator rows (heads) r0, r0 + 8
-  load_q_do(p, sm, w, tid);
   hw::mbar_wait(&sm.setup_full, 0);
   const int num_blocks = sm.num_blocks;
 
@@ -265,10 +268,6 @@ __device__ __forceinline__ void mma_dq_back(float (&dq)[4 * 32], const SmemPlanV
 template <bool kDeterministic>
 __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
   const int warp = tid / 32, lane = tid % 32;
-  {
-    const Work w = make_work(p);
-    load_q_do(p, sm, w, 128 + tid);
-  }
   hw::mbar_wait(&sm.setup_full, 0);
   const int num_blocks = sm.num_blocks;
   float dq[4 * 32];  // dQ columns [320, 576)
@@ -324,6 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v3(con
                         detail::BarrierInit{&sm.tiles_free, 128});
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (wg < 2) detail::load_q_do(p, sm, threadIdx.x);  // front + back; the producer starts gathering
   if (wg == 2) {
     hw::reg_dealloc<kProducerRegs>();
     detail::produce(p, sm, tid);

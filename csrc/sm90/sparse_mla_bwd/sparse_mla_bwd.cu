@@ -25,6 +25,9 @@
 #include "sm90/heuristics.h"
 #include "sm90/sparse_mla_bwd/main_kernel.cuh"
 #include "sm90/sparse_mla_bwd/main_kernel_v2.cuh"  // picked per call: tuning::bwd_use_v2 (heuristics.h)
+#ifndef FLASHDSA_BWD_V3  // v3 is the default since 2026-12-02 (1.12x / 1.08x main's dispatch at 32K / 128K);
+#define FLASHDSA_BWD_V3 1  // -DFLASHDSA_BWD_V3=0 builds the v1 / v2 dispatch for A/B runs
+#endif
 #if FLASHDSA_BWD_V3  // compile-time variant: v3 (main_kernel_v3.cuh) replaces v2 and v1 in every mode
 #include "sm90/sparse_mla_bwd/main_kernel_v3.cuh"
 #endif
