@@ -149,9 +149,10 @@ __device__ __forceinline__ void quad_reduce_scatter(const float (&v)[2 * NT], fl
 
 // Starts a block of query rows [t0, t0 + NT): each row's key range ([0, 0) past T), an empty list
 // and a threshold below every score. The first NT threads; the caller's barrier publishes the values.
-// The bf16 kernel's; the FP8 kernel keeps its inline copy (left as it was while its SASS was bisected).
-template <int NT>
-__device__ __forceinline__ void init_block_rows(const KernelArgs& a, int t0, int* k_start, int* k_end, int* count,
+// Args: KernelArgs or Fp8KernelArgs. The bf16 kernel's and the FP8 v2 kernel's; the default FP8 kernel
+// keeps its inline copy (left as it was while its SASS was bisected).
+template <int NT, class Args>
+__device__ __forceinline__ void init_block_rows(const Args& a, int t0, int* k_start, int* k_end, int* count,
                                                 uint32_t* thr) {
   const int tid = threadIdx.x;
   if (tid < NT) {
@@ -222,6 +223,15 @@ __device__ __forceinline__ void write_row_top_k(const Args& a, const float* list
   }
 }
 
+// write_row_top_k into query row t's outputs (a.out_idx / a.out_scores, rows of K).
+template <class Args, int NTH>
+__device__ __forceinline__ void write_token_top_k(const Args& a, int t, const float* list_s, const int* list_i, int n,
+                                                  Scratch<NTH>& sc) {
+  int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+  float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+  write_row_top_k(a, list_s, list_i, n, out_i, out_s, sc);
+}
+
 // Final selection of a block of the bf16 kernel: each row's list (at most cap entries) ->
 // its top K in the outputs. All NTH threads, after a barrier that follows the last appends.
 template <int NT, int NTH>
@@ -233,9 +243,69 @@ __device__ __forceinline__ void write_block_top_k(const KernelArgs& a, int t0, c
     const int n = count[r];
     const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
-    float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
-    write_row_top_k(a, list_s, list_i, n, out_i, out_s, sc);
+    write_token_top_k(a, t, list_s, list_i, n, sc);
+  }
+}
+
+
+// ---- the two-warpgroup walk (kernel_v2.cuh, fp8_kernel_v2.cuh) ------------------------------------
+
+// f, the weights and this thread's share of the head sums of a warpgroup's NTW tokens from its m64n128
+// accumulator (CPT 8-column chunks per token; w_s: the warpgroup's 128 column weights):
+// part[2 tl + r] = Σ over its columns of w · f(acc), key acc_row + 8 r (partial_head_sums' fmaf chain).
+template <int NTW, int CPT, bool kRelu>
+__device__ __forceinline__ void wg_head_sums(const float (&acc)[kHalfAcc], const float* w_s, int quad,
+                                             float (&part)[2 * NTW]) {
+#pragma unroll
+  for (int tl = 0; tl < NTW; ++tl) {
+    float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < CPT; ++jj) {
+      const int j = tl * CPT + jj;
+      const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
+      p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
+      p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
+      p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
+      p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
+    }
+    part[2 * tl] = p0;
+    part[2 * tl + 1] = p1;
+  }
+}
+
+// Appends (s, key) where `pass` to the list of this lane's row: the lanes with the same quad position
+// append to the same row, one shared atomic on *count per group; raises nearly_full when a slot lands
+// within kMinCapacitySlack of cap. All 32 lanes of the warp.
+__device__ __forceinline__ void append_quad_group(bool pass, float s, int key, int quad, int lane, int* count,
+                                                  float* list_s, int* list_i, int cap, bool& nearly_full) {
+  const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+  if (ballot == 0u) return;
+  const unsigned group = ballot & (0x11111111u << quad);
+  const int leader = group != 0u ? __ffs(group) - 1 : lane;
+  int base = 0;
+  if (pass && lane == leader) base = atomicAdd(count, __popc(group));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  if (pass) {
+    const int pos = base + __popc(group & ((1u << lane) - 1u));
+    list_s[pos] = s;
+    list_i[pos] = key;
+    nearly_full |= pos >= cap - kMinCapacitySlack;
+  }
+}
+
+// Thread 0: the S stages' full mbarriers (one arrival + the TMA transaction count), their done counters
+// at 0, and the key tensor map prefetched (the map is zero when there are no keys). The caller's barrier
+// publishes them.
+template <int S>
+__device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, const void* tmap, bool has_keys) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      hw::mbar_init(&full[s], 1);
+      done[s] = 0;
+    }
+    hw::mbar_fence_init();
+    if (has_keys) hw::prefetch_tensormap(tmap);
   }
 }
 

@@ -155,15 +155,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
   int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
 
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      hw::mbar_init(&sm.full[s], 1);
-      sm.done[s] = 0;
-    }
-    hw::mbar_fence_init();
-    if (a.T_kv > 0) hw::prefetch_tensormap(&args.tmap_k);  // (the map is zero when there are no keys)
-  }
+  init_tile_ring<S>(sm.full, sm.done, &args.tmap_k, a.T_kv > 0);
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
   uint32_t ring = 0;  // tiles this CTA has consumed: tile `it` of a block sits in ring slot (ring + it) % S
@@ -241,22 +233,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // f, the weights and this thread's share of the head sums of the warpgroup's NTW tokens
       // (kernel.cuh partial_head_sums, the same fmaf chain), then the quad reduce-scatter.
       float part[2 * NTW];
-      const float* w_s = sm.w + kWgCols * wg;
-#pragma unroll
-      for (int tl = 0; tl < NTW; ++tl) {
-        float p0 = 0.f, p1 = 0.f;
-#pragma unroll
-        for (int jj = 0; jj < Cfg::kChunksPerToken; ++jj) {
-          const int j = tl * Cfg::kChunksPerToken + jj;
-          const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
-          p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
-          p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
-          p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
-          p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
-        }
-        part[2 * tl] = p0;
-        part[2 * tl + 1] = p1;
-      }
+      wg_head_sums<NTW, Cfg::kChunksPerToken, kRelu>(acc, sm.w + kWgCols * wg, quad, part);
       float sums[V];
       quad_reduce_scatter<NTW>(part, sums, quad);
 
@@ -272,19 +249,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         ablate_sink += pass ? static_cast<uint32_t>(key) : 0u;
 #else
         // The lanes with the same quad position append to the same row: one shared atomic per group.
-        const unsigned ballot = __ballot_sync(0xffffffffu, pass);
-        if (ballot == 0u) continue;
-        const unsigned group = ballot & (0x11111111u << quad);
-        const int leader = group != 0u ? __ffs(group) - 1 : lane;
-        int base = 0;
-        if (pass && lane == leader) base = atomicAdd(&sm.count[my_row], __popc(group));
-        base = __shfl_sync(0xffffffffu, base, leader);
-        if (pass) {
-          const int pos = base + __popc(group & ((1u << lane) - 1u));
-          my_list_s[pos] = s;
-          my_list_i[pos] = key;
-          list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
-        }
+        append_quad_group(pass, s, key, quad, lane, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
 #endif
       }
 #endif
