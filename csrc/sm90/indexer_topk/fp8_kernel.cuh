@@ -324,6 +324,29 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
   __syncthreads();  // the re-scored list is complete (and rs is free)
 }
 
+// The end of a block of the FP8 pass, per row t0 + r < T (after a barrier that follows the last
+// appends): its list cut to its C best by the FP8 score (in place), their exact scores
+// (rescore_row_ring), and the top K written. FLASHDSA_FP8_ABLATE 3 / 4 (attribution builds) skip the
+// cut and the re-score / the re-score. All 32 kWarps threads.
+template <int NT, int H, int D, bool kRelu, int kWarps, int kPass, class RS, int NTH>
+__device__ __forceinline__ void select_block_rows_fp8(const Fp8KernelArgs& a, int t0, float* cand_s, int* cand_i,
+                                                      const int* count, RS& rs, Scratch<NTH>& sel) {
+  for (int r = 0; r < NT; ++r) {
+    const int t = t0 + r;
+    if (t >= a.T) break;
+    float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+    int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+    int m = count[r];
+#if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
+    if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sel).count;
+#if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
+    rescore_row_ring<H, D, kRelu, kWarps, kPass>(a, t, list_s, list_i, m, rs);
+#endif
+#endif
+    write_token_top_k(a, t, list_s, list_i, m, sel);
+  }
+}
+
 template <int H, int D, bool kRelu>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(const __grid_constant__ Fp8KernelArgs a) {
   using Cfg = Config<H, D>;
@@ -548,24 +571,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     __syncthreads();  // the key ring is free: the re-score reuses its memory
 
     // Per row: its C best candidates by the FP8 score (in place), their exact scores, the top K.
-    for (int r = 0; r < NT; ++r) {
-      const int t = t0 + r;
-      if (t >= a.T) break;
-      float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
-      int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-      int m = sm.count[r];
-#if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
-      if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
-#if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
-      using Pipe = RescorePipeSmem<H, D>;
-      using Sm = Fp8Smem<H, D>;
-      static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
-                    "the re-score ring overlays the Q block and the key ring, which are contiguous");
-      rescore_row_ring<H, D, kRelu, kSelectWarps, H>(a, t, list_s, list_i, m, *reinterpret_cast<Pipe*>(sm.q));
-#endif
-#endif
-      write_token_top_k(a, t, list_s, list_i, m, sm.sel);
-    }
+    using Pipe = RescorePipeSmem<H, D>;
+    using Sm = Fp8Smem<H, D>;
+    static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
+                  "the re-score ring overlays the Q block and the key ring, which are contiguous");
+    select_block_rows_fp8<NT, H, D, kRelu, kSelectWarps, H>(a, t0, cand_s, cand_i, sm.count,
+                                                            *reinterpret_cast<Pipe*>(sm.q), sm.sel);
   }
 }
 

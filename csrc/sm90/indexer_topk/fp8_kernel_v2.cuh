@@ -386,18 +386,10 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     static_assert(sizeof(RS) <= RS::kArea && offsetof(Smem<H>, k) == sizeof(Smem<H>::q) &&
                       offsetof(Smem<H>, w) >= RS::kArea,
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
-    for (int r = 0; r < NT; ++r) {
-      const int t = t0 + r;
-      if (t >= a.T) break;
-      float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
-      int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-      int m = sm.count[r];
-      if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
-      // 8 warps; heads in passes of 32 (4 n-tiles: 16 accumulators; H_I = 64 takes two passes over the A
-      // fragments, which keeps the per-row tail within the 128 registers).
-      rescore_row_ring<H, D, kRelu, kNWarps, 32>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
-      write_token_top_k(a, t, list_s, list_i, m, sm.sel);
-    }
+    // 8 warps; heads in passes of 32 (4 n-tiles: 16 accumulators; H_I = 64 takes two passes over the A
+    // fragments, which keeps the per-row tail within the 128 registers).
+    select_block_rows_fp8<NT, H, D, kRelu, kNWarps, 32>(a, t0, cand_s, cand_i, sm.count, *reinterpret_cast<RS*>(sm.q),
+                                                        sm.sel);
   }
 }
 
