@@ -126,21 +126,7 @@ echo "==== steps (logs in $OUT)"
 printf 'step | status | time | log\n'
 printf '%s\n' "${rows[@]}"
 echo "==== FP8 ms (quantize + select; min over rounds), speed vs the bf16 fused kernel of the same runs and vs base; recall mean / min row"
-python3 - "$OUT" "$ROUNDS" $VARIANTS <<'PY'
-import os, re, sys
-out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-res = {}  # (variant, H, T) -> [(bf16, fp8 all, sel, recall mean, recall min)]
-for v in variants:
-    for r in range(1, rounds + 1):
-        p = os.path.join(out, "bench_%s_r%d.log" % (v, r))
-        if not os.path.exists(p):
-            continue
-        for line in open(p):
-            m = re.match(r"\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)\s+([\d.]+)", line)
-            if m:
-                H, T = int(m.group(1)), int(m.group(2))
-                res.setdefault((v, H, T), []).append(tuple(float(m.group(i)) for i in (3, 4, 5, 8, 9)))
-shapes = sorted({(H, T) for (_, H, T) in res})
+{ fp8_bench_results_py; cat <<'PY'
 target = {32768: 8.6, 131072: 101.0}
 print("| H_I | T | bf16 ms | " + " | ".join("%s FP8 ms (x bf16, x base)" % v for v in variants) + " | " +
       " | ".join("%s recall mean / min" % v for v in variants) + " | issue-20 target (v2) |")
@@ -165,3 +151,4 @@ for H, T in shapes:
     print("| %d | %dK | %.3f | %s | %s | %s |" % (H, T // 1024, bf, " | ".join(cells), " | ".join(rec), tg))
 print("(targets: issue 20's FP8 goal at H_I = 32: 1.3x TileLang's FP8 logits + top-k at 32K, 1.3x its logits alone at 128K)")
 PY
+} | python3 - "$OUT" "$ROUNDS" $VARIANTS

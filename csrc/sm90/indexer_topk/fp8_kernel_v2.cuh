@@ -184,20 +184,9 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
   constexpr int NT = C::kTokens, NTW = C::kTokensPerWg, V = C::kVals, CPT = C::kChunksPerToken, S = kRing;
   const Fp8KernelArgs& a = args.base;
   extern __shared__ uint8_t smem_raw[];
+  const WgLane L = wg_lane<NT, NTW, V>(a);
+  const int tid = L.tid, lane = L.lane, quad = L.quad, wg = L.wg, acc_row = L.acc_row;
   auto& sm = *reinterpret_cast<Smem<H>*>(hw::align_smem(smem_raw));
-
-  const int tid = threadIdx.x, lane = tid & 31, quad = lane & 3;
-  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);      // warp-uniform for the compiler
-  const int acc_row = 16 * ((tid >> 5) & 3) + (lane >> 2);  // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
-  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
-  float* const cand_s = a.cand_scores + list_base;
-  int* const cand_i = a.cand_idx + list_base;
-  // After the reduce-scatter: H_I = 32 (V = 2): row wg * 4 + quad, keys acc_row, acc_row + 8;
-  // H_I = 64 (V = 1): row wg * 2 + quad / 2, key acc_row + 8 (quad % 2).
-  const int my_row = wg * NTW + (V == 2 ? quad : quad >> 1);
-  const int my_key_off = V == 2 ? 0 : 8 * (quad & 1);
-  float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
-  int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
 
   init_tile_ring<S>(sm.full, sm.done, &args.tmap_k8, a.T_kv > 0);
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
@@ -263,7 +252,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     };
     // The key scales of this lane's V keys of tile `tile` (0 past T_kv: masked by the ranges anyway).
     auto load_kscales = [&](int tile, float (&ksv)[V]) {
-      const int key0 = (tile0 + tile) * kTileKeys + acc_row + my_key_off;
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row + L.my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) ksv[v] = key0 + 8 * v < a.T_kv ? a.k_scale[key0 + 8 * v] : 0.f;
     };
@@ -289,22 +278,22 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         const int e = min((tile0 + tile + 1) * kTileKeys, sm.k_end[tid]);
         if (e > sm.k_start[tid]) sm.count[tid] = e - sm.k_start[tid];
       }
-      const uint32_t row_thr = sm.thr[my_row];
-      const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
-      const int key0 = (tile0 + tile) * kTileKeys + acc_row + my_key_off;
+      const RowWindow row = row_window(sm.thr, sm.k_start, sm.k_end, L.my_row);
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row + L.my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
         const float s = sums[v] * ksv[v];
-        const bool visible = key >= row_start && key < row_end;
-        if (row_thr == 0u && visible) {  // dense row: every visible key passes (score_key >= 1)
-          const int pos = key - row_start;
-          my_list_s[pos] = s;
-          my_list_i[pos] = key;
+        const bool visible = key >= row.start && key < row.end;
+        if (row.thr == 0u && visible) {  // dense row: every visible key passes (score_key >= 1)
+          const int pos = key - row.start;
+          L.my_list_s[pos] = s;
+          L.my_list_i[pos] = key;
           list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
         }
-        const bool pass = row_thr != 0u && visible && score_key(s) > row_thr;
-        append_quad_group(pass, s, key, quad, lane, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
+        const bool pass = row.thr != 0u && visible && score_key(s) > row.thr;
+        append_quad_group(pass, s, key, quad, lane, &sm.count[L.my_row], L.my_list_s, L.my_list_i, a.cap,
+                          list_nearly_full);
       }
     };
 
@@ -353,7 +342,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         // past the flag, as in kernel.cuh).
         if (compact) {      // uniform over the CTA
           __syncthreads();  // every append of tile it-1 is in the lists and counts
-          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+          compact_full_lists<NT>(a, L.cand_s, L.cand_i, sm.count, sm.thr, sm.sel);
         }
       }
       if (ntiles > 0) finish_tile(ntiles - 1, part, ksv);  // its flags need no compaction: the final select follows
@@ -374,7 +363,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         finish_tile(it, part, ksv);
         if (compact) {      // uniform over the CTA
           __syncthreads();  // every append of tile it is in
-          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+          compact_full_lists<NT>(a, L.cand_s, L.cand_i, sm.count, sm.thr, sm.sel);
         }
       }
     }
@@ -388,8 +377,8 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
     // 8 warps; heads in passes of 32 (4 n-tiles: 16 accumulators; H_I = 64 takes two passes over the A
     // fragments, which keeps the per-row tail within the 128 registers).
-    select_block_rows_fp8<NT, H, D, kRelu, kNWarps, 32>(a, t0, cand_s, cand_i, sm.count, *reinterpret_cast<RS*>(sm.q),
-                                                        sm.sel);
+    select_block_rows_fp8<NT, H, D, kRelu, kNWarps, 32>(a, t0, L.cand_s, L.cand_i, sm.count,
+                                                        *reinterpret_cast<RS*>(sm.q), sm.sel);
   }
 }
 
@@ -401,28 +390,8 @@ inline bool supports_shape(int H, int D) { return (H == 32 || H == 64) && D == 1
 // The tensor map of k8 ([T_kv, 128] e4m3 as uint8, row stride k8_st bytes): boxes of 64 keys x 128
 // bytes (the 128-byte swizzle's row), zero fill past T_kv.
 inline Status make_k8_tensor_map(const Fp8KernelArgs& a, CUtensorMap* map) {
-  std::memset(map, 0, sizeof(*map));
-  if (a.T_kv <= 0) return Status::OK();  // no key tile is ever loaded
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) return Status::CudaError("sm90 indexer_topk fp8 v2: cuTensorMapEncodeTiled is not available");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kFp8RowBytes), static_cast<cuuint64_t>(a.T_kv)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.k8_st)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kFp8RowBytes), static_cast<cuuint32_t>(kTileKeys)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(a.k8), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status::NotSupported("sm90 indexer_topk fp8 v2: k_idx cannot be described by a TMA tensor map (error " +
-                                std::to_string(static_cast<int>(r)) + "): needs a 16-byte aligned base and stride");
-  return Status::OK();
+  return make_key_rows_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.k8, kFp8RowBytes, a.T_kv,
+                                  static_cast<uint64_t>(a.k8_st), kFp8RowBytes, "sm90 indexer_topk fp8 v2");
 }
 
 // Launches one instance with its dynamic shared memory.

@@ -293,6 +293,50 @@ __device__ __forceinline__ void append_quad_group(bool pass, float s, int key, i
   }
 }
 
+// A thread's place in the two-warpgroup walk of a block of NT rows (NTW per warpgroup, V scores per lane
+// after the reduce-scatter) and its CTA's candidate lists (Args: KernelArgs or Fp8KernelArgs).
+struct WgLane {
+  int tid, lane, quad;
+  int wg;          // warpgroup: columns [128 wg, 128 wg + 128)
+  int acc_row;     // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
+  float* cand_s;   // the CTA's NT lists of a.cap entries
+  int* cand_i;
+  // After the reduce-scatter lane q holds V scores: H_I = 32 (V = 2): row wg * 4 + q, keys acc_row
+  // and acc_row + 8; H_I = 64 (V = 1): row wg * 2 + q / 2, key acc_row + 8 (q % 2).
+  int my_row, my_key_off;
+  // This lane's row's candidate list (appends index it directly: no 64-bit row arithmetic per append).
+  float* my_list_s;
+  int* my_list_i;
+};
+template <int NT, int NTW, int V, class Args>
+__device__ __forceinline__ WgLane wg_lane(const Args& a) {
+  WgLane l;
+  l.tid = threadIdx.x;
+  l.lane = l.tid & 31;
+  l.quad = l.lane & 3;
+  // Read through a shuffle so that the compiler knows it is warp-uniform and keeps the wgmma
+  // descriptors in uniform registers.
+  l.wg = __shfl_sync(0xffffffffu, l.tid >> 7, 0);
+  l.acc_row = 16 * ((l.tid >> 5) & 3) + (l.lane >> 2);
+  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
+  l.cand_s = a.cand_scores + list_base;
+  l.cand_i = a.cand_idx + list_base;
+  l.my_row = l.wg * NTW + (V == 2 ? l.quad : l.quad >> 1);
+  l.my_key_off = V == 2 ? 0 : 8 * (l.quad & 1);
+  l.my_list_s = l.cand_s + static_cast<size_t>(l.my_row) * a.cap;
+  l.my_list_i = l.cand_i + static_cast<size_t>(l.my_row) * a.cap;
+  return l;
+}
+
+// A row's state for the pass test of a tile: its threshold and key range [start, end).
+struct RowWindow {
+  uint32_t thr;
+  int start, end;
+};
+__device__ __forceinline__ RowWindow row_window(const uint32_t* thr, const int* k_start, const int* k_end, int row) {
+  return RowWindow{thr[row], k_start[row], k_end[row]};
+}
+
 // Thread 0: the S stages' full mbarriers (one arrival + the TMA transaction count), their done counters
 // at 0, and the key tensor map prefetched (the map is zero when there are no keys). The caller's barrier
 // publishes them.

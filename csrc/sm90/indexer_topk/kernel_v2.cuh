@@ -137,23 +137,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   constexpr int NT = Cfg::kTokens, NTW = Cfg::kTokensPerWg, S = Cfg::kStages, V = Cfg::kValsPerLane;
   const KernelArgs& a = args.base;
   extern __shared__ uint8_t smem_raw[];
+  const WgLane L = wg_lane<NT, NTW, V>(a);
+  const int tid = L.tid, lane = L.lane, quad = L.quad, wg = L.wg, acc_row = L.acc_row;
   auto& sm = *reinterpret_cast<Smem<H, D>*>(hw::align_smem(smem_raw));
-
-  const int tid = threadIdx.x, lane = tid & 31, quad = lane & 3;
-  // Warpgroup: columns [128 wg, 128 wg + 128). Read through a shuffle so that the compiler knows it is
-  // warp-uniform and keeps the wgmma descriptors in uniform registers.
-  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-  const int acc_row = 16 * ((tid >> 5) & 3) + (lane >> 2);  // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
-  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
-  float* const cand_s = a.cand_scores + list_base;
-  int* const cand_i = a.cand_idx + list_base;
-  // After the reduce-scatter lane q holds V scores: H_I = 32 (V = 2): row wg * 4 + q, keys acc_row
-  // and acc_row + 8; H_I = 64 (V = 1): row wg * 2 + q / 2, key acc_row + 8 (q % 2).
-  const int my_row = wg * NTW + (V == 2 ? quad : quad >> 1);
-  const int my_key_off = V == 2 ? 0 : 8 * (quad & 1);
-  // This lane's row's candidate list (appends index it directly: no 64-bit row arithmetic per append).
-  float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
-  int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
 
   init_tile_ring<S>(sm.full, sm.done, &args.tmap_k, a.T_kv > 0);
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
@@ -162,8 +148,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
 #if FLASHDSA_V2_ABLATE != 0
   uint32_t ablate_sink = 0u;
-  (void)my_list_s;
-  (void)my_list_i;
 #endif
 
   for (;;) {
@@ -237,19 +221,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       float sums[V];
       quad_reduce_scatter<NTW>(part, sums, quad);
 
-      const uint32_t row_thr = sm.thr[my_row];
-      const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
-      const int key0 = (tile0 + it) * kTileKeys + acc_row + my_key_off;
+      const RowWindow row = row_window(sm.thr, sm.k_start, sm.k_end, L.my_row);
+      const int key0 = (tile0 + it) * kTileKeys + acc_row + L.my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
         const float s = sums[v];
-        const bool pass = key >= row_start && key < row_end && score_key(s) > row_thr;
+        const bool pass = key >= row.start && key < row.end && score_key(s) > row.thr;
 #if FLASHDSA_V2_ABLATE == 2
         ablate_sink += pass ? static_cast<uint32_t>(key) : 0u;
 #else
         // The lanes with the same quad position append to the same row: one shared atomic per group.
-        append_quad_group(pass, s, key, quad, lane, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
+        append_quad_group(pass, s, key, quad, lane, &sm.count[L.my_row], L.my_list_s, L.my_list_i, a.cap,
+                          list_nearly_full);
 #endif
       }
 #endif
@@ -257,14 +241,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // past the flag: kMinCapacitySlack).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it is in the lists and counts
-        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        compact_full_lists<NT>(a, L.cand_s, L.cand_i, sm.count, sm.thr, sm.sel);
       }
     }
     ring += static_cast<uint32_t>(ntiles);
     __syncthreads();
 
     // Final selection: each row's list (at most cap entries) -> its top K, padded with -1 / -inf.
-    write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
+    write_block_top_k<NT>(a, t0, L.cand_s, L.cand_i, sm.count, sm.sel);
   }
 #if FLASHDSA_V2_ABLATE != 0
   if (ablate_sink == 0x7f800001u) a.out_idx[0] = static_cast<int32_t>(ablate_sink);  // keeps the sink alive
@@ -277,28 +261,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 // (128 bytes: the 128-byte swizzle's row), zero fill past T_kv. The driver entry point is looked up
 // through the runtime, so nothing links libcuda directly.
 inline Status make_key_tensor_map(const KernelArgs& a, int D, CUtensorMap* map) {
-  std::memset(map, 0, sizeof(*map));
-  if (a.T_kv <= 0) return Status::OK();  // no key tile is ever loaded
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) return Status::CudaError("sm90 indexer_topk: cuTensorMapEncodeTiled is not available");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.T_kv)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.k_st) * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTileKeys)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(a.k), dims, strides,
-                            box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status::NotSupported("sm90 indexer_topk: k_idx cannot be described by a TMA tensor map (error " +
-                                std::to_string(static_cast<int>(r)) + "): needs a 16-byte aligned base and stride");
-  return Status::OK();
+  return make_key_rows_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.k, static_cast<uint64_t>(D), a.T_kv,
+                                  static_cast<uint64_t>(a.k_st) * sizeof(__nv_bfloat16), 64, "sm90 indexer_topk");
 }
 
 template <int H, int D, bool kRelu>
