@@ -242,14 +242,14 @@ __device__ __forceinline__ void rescore_fold(const float (&acc)[NN][4], const fl
 // mma.m16n8k16 with A = keys [16, D], B = q^T [D, 8 heads] per 8-head group (rescore_mma). The gathers
 // go through a ring: warp w's batches are b = 0, 1, ... (candidates [16 (w + kWarps b), +16)); batch
 // b + kPipe is issued (cp.async, zero-filled empty slots) while batch b is scored, and the candidate
-// indices of batch b + kPipe + 1 are loaded one batch ahead. kPass == H: all heads' MMAs, the next
-// issue, then the head sum; kPass < H: heads in passes of kPass (MMA + head sum each, a rolled loop
-// that bounds the registers), then the next issue.
+// indices of batch b + kPipe + 1 are loaded one batch ahead. !kPassLoop (kPass = H): all heads' MMAs,
+// the next issue, then the head sum; kPassLoop: heads in passes of kPass (MMA + head sum each, a rolled
+// loop that bounds the registers, even for one pass), then the next issue.
 // All threads; begins after a barrier that freed the Q block and the key ring, ends with a barrier.
-template <int H, int D, bool kRelu, int kWarps, int kPass, class RS>
+template <int H, int D, bool kRelu, int kWarps, int kPass, bool kPassLoop, class RS>
 __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i,
                                                  int m, RS& rs) {
-  static_assert(H % kPass == 0 && kPass % 8 == 0, "head passes of whole 8-head groups");
+  static_assert(H % kPass == 0 && kPass % 8 == 0 && (kPassLoop || kPass == H), "head passes of whole 8-head groups");
   constexpr int kLd = RS::kLd, P = RS::kPipe, NTH = 32 * kWarps;
   constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
@@ -291,17 +291,14 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
     hw::cp_async_wait<P - 1>();
     __syncwarp();  // every lane's copies of batch b have landed
     const uint16_t* kb = rs.keys[warp][b % P];
-    auto refill = [&]() {
+    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
+    if constexpr (!kPassLoop) {
+      float acc[H / 8][4];
+      rescore_mma<H / 8, D, kLd>(acc, kb, rs.q, 0, g, c);
       __syncwarp();  // every lane has read batch b's stage: it may be refilled
       if (b + P < nb) issue(b + P, next_key);
       hw::cp_async_commit();
       next_key = batch_key(b + P + 1);
-    };
-    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
-    if constexpr (kPass == H) {
-      float acc[H / 8][4];
-      rescore_mma<H / 8, D, kLd>(acc, kb, rs.q, 0, g, c);
-      refill();
       rescore_fold<H / 8, kRelu>(acc, rs.w, 0, c, s0, s1);
     } else {
 #pragma unroll 1
@@ -310,7 +307,11 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
         rescore_mma<kPass / 8, D, kLd>(acc, kb, rs.q, h0, g, c);
         rescore_fold<kPass / 8, kRelu>(acc, rs.w, h0, c, s0, s1);
       }
-      refill();
+      // (the refill is written out in both branches: a lambda for it moved the SASS)
+      __syncwarp();  // every lane has read batch b's stage: it may be refilled
+      if (b + P < nb) issue(b + P, next_key);
+      hw::cp_async_commit();
+      next_key = batch_key(b + P + 1);
     }
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
     s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
@@ -324,27 +325,21 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
   __syncthreads();  // the re-scored list is complete (and rs is free)
 }
 
-// The end of a block of the FP8 pass, per row t0 + r < T (after a barrier that follows the last
-// appends): its list cut to its C best by the FP8 score (in place), their exact scores
-// (rescore_row_ring), and the top K written. FLASHDSA_FP8_ABLATE 3 / 4 (attribution builds) skip the
-// cut and the re-score / the re-score. All 32 kWarps threads.
-template <int NT, int H, int D, bool kRelu, int kWarps, int kPass, class RS, int NTH>
-__device__ __forceinline__ void select_block_rows_fp8(const Fp8KernelArgs& a, int t0, float* cand_s, int* cand_i,
-                                                      const int* count, RS& rs, Scratch<NTH>& sel) {
-  for (int r = 0; r < NT; ++r) {
-    const int t = t0 + r;
-    if (t >= a.T) break;
-    float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
-    int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    int m = count[r];
+// The end of a block of the FP8 pass for query row t (< T), after a barrier that follows the last
+// appends: its list (list_s, list_i)[0, m) cut to its C best by the FP8 score (in place), their exact
+// scores (rescore_row_ring, kWarps warps, heads in rolled passes of kPass), and its top K written.
+// FLASHDSA_FP8_ABLATE 3 / 4 (attribution builds) skip the cut and the re-score / the re-score. All
+// 32 kWarps threads.
+template <int H, int D, bool kRelu, int kWarps, int kPass, class RS, int NTH>
+__device__ __forceinline__ void select_row_fp8(const Fp8KernelArgs& a, int t, float* list_s, int* list_i, int m,
+                                               RS& rs, Scratch<NTH>& sel) {
 #if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
-    if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sel).count;
+  if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sel).count;
 #if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
-    rescore_row_ring<H, D, kRelu, kWarps, kPass>(a, t, list_s, list_i, m, rs);
+  rescore_row_ring<H, D, kRelu, kWarps, kPass, true>(a, t, list_s, list_i, m, rs);
 #endif
 #endif
-    write_token_top_k(a, t, list_s, list_i, m, sel);
-  }
+  write_token_top_k(a, t, list_s, list_i, m, sel);
 }
 
 template <int H, int D, bool kRelu>
@@ -575,8 +570,24 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     using Sm = Fp8Smem<H, D>;
     static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
-    select_block_rows_fp8<NT, H, D, kRelu, kSelectWarps, H>(a, t0, cand_s, cand_i, sm.count,
-                                                            *reinterpret_cast<Pipe*>(sm.q), sm.sel);
+    // (written out rather than through select_row_fp8, which the FP8 v2 kernel uses: the call moved one
+    // instruction of this kernel's SASS)
+    for (int r = 0; r < NT; ++r) {
+      const int t = t0 + r;
+      if (t >= a.T) break;
+      float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+      int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+      int m = sm.count[r];
+#if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
+      if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+#if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
+      rescore_row_ring<H, D, kRelu, kSelectWarps, H, false>(a, t, list_s, list_i, m, *reinterpret_cast<Pipe*>(sm.q));
+#endif
+#endif
+      int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+      float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+      write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);
+    }
   }
 }
 

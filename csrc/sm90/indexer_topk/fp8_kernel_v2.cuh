@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
   const int tid = L.tid, lane = L.lane, quad = L.quad, wg = L.wg, acc_row = L.acc_row;
   auto& sm = *reinterpret_cast<Smem<H>*>(hw::align_smem(smem_raw));
 
-  init_tile_ring<S>(sm.full, sm.done, &args.tmap_k8, a.T_kv > 0);
+  init_tile_ring<S>(sm.full, sm.done, &args.tmap_k8, a);
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * kFp8RowBytes >> 4);
   uint32_t ring = 0;  // tiles consumed by this CTA: tile `it` of a block sits in stage (ring + it) % S
@@ -377,8 +377,13 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
     // 8 warps; heads in passes of 32 (4 n-tiles: 16 accumulators; H_I = 64 takes two passes over the A
     // fragments, which keeps the per-row tail within the 128 registers).
-    select_block_rows_fp8<NT, H, D, kRelu, kNWarps, 32>(a, t0, L.cand_s, L.cand_i, sm.count,
-                                                        *reinterpret_cast<RS*>(sm.q), sm.sel);
+    for (int r = 0; r < NT; ++r) {
+      const int t = t0 + r;
+      if (t >= a.T) break;
+      float* list_s = L.cand_s + static_cast<size_t>(r) * a.cap;
+      int* list_i = L.cand_i + static_cast<size_t>(r) * a.cap;
+      select_row_fp8<H, D, kRelu, kNWarps, 32>(a, t, list_s, list_i, sm.count[r], *reinterpret_cast<RS*>(sm.q), sm.sel);
+    }
   }
 }
 

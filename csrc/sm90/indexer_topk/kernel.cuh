@@ -338,10 +338,10 @@ __device__ __forceinline__ RowWindow row_window(const uint32_t* thr, const int* 
 }
 
 // Thread 0: the S stages' full mbarriers (one arrival + the TMA transaction count), their done counters
-// at 0, and the key tensor map prefetched (the map is zero when there are no keys). The caller's barrier
-// publishes them.
-template <int S>
-__device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, const void* tmap, bool has_keys) {
+// at 0, and the key tensor map prefetched when a.T_kv > 0 (the map is zero when there are no keys; T_kv
+// is read inside the branch, as the kernels did inline). The caller's barrier publishes them.
+template <int S, class Args>
+__device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, const void* tmap, const Args& a) {
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -349,7 +349,7 @@ __device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, c
       done[s] = 0;
     }
     hw::mbar_fence_init();
-    if (has_keys) hw::prefetch_tensormap(tmap);
+    if (a.T_kv > 0) hw::prefetch_tensormap(tmap);
   }
 }
 

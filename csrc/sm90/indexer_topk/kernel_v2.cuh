@@ -141,7 +141,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int tid = L.tid, lane = L.lane, quad = L.quad, wg = L.wg, acc_row = L.acc_row;
   auto& sm = *reinterpret_cast<Smem<H, D>*>(hw::align_smem(smem_raw));
 
-  init_tile_ring<S>(sm.full, sm.done, &args.tmap_k, a.T_kv > 0);
+  // (written out: init_tile_ring, which the FP8 v2 kernel uses, moved this kernel's SASS)
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      hw::mbar_init(&sm.full[s], 1);
+      sm.done[s] = 0;
+    }
+    hw::mbar_fence_init();
+    if (a.T_kv > 0) hw::prefetch_tensormap(&args.tmap_k);  // (the map is zero when there are no keys)
+  }
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
   uint32_t ring = 0;  // tiles this CTA has consumed: tile `it` of a block sits in ring slot (ring + it) % S
@@ -217,7 +226,23 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // f, the weights and this thread's share of the head sums of the warpgroup's NTW tokens
       // (kernel.cuh partial_head_sums, the same fmaf chain), then the quad reduce-scatter.
       float part[2 * NTW];
-      wg_head_sums<NTW, Cfg::kChunksPerToken, kRelu>(acc, sm.w + kWgCols * wg, quad, part);
+      // (written out: wg_head_sums, which the FP8 v2 kernel uses, swapped two instructions of this kernel)
+      const float* w_s = sm.w + kWgCols * wg;
+#pragma unroll
+      for (int tl = 0; tl < NTW; ++tl) {
+        float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < Cfg::kChunksPerToken; ++jj) {
+          const int j = tl * Cfg::kChunksPerToken + jj;
+          const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
+          p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
+          p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
+          p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
+          p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
+        }
+        part[2 * tl] = p0;
+        part[2 * tl + 1] = p1;
+      }
       float sums[V];
       quad_reduce_scatter<NTW>(part, sums, quad);
 
