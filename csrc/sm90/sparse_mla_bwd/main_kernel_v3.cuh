@@ -28,6 +28,7 @@
 #include "sm90/sparse_mla_bwd/kernel_common.cuh"
 #include "sm90/sparse_mla_bwd/l2_policy.cuh"
 #include "sm90/sparse_mla_bwd/main_kernel_v2.cuh"
+#include "sm90/sparse_mla_bwd/two_wg_common.cuh"
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 namespace v3 {
@@ -51,18 +52,7 @@ constexpr int kBarProducer = 1;  // producer (128): block list flags / compactio
 constexpr int kBarQdo = 2;       // front + back (256): Q, dO, lse, Delta landed in smem
 constexpr int kBarMass = 3;      // front (128): warps 1..3 stored their attention-mass column sums
 
-struct alignas(1024) SmemPlanV3 {
-  __nv_bfloat16 q[kQkBlocks * kHeadsPerCta * kColsPerBlock];    // [64 h][9 blocks] SW128      73728 B
-  __nv_bfloat16 dout[kVBlocks * kHeadsPerCta * kColsPerBlock];  // [64 h][8 blocks] SW128      65536 B
-  __nv_bfloat16 kv[kQkBlocks * kBlockKeys * kColsPerBlock];     // [64 keys][9 blocks] SW128   73728 B
-  __nv_bfloat16 p[kHeadsPerCta * kBlockKeys];                   // [64 h][64 keys] bf16         8192 B
-  __nv_bfloat16 ds[kHeadsPerCta * kBlockKeys];                  // [64 h][64 keys] bf16         8192 B
-  int32_t idx[2][kBlockKeys];       // kv row of each key of block i (slot i % 2); any value: invalid
-  float lse2[kHeadsPerCta];         // lse * log2(e); +inf on padded heads (P = 0 there)
-  float delta[kHeadsPerCta];        // rowsum(dout * out); 0 on padded heads
-  float mass_part[3][kBlockKeys];   // optional mass output: column sums of P of the front's warps 1..3
-  uint8_t block_list[kMaxBlocksPerRow];  // non-empty key blocks of the row, in processing order
-  int32_t num_blocks;               // entries of block_list
+struct alignas(1024) SmemPlanV3 : two_wg::SmemTiles {  // the buffers, then the barriers
   uint64_t setup_full;              // producer -> front, back: block list and num_blocks written (once)
   uint64_t kv_full;                 // producer -> front, back: kv tile + idx of block i (cp.async + arrive)
   uint64_t kv_empty;                // front, back -> producer: both dQ of block i done, kv may be overwritten
@@ -74,29 +64,9 @@ static_assert(kSmemBytes <= hw::kSmemLimit, "shared memory budget: one kv stage 
 
 namespace detail {
 
-using hw::desc_k_major;
-using hw::desc_mn_major;
-using sparse_mla_bwd_impl::detail::build_block_list;
-using sparse_mla_bwd_impl::detail::copy_row_ldg;
-using sparse_mla_bwd_impl::detail::ds_group;
-using sparse_mla_bwd_impl::detail::emit_mass;
-using sparse_mla_bwd_impl::detail::exp_scores;
+using namespace two_wg;  // the pieces v2 and v3 share, and their short names (two_wg_common.cuh)
 using sparse_mla_bwd_impl::detail::issue_dkv_chunk;
-using sparse_mla_bwd_impl::detail::key_valid;
-using sparse_mla_bwd_impl::detail::kL2Hint;
-using sparse_mla_bwd_impl::detail::l2_evict_first_policy;
-using sparse_mla_bwd_impl::detail::l2_evict_last_policy;
-using sparse_mla_bwd_impl::detail::make_work;
-using sparse_mla_bwd_impl::detail::mass_slot_of;
-using sparse_mla_bwd_impl::detail::mma_heads_keys;
-using sparse_mla_bwd_impl::detail::prefetch_rows_l2;
-using sparse_mla_bwd_impl::detail::store_dq;
 using sparse_mla_bwd_impl::detail::tile_pair_offset;
-using sparse_mla_bwd_impl::detail::Work;
-using v2::detail::Copier;
-using v2::detail::dkv_rows;
-using v2::detail::DkvRowsV2;
-using v2::detail::dkv_row_ptr;
 
 // ---- prologue: Q, dO, lse, Delta (front + back) --------------------------------------------------
 
@@ -130,12 +100,7 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlanV3& sm, c
     }
   }
   hw::cp_async_commit();
-  if (t < kHeadsPerCta) {
-    const bool real = t < w.heads;
-    const int64_t at = w.token * p.H + h0 + t;
-    sm.lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
-    sm.delta[t] = real ? p.delta[at] : 0.f;
-  }
+  if (t < kHeadsPerCta) store_lse_delta(p, sm.lse2, sm.delta, w.token * p.H + h0, t < w.heads, t);
   hw::cp_async_wait<0>();
   hw::fence_proxy_async();  // writer side: this thread's Q / dO pieces are wgmma (async proxy) operands
   hw::named_bar_sync(kBarQdo, 256);
@@ -170,27 +135,17 @@ __device__ void produce(const MainParams& p, SmemPlanV3& sm, int tid) {
     // The single kv tile is free once the front's and the back's dQ of block i - 1 completed; that
     // also ends every read of idx[i % 2] (block i - 2).
     if (i > 0) hw::mbar_wait(&sm.kv_empty, (i - 1) & 1);
-    if (cp.chunk == 0) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) sm.idx[i & 1][cp.rsub + 16 * r] = keys[r];
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const bool valid = key_valid(keys[r], p.T_kv);
-      cp.copy_row<kQkBlocks, kBlockKeys>(kv_tile, r, p.kv + (valid ? int64_t(keys[r]) : 0) * p.kv_stride_t, valid);
-    }
+    gather_kv(p, sm, cp, kv_tile, i, keys);
     hw::cp_async_arrive(&sm.kv_full);  // one arrival when this thread's copies landed
     hw::mbar_arrive(&sm.kv_full);      // and one for its idx stores
     // Sweep mode: count the block, fetch into L2 the dkv rows its atomics will update. Every mode:
     // fetch into L2 the kv rows of the next block (gathered about one block from now).
     if (sweep) {
       if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
-      const int32_t* row = idx_row + sm.block_list[i] * kBlockKeys + 16 * warp;
-      prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, lane < 16 ? row[lane] : -1, p.T_kv, lane);
+      prefetch_dkv_row(p, warp_key(sm, idx_row, i, warp, lane), lane);
     }
     if (i + 1 < num_blocks) {
-      const int32_t* nrow = idx_row + sm.block_list[i + 1] * kBlockKeys + 16 * warp;
-      prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, lane < 16 ? nrow[lane] : -1, p.T_kv, lane);
+      prefetch_kv_row(p, warp_key(sm, idx_row, i + 1, warp, lane), lane);
       load_keys(i + 1, keys);
     }
   }
@@ -224,14 +179,9 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
   const int num_blocks = sm.num_blocks;
 
   float dq_a[4 * 32], dq_b[32];  // dQ columns [0, 256) and [256, 320)
-#pragma unroll
-  for (int i = 0; i < 4 * 32; ++i) dq_a[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) dq_b[i] = 0.f;
-  const float lse2_lo = sm.lse2[r0], lse2_hi = sm.lse2[r0 + 8];
-  const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
-  char* const p_tile = reinterpret_cast<char*>(sm.p);
-  char* const ds_tile = reinterpret_cast<char*>(sm.ds);
+  zero_acc(dq_a);
+  zero_acc(dq_b);
+  const FrontConsts fc = front_consts(sm, r0);
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
@@ -248,9 +198,7 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
       hw::wgmma_fence();
       mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
       hw::wgmma_commit();
-      hw::wgmma_wait<0>();
-      hw::fence_regs(s);
-      exp_scores(s, sm.idx[st], p, lse2_lo, lse2_hi, q4);
+      scores_to_p<0>(s, sm.idx[st], p, fc, q4);
       // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
       // after kv_full of block i + 1, which needs warp 0's kv_empty arrival of block i.
       if (p.mass != nullptr) emit_mass<kBarMass>(p, sm, w, s, mass_slot, warp, lane);
@@ -275,15 +223,15 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
     for (int n = 0; n < 8; ++n) {
       const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n]));
       const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n + 1]));
-      ds_group(dp, n, lo.x, lo.y, hi.x, hi.y, delta_lo, delta_hi, p.scale);
+      ds_group(dp, n, lo.x, lo.y, hi.x, hi.y, fc.delta_lo, fc.delta_hi, p.scale);
     }
     if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0, n, q4)) = pk[2 * n];
-      *reinterpret_cast<uint32_t*>(p_tile + tile_pair_offset(r0 + 8, n, q4)) = pk[2 * n + 1];
-      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
-      *reinterpret_cast<uint32_t*>(ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
+      *reinterpret_cast<uint32_t*>(fc.p_tile + tile_pair_offset(r0, n, q4)) = pk[2 * n];
+      *reinterpret_cast<uint32_t*>(fc.p_tile + tile_pair_offset(r0 + 8, n, q4)) = pk[2 * n + 1];
+      *reinterpret_cast<uint32_t*>(fc.ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
+      *reinterpret_cast<uint32_t*>(fc.ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
           hw::pack_bf16(dp[4 * n + 2], dp[4 * n + 3]);
     }
     hw::fence_proxy_async();  // the tiles are wgmma operands of the back warpgroup
@@ -297,9 +245,9 @@ __device__ void front(const MainParams& p, SmemPlanV3& sm, int tid) {
     hw::mbar_arrive(&sm.kv_empty);
   }
 
-  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
-  store_dq<4, false>(dq_a, dq_head0, w.heads, 0, r0, q4);
-  store_dq<1, false>(dq_b, dq_head0, w.heads, 4, r0, q4);
+  __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4, false>(dq_a, dqh0, w.heads, 0, r0, q4);
+  store_dq<1, false>(dq_b, dqh0, w.heads, 4, r0, q4);
 }
 
 // ---- back warpgroup -----------------------------------------------------------------------------
@@ -315,27 +263,6 @@ __device__ __forceinline__ void mma_dq_back(float (&dq)[4 * 32], const SmemPlanV
 }
 
 template <bool kDeterministic>
-__device__ __forceinline__ void emit_chunk(const float (&acc)[32], int chunk, const DkvRowsV2& rows, int lane) {
-  sparse_mla_bwd_impl::detail::emit_dkv_pairs<kDeterministic, false, kL2Hint>(
-      acc, rows.valid, lane,
-      [&](int half, int ab) { return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock; },
-      kL2Hint ? l2_evict_last_policy() : 0);
-}
-
-// Chunk c >= 2: issue chunk c into acc[c % 2], wait for chunk c - 1 (one group may stay in flight),
-// emit it.
-template <bool kDeterministic, int kChunk>
-__device__ __forceinline__ void dkv_step(SmemPlanV3& sm, float (&acc0)[32], float (&acc1)[32], const DkvRowsV2& rows,
-                                         int lane) {
-  float(&cur)[32] = (kChunk % 2 == 0) ? acc0 : acc1;
-  float(&prev)[32] = (kChunk % 2 == 0) ? acc1 : acc0;
-  issue_dkv_chunk(sm, cur, kChunk);
-  hw::wgmma_wait<1>();
-  hw::fence_regs(prev);
-  emit_chunk<kDeterministic>(prev, kChunk - 1, rows, lane);
-}
-
-template <bool kDeterministic>
 __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
   const int warp = tid / 32, lane = tid % 32;
   {
@@ -345,8 +272,7 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
   hw::mbar_wait(&sm.setup_full, 0);
   const int num_blocks = sm.num_blocks;
   float dq[4 * 32];  // dQ columns [320, 576)
-#pragma unroll
-  for (int i = 0; i < 4 * 32; ++i) dq[i] = 0.f;
+  zero_acc(dq);
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
@@ -355,54 +281,35 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
     hw::mbar_wait(&sm.kv_full, i & 1);
     hw::mbar_wait(&sm.pds_full, i & 1);
     hw::fence_proxy_async();
-    const DkvRowsV2 rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
-
+    const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
+    // One sequence for both orders (a shared function taking the dQ accumulators by reference moved
+    // v2's SASS, so v2 and v3 spell these steps out, then share back_tail). kDqFirst: dQ first, the kv
+    // tile is released as early as possible (the producer gathers the next block); the A/B switch
+    // FLASHDSA_BWD_V3_DQ_AFTER_C0: v2's order, dKV chunk 0 first, its reds start earlier, kv is
+    // released after chunk 0's emission.
     float acc0[32], acc1[32];
+    if constexpr (kDqFirst) mma_dq_back(dq, sm);
+    issue_dkv_chunk(sm, acc0, 0);
+    if constexpr (!kDqFirst) mma_dq_back(dq, sm);
+    issue_dkv_chunk(sm, acc1, 1);
+    hw::wgmma_wait<2>();  // kDqFirst: dQ; else chunk 0
     if constexpr (kDqFirst) {
-      // dQ first: the kv tile is released as early as possible (the producer gathers the next block).
-      mma_dq_back(dq, sm);
-      issue_dkv_chunk(sm, acc0, 0);
-      issue_dkv_chunk(sm, acc1, 1);
-      hw::wgmma_wait<2>();  // dQ
       hw::fence_regs(dq);
       hw::mbar_arrive(&sm.kv_empty);
       hw::wgmma_wait<1>();  // chunk 0
-      hw::fence_regs(acc0);
-      emit_chunk<kDeterministic>(acc0, 0, rows, lane);
-      dkv_step<kDeterministic, 2>(sm, acc0, acc1, rows, lane);
-    } else {
-      // v2's order (A/B switch FLASHDSA_BWD_V3_DQ_AFTER_C0): chunk 0 first, its reds start earlier,
-      // kv is released after chunk 0's emission.
-      issue_dkv_chunk(sm, acc0, 0);
-      mma_dq_back(dq, sm);
-      issue_dkv_chunk(sm, acc1, 1);
-      hw::wgmma_wait<2>();  // chunk 0
-      hw::fence_regs(acc0);
-      emit_chunk<kDeterministic>(acc0, 0, rows, lane);
-      issue_dkv_chunk(sm, acc0, 2);
+    }
+    hw::fence_regs(acc0);
+    emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
+    issue_dkv_chunk(sm, acc0, 2);
+    if constexpr (!kDqFirst) {
       hw::wgmma_wait<2>();  // dQ
       hw::fence_regs(dq);
       hw::mbar_arrive(&sm.kv_empty);
-      hw::wgmma_wait<1>();  // chunk 1
-      hw::fence_regs(acc1);
-      emit_chunk<kDeterministic>(acc1, 1, rows, lane);
     }
-    dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
-    dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
-    dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
-    dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane);
-    dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
-    dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane);
-    hw::wgmma_wait<0>();  // chunk 8: the last read of the P and dS tiles
-    hw::fence_regs(acc0);
-    hw::mbar_arrive(&sm.tiles_free);
-    emit_chunk<kDeterministic>(acc0, 8, rows, lane);
+    back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
   }
 
-  const Work w = make_work(p);
-  const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
-  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
-  store_dq<4, false>(dq, dq_head0, w.heads, kFrontDqBlocks, r0, q4);
+  store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
 }
 
 }  // namespace detail
@@ -410,13 +317,11 @@ __device__ void back(const MainParams& p, SmemPlanV3& sm, int tid) {
 // grid = (tokens of this launch, ceil(H / 64)), v3::kThreads, v3::kSmemBytes dynamic.
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel_v3(const __grid_constant__ MainParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  SmemPlanV3& sm = sparse_mla_bwd_impl::detail::smem_plan<SmemPlanV3>(smem_raw);
-  using sparse_mla_bwd_impl::detail::BarrierInit;
+  SmemPlanV3& sm = detail::dynamic_smem_plan<SmemPlanV3>();
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
-  sparse_mla_bwd_impl::detail::init_barriers(BarrierInit{&sm.setup_full, 128}, BarrierInit{&sm.kv_full, 256},
-                                             BarrierInit{&sm.kv_empty, 256}, BarrierInit{&sm.pds_full, 128},
-                                             BarrierInit{&sm.tiles_free, 128});
+  detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
+                        detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},
+                        detail::BarrierInit{&sm.tiles_free, 128});
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 2) {
