@@ -325,23 +325,6 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
   __syncthreads();  // the re-scored list is complete (and rs is free)
 }
 
-// The end of a block of the FP8 pass for query row t (< T), after a barrier that follows the last
-// appends: its list (list_s, list_i)[0, m) cut to its C best by the FP8 score (in place), their exact
-// scores (rescore_row_ring, kWarps warps, heads in rolled passes of kPass), and its top K written.
-// FLASHDSA_FP8_ABLATE 3 / 4 (attribution builds) skip the cut and the re-score / the re-score. All
-// 32 kWarps threads.
-template <int H, int D, bool kRelu, int kWarps, int kPass, class RS, int NTH>
-__device__ __forceinline__ void select_row_fp8(const Fp8KernelArgs& a, int t, float* list_s, int* list_i, int m,
-                                               RS& rs, Scratch<NTH>& sel) {
-#if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
-  if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sel).count;
-#if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
-  rescore_row_ring<H, D, kRelu, kWarps, kPass, true>(a, t, list_s, list_i, m, rs);
-#endif
-#endif
-  write_token_top_k(a, t, list_s, list_i, m, sel);
-}
-
 template <int H, int D, bool kRelu>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(const __grid_constant__ Fp8KernelArgs a) {
   using Cfg = Config<H, D>;
@@ -570,8 +553,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     using Sm = Fp8Smem<H, D>;
     static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
-    // (written out rather than through select_row_fp8, which the FP8 v2 kernel uses: the call moved one
-    // instruction of this kernel's SASS)
+    // (written out: a helper for this loop, or write_token_top_k, moved one instruction of the SASS)
     for (int r = 0; r < NT; ++r) {
       const int t = t0 + r;
       if (t >= a.T) break;

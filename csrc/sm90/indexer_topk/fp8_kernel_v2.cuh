@@ -76,10 +76,20 @@ struct Cfg {
   static_assert(kWgChunks == 16, "16 accumulator chunks (of 4 values) per warpgroup");
 };
 
-// The re-score's shared memory: 8 warps over the Q block and the kRing key tiles (contiguous, free
-// after the walk).
+// The re-score's shared memory: it overlays the Q block and the key ring (contiguous, free after the walk).
 template <int H, int D>
-using RescoreSmemV2 = RescoreRingSmem<H, D, kNWarps, kCols * kFp8RowBytes + kRing * kTileKeys * kFp8RowBytes>;
+struct RescoreSmemV2 {
+  static constexpr int kLd = D + 8;  // bf16 row stride: conflict-free fragment loads
+  static constexpr int kArea = kCols * kFp8RowBytes + kRing * kTileKeys * kFp8RowBytes;
+  static constexpr int kStageElems = kRescoreKeys * kLd;
+  static constexpr int kFree = kArea - H * kLd * 2 - H * 4;
+  static constexpr int kPipeFit = kFree / (kNWarps * kStageElems * 2);
+  static constexpr int kPipe = kPipeFit < 4 ? kPipeFit : 4;
+  static_assert(kPipe >= 2, "the re-score gather ring needs two stages");
+  uint16_t q[H * kLd];                               // the row's bf16 q_idx [H, D]
+  uint16_t keys[kNWarps][kPipe][kStageElems];        // per warp: kPipe batches of 16 key rows
+  float w[H];                                        // the row's unscaled weights
+};
 
 // Shared memory of a CTA (the Q block and the key ring first: the re-score overlays them).
 template <int H>
@@ -173,6 +183,98 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
   }
 }
 
+// Exact re-score of one row's m candidates, 256 threads (fp8_kernel.cuh rescore_row_pipe with 8 warps):
+// warp w's batches are candidates [16 (w + 8 b), +16), gathered by cp.async into a per-warp ring of
+// kPipe stages; mma.sync m16n8k16 bf16 against the row's q_idx, f, the unscaled weights, the head sum,
+// written over list_s. Begins after a barrier that freed the Q block and the key ring; ends with one.
+template <int H, int D, bool kRelu>
+__device__ __forceinline__ void rescore_row_v2(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i, int m,
+                                               RescoreSmemV2<H, D>& rs) {
+  using RS = RescoreSmemV2<H, D>;
+  constexpr int kLd = RS::kLd, P = RS::kPipe;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  for (int i = tid; i < H * kChunks; i += kNth) {
+    const int h = i / kChunks, chunk = i % kChunks;
+    const uint4 v = *reinterpret_cast<const uint4*>(a.q + static_cast<int64_t>(t) * a.q_st +
+                                                    static_cast<int64_t>(h) * a.q_sh + chunk * 8);
+    *reinterpret_cast<uint4*>(rs.q + h * kLd + chunk * 8) = v;
+  }
+  for (int h = tid; h < H; h += kNth) rs.w[h] = a.w[static_cast<int64_t>(t) * a.w_st + h];
+
+  const int first = warp * kRescoreKeys;
+  const int nb = m > first ? (m - first + kNWarps * kRescoreKeys - 1) / (kNWarps * kRescoreKeys) : 0;
+  auto batch_start = [&](int b) { return first + b * (kNWarps * kRescoreKeys); };
+  auto batch_key = [&](int b) {
+    const int i = batch_start(b) + lane;
+    return b < nb && lane < kRescoreKeys && i < m ? list_i[i] : -1;
+  };
+  auto issue = [&](int b, int my_key) {
+    uint16_t* kb = rs.keys[warp][b % P];
+#pragma unroll
+    for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
+      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
+      const int key = __shfl_sync(0xffffffffu, my_key, row);
+      const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
+      hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
+    }
+  };
+#pragma unroll
+  for (int b = 0; b < P; ++b) {
+    if (b < nb) issue(b, batch_key(b));
+    hw::cp_async_commit();
+  }
+  int next_key = batch_key(P);
+  __syncthreads();  // q and w are staged
+
+  for (int b = 0; b < nb; ++b) {
+    hw::cp_async_wait<P - 1>();
+    __syncwarp();  // every lane's copies of batch b have landed
+    const uint16_t* kb = rs.keys[warp][b % P];
+    // Heads in groups of 32 (4 n-tiles of 8: 16 accumulators; H_I = 64 takes two passes over the A
+    // fragments, which keeps the per-row tail within the 128 registers).
+    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
+#pragma unroll 1
+    for (int h0 = 0; h0 < H; h0 += 32) {
+      float acc[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int col = 16 * ks + 2 * c;
+        const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
+                                lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const uint16_t* qh = rs.q + (h0 + 8 * n + g) * kLd + col;
+          mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const float2 w = *reinterpret_cast<const float2*>(rs.w + h0 + 8 * n + 2 * c);
+        s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
+        s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
+        s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
+        s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
+      }
+    }
+    __syncwarp();  // every lane has read batch b's stage: it may be refilled
+    if (b + P < nb) issue(b + P, next_key);
+    hw::cp_async_commit();
+    next_key = batch_key(b + P + 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    const int i0 = batch_start(b);
+    if (c == 0 && i0 + g < m) list_s[i0 + g] = s0;
+    if (c == 0 && i0 + g + 8 < m) list_s[i0 + g + 8] = s1;
+  }
+  hw::cp_async_wait<0>();
+  __syncthreads();  // the re-scored list is complete (and rs is free)
+}
+
 // The FP8 selection pass, v2 walk: a persistent CTA of two consumer warpgroups takes blocks of
 // 256 / H query rows from the scheduler, walks their key tiles (TMA ring, e4m3 wgmma, the packed or f32
 // epilogue, dense / counter appends, compactions to the C best), then per row cuts the list to C,
@@ -184,11 +286,30 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
   constexpr int NT = C::kTokens, NTW = C::kTokensPerWg, V = C::kVals, CPT = C::kChunksPerToken, S = kRing;
   const Fp8KernelArgs& a = args.base;
   extern __shared__ uint8_t smem_raw[];
-  const WgLane L = wg_lane<NT, NTW, V>(a);
-  const int tid = L.tid, lane = L.lane, quad = L.quad, wg = L.wg, acc_row = L.acc_row;
   auto& sm = *reinterpret_cast<Smem<H>*>(hw::align_smem(smem_raw));
 
-  init_tile_ring<S>(sm.full, sm.done, &args.tmap_k8, a);
+  const int tid = threadIdx.x, lane = tid & 31, quad = lane & 3;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);      // warp-uniform for the compiler
+  const int acc_row = 16 * ((tid >> 5) & 3) + (lane >> 2);  // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
+  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
+  float* const cand_s = a.cand_scores + list_base;
+  int* const cand_i = a.cand_idx + list_base;
+  // After the reduce-scatter: H_I = 32 (V = 2): row wg * 4 + quad, keys acc_row, acc_row + 8;
+  // H_I = 64 (V = 1): row wg * 2 + quad / 2, key acc_row + 8 (quad % 2).
+  const int my_row = wg * NTW + (V == 2 ? quad : quad >> 1);
+  const int my_key_off = V == 2 ? 0 : 8 * (quad & 1);
+  float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
+  int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      hw::mbar_init(&sm.full[s], 1);
+      sm.done[s] = 0;
+    }
+    hw::mbar_fence_init();
+    if (a.T_kv > 0) hw::prefetch_tensormap(&args.tmap_k8);
+  }
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * kFp8RowBytes >> 4);
   uint32_t ring = 0;  // tiles consumed by this CTA: tile `it` of a block sits in stage (ring + it) % S
@@ -202,7 +323,14 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first
 
-    init_block_rows<NT>(a, t0, sm.k_start, sm.k_end, sm.count, sm.thr);
+    if (tid < NT) {
+      const int t = t0 + tid;
+      const bool valid = t < a.T;
+      sm.k_start[tid] = valid ? a.k_start[t] : 0;
+      sm.k_end[tid] = valid ? a.k_end[t] : 0;
+      sm.count[tid] = 0;
+      sm.thr[tid] = 0u;
+    }
     // The query scale folds into the weights: relu(a x) = a relu(x) for a > 0 (a NaN scale makes the
     // row's scores NaN, as the quantization contract wants).
     if constexpr (kPacked) {
@@ -252,19 +380,9 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     };
     // The key scales of this lane's V keys of tile `tile` (0 past T_kv: masked by the ranges anyway).
     auto load_kscales = [&](int tile, float (&ksv)[V]) {
-      const int key0 = (tile0 + tile) * kTileKeys + acc_row + L.my_key_off;
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) ksv[v] = key0 + 8 * v < a.T_kv ? a.k_scale[key0 + 8 * v] : 0.f;
-    };
-
-    // Waits for tile it's stage and issues its MMA into acc; returns the stage.
-    auto wait_issue_mma = [&](int it, float (&acc)[kHalfAcc]) {
-      const uint32_t g = ring + static_cast<uint32_t>(it);
-      const uint32_t slot = g % S;
-      hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
-      const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
-      issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
-      return slot;
     };
 
     bool list_nearly_full = false;
@@ -278,22 +396,34 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         const int e = min((tile0 + tile + 1) * kTileKeys, sm.k_end[tid]);
         if (e > sm.k_start[tid]) sm.count[tid] = e - sm.k_start[tid];
       }
-      const RowWindow row = row_window(sm.thr, sm.k_start, sm.k_end, L.my_row);
-      const int key0 = (tile0 + tile) * kTileKeys + acc_row + L.my_key_off;
+      const uint32_t row_thr = sm.thr[my_row];
+      const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
         const float s = sums[v] * ksv[v];
-        const bool visible = key >= row.start && key < row.end;
-        if (row.thr == 0u && visible) {  // dense row: every visible key passes (score_key >= 1)
-          const int pos = key - row.start;
-          L.my_list_s[pos] = s;
-          L.my_list_i[pos] = key;
+        const bool visible = key >= row_start && key < row_end;
+        if (row_thr == 0u && visible) {  // dense row: every visible key passes (score_key >= 1)
+          const int pos = key - row_start;
+          my_list_s[pos] = s;
+          my_list_i[pos] = key;
           list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
         }
-        const bool pass = row.thr != 0u && visible && score_key(s) > row.thr;
-        append_quad_group(pass, s, key, quad, lane, &sm.count[L.my_row], L.my_list_s, L.my_list_i, a.cap,
-                          list_nearly_full);
+        const bool pass = row_thr != 0u && visible && score_key(s) > row_thr;
+        const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+        if (ballot == 0u) continue;
+        const unsigned group = ballot & (0x11111111u << quad);
+        const int leader = group != 0u ? __ffs(group) - 1 : lane;
+        int base = 0;
+        if (pass && lane == leader) base = atomicAdd(&sm.count[my_row], __popc(group));
+        base = __shfl_sync(0xffffffffu, base, leader);
+        if (pass) {
+          const int pos = base + __popc(group & ((1u << lane) - 1u));
+          my_list_s[pos] = s;
+          my_list_i[pos] = key;
+          list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+        }
       }
     };
 
@@ -328,8 +458,14 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       float part[2 * NTW];
       float ksv[V];
       for (int it = 0; it < ntiles; ++it) {
+        const uint32_t g = ring + static_cast<uint32_t>(it);
+        const uint32_t slot = g % S;
+        hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
         float acc[kHalfAcc];
-        const uint32_t slot = wait_issue_mma(it, acc);
+        {
+          const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
+          issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
+        }
         const bool compact = __syncthreads_or(list_nearly_full) != 0;
         list_nearly_full = false;
         if (it > 0) finish_tile(it - 1, part, ksv);
@@ -342,14 +478,20 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         // past the flag, as in kernel.cuh).
         if (compact) {      // uniform over the CTA
           __syncthreads();  // every append of tile it-1 is in the lists and counts
-          compact_full_lists<NT>(a, L.cand_s, L.cand_i, sm.count, sm.thr, sm.sel);
+          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
         }
       }
       if (ntiles > 0) finish_tile(ntiles - 1, part, ksv);  // its flags need no compaction: the final select follows
     } else {
       for (int it = 0; it < ntiles; ++it) {
+        const uint32_t g = ring + static_cast<uint32_t>(it);
+        const uint32_t slot = g % S;
+        hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
         float acc[kHalfAcc];
-        const uint32_t slot = wait_issue_mma(it, acc);
+        {
+          const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
+          issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
+        }
         float ksv[V];
         load_kscales(it, ksv);
         const bool compact = __syncthreads_or(list_nearly_full) != 0;  // tile it-1's flags
@@ -359,11 +501,26 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         release_stage(slot, it);
         // f32, as fp8_kernel.cuh partial_head_sums: the same fmaf chain over a thread's columns.
         float part[2 * NTW];
-        wg_head_sums<NTW, CPT, kRelu>(acc, sm.w + kWgCols * wg, quad, part);
+        const float* w_s = sm.w + kWgCols * wg;
+#pragma unroll
+        for (int tl = 0; tl < NTW; ++tl) {
+          float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+          for (int jj = 0; jj < CPT; ++jj) {
+            const int j = tl * CPT + jj;
+            const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
+            p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
+            p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
+            p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
+            p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
+          }
+          part[2 * tl] = p0;
+          part[2 * tl + 1] = p1;
+        }
         finish_tile(it, part, ksv);
         if (compact) {      // uniform over the CTA
           __syncthreads();  // every append of tile it is in
-          compact_full_lists<NT>(a, L.cand_s, L.cand_i, sm.count, sm.thr, sm.sel);
+          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
         }
       }
     }
@@ -375,14 +532,17 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     static_assert(sizeof(RS) <= RS::kArea && offsetof(Smem<H>, k) == sizeof(Smem<H>::q) &&
                       offsetof(Smem<H>, w) >= RS::kArea,
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
-    // 8 warps; heads in passes of 32 (4 n-tiles: 16 accumulators; H_I = 64 takes two passes over the A
-    // fragments, which keeps the per-row tail within the 128 registers).
     for (int r = 0; r < NT; ++r) {
       const int t = t0 + r;
       if (t >= a.T) break;
-      float* list_s = L.cand_s + static_cast<size_t>(r) * a.cap;
-      int* list_i = L.cand_i + static_cast<size_t>(r) * a.cap;
-      select_row_fp8<H, D, kRelu, kNWarps, 32>(a, t, list_s, list_i, sm.count[r], *reinterpret_cast<RS*>(sm.q), sm.sel);
+      float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+      int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+      int m = sm.count[r];
+      if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+      rescore_row_v2<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
+      int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+      float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+      write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);
     }
   }
 }

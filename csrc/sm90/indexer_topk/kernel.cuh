@@ -149,8 +149,8 @@ __device__ __forceinline__ void quad_reduce_scatter(const float (&v)[2 * NT], fl
 
 // Starts a block of query rows [t0, t0 + NT): each row's key range ([0, 0) past T), an empty list
 // and a threshold below every score. The first NT threads; the caller's barrier publishes the values.
-// Args: KernelArgs or Fp8KernelArgs. The bf16 kernel's and the FP8 v2 kernel's; the default FP8 kernel
-// keeps its inline copy (left as it was while its SASS was bisected).
+// Args: KernelArgs or Fp8KernelArgs. The bf16 kernel's; the FP8 kernels keep their inline copies (left
+// as they were while their SASS was bisected).
 template <int NT, class Args>
 __device__ __forceinline__ void init_block_rows(const Args& a, int t0, int* k_start, int* k_end, int* count,
                                                 uint32_t* thr) {
@@ -244,112 +244,6 @@ __device__ __forceinline__ void write_block_top_k(const KernelArgs& a, int t0, c
     const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
     write_token_top_k(a, t, list_s, list_i, n, sc);
-  }
-}
-
-
-// ---- the two-warpgroup walk (kernel_v2.cuh, fp8_kernel_v2.cuh) ------------------------------------
-
-// f, the weights and this thread's share of the head sums of a warpgroup's NTW tokens from its m64n128
-// accumulator (CPT 8-column chunks per token; w_s: the warpgroup's 128 column weights):
-// part[2 tl + r] = Σ over its columns of w · f(acc), key acc_row + 8 r (partial_head_sums' fmaf chain).
-template <int NTW, int CPT, bool kRelu>
-__device__ __forceinline__ void wg_head_sums(const float (&acc)[kHalfAcc], const float* w_s, int quad,
-                                             float (&part)[2 * NTW]) {
-#pragma unroll
-  for (int tl = 0; tl < NTW; ++tl) {
-    float p0 = 0.f, p1 = 0.f;
-#pragma unroll
-    for (int jj = 0; jj < CPT; ++jj) {
-      const int j = tl * CPT + jj;
-      const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
-      p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
-      p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
-      p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
-      p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
-    }
-    part[2 * tl] = p0;
-    part[2 * tl + 1] = p1;
-  }
-}
-
-// Appends (s, key) where `pass` to the list of this lane's row: the lanes with the same quad position
-// append to the same row, one shared atomic on *count per group; raises nearly_full when a slot lands
-// within kMinCapacitySlack of cap. All 32 lanes of the warp.
-__device__ __forceinline__ void append_quad_group(bool pass, float s, int key, int quad, int lane, int* count,
-                                                  float* list_s, int* list_i, int cap, bool& nearly_full) {
-  const unsigned ballot = __ballot_sync(0xffffffffu, pass);
-  if (ballot == 0u) return;
-  const unsigned group = ballot & (0x11111111u << quad);
-  const int leader = group != 0u ? __ffs(group) - 1 : lane;
-  int base = 0;
-  if (pass && lane == leader) base = atomicAdd(count, __popc(group));
-  base = __shfl_sync(0xffffffffu, base, leader);
-  if (pass) {
-    const int pos = base + __popc(group & ((1u << lane) - 1u));
-    list_s[pos] = s;
-    list_i[pos] = key;
-    nearly_full |= pos >= cap - kMinCapacitySlack;
-  }
-}
-
-// A thread's place in the two-warpgroup walk of a block of NT rows (NTW per warpgroup, V scores per lane
-// after the reduce-scatter) and its CTA's candidate lists (Args: KernelArgs or Fp8KernelArgs).
-struct WgLane {
-  int tid, lane, quad;
-  int wg;          // warpgroup: columns [128 wg, 128 wg + 128)
-  int acc_row;     // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
-  float* cand_s;   // the CTA's NT lists of a.cap entries
-  int* cand_i;
-  // After the reduce-scatter lane q holds V scores: H_I = 32 (V = 2): row wg * 4 + q, keys acc_row
-  // and acc_row + 8; H_I = 64 (V = 1): row wg * 2 + q / 2, key acc_row + 8 (q % 2).
-  int my_row, my_key_off;
-  // This lane's row's candidate list (appends index it directly: no 64-bit row arithmetic per append).
-  float* my_list_s;
-  int* my_list_i;
-};
-template <int NT, int NTW, int V, class Args>
-__device__ __forceinline__ WgLane wg_lane(const Args& a) {
-  WgLane l;
-  l.tid = threadIdx.x;
-  l.lane = l.tid & 31;
-  l.quad = l.lane & 3;
-  // Read through a shuffle so that the compiler knows it is warp-uniform and keeps the wgmma
-  // descriptors in uniform registers.
-  l.wg = __shfl_sync(0xffffffffu, l.tid >> 7, 0);
-  l.acc_row = 16 * ((l.tid >> 5) & 3) + (l.lane >> 2);
-  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
-  l.cand_s = a.cand_scores + list_base;
-  l.cand_i = a.cand_idx + list_base;
-  l.my_row = l.wg * NTW + (V == 2 ? l.quad : l.quad >> 1);
-  l.my_key_off = V == 2 ? 0 : 8 * (l.quad & 1);
-  l.my_list_s = l.cand_s + static_cast<size_t>(l.my_row) * a.cap;
-  l.my_list_i = l.cand_i + static_cast<size_t>(l.my_row) * a.cap;
-  return l;
-}
-
-// A row's state for the pass test of a tile: its threshold and key range [start, end).
-struct RowWindow {
-  uint32_t thr;
-  int start, end;
-};
-__device__ __forceinline__ RowWindow row_window(const uint32_t* thr, const int* k_start, const int* k_end, int row) {
-  return RowWindow{thr[row], k_start[row], k_end[row]};
-}
-
-// Thread 0: the S stages' full mbarriers (one arrival + the TMA transaction count), their done counters
-// at 0, and the key tensor map prefetched when a.T_kv > 0 (the map is zero when there are no keys; T_kv
-// is read inside the branch, as the kernels did inline). The caller's barrier publishes them.
-template <int S, class Args>
-__device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, const void* tmap, const Args& a) {
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      hw::mbar_init(&full[s], 1);
-      done[s] = 0;
-    }
-    hw::mbar_fence_init();
-    if (a.T_kv > 0) hw::prefetch_tensormap(tmap);
   }
 }
 

@@ -137,11 +137,24 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   constexpr int NT = Cfg::kTokens, NTW = Cfg::kTokensPerWg, S = Cfg::kStages, V = Cfg::kValsPerLane;
   const KernelArgs& a = args.base;
   extern __shared__ uint8_t smem_raw[];
-  const WgLane L = wg_lane<NT, NTW, V>(a);
-  const int tid = L.tid, lane = L.lane, quad = L.quad, wg = L.wg, acc_row = L.acc_row;
   auto& sm = *reinterpret_cast<Smem<H, D>*>(hw::align_smem(smem_raw));
 
-  // (written out: init_tile_ring, which the FP8 v2 kernel uses, moved this kernel's SASS)
+  const int tid = threadIdx.x, lane = tid & 31, quad = lane & 3;
+  // Warpgroup: columns [128 wg, 128 wg + 128). Read through a shuffle so that the compiler knows it is
+  // warp-uniform and keeps the wgmma descriptors in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int acc_row = 16 * ((tid >> 5) & 3) + (lane >> 2);  // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
+  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
+  float* const cand_s = a.cand_scores + list_base;
+  int* const cand_i = a.cand_idx + list_base;
+  // After the reduce-scatter lane q holds V scores: H_I = 32 (V = 2): row wg * 4 + q, keys acc_row
+  // and acc_row + 8; H_I = 64 (V = 1): row wg * 2 + q / 2, key acc_row + 8 (q % 2).
+  const int my_row = wg * NTW + (V == 2 ? quad : quad >> 1);
+  const int my_key_off = V == 2 ? 0 : 8 * (quad & 1);
+  // This lane's row's candidate list (appends index it directly: no 64-bit row arithmetic per append).
+  float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
+  int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
+
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -157,6 +170,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
 #if FLASHDSA_V2_ABLATE != 0
   uint32_t ablate_sink = 0u;
+  (void)my_list_s;
+  (void)my_list_i;
 #endif
 
   for (;;) {
@@ -226,7 +241,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // f, the weights and this thread's share of the head sums of the warpgroup's NTW tokens
       // (kernel.cuh partial_head_sums, the same fmaf chain), then the quad reduce-scatter.
       float part[2 * NTW];
-      // (written out: wg_head_sums, which the FP8 v2 kernel uses, swapped two instructions of this kernel)
       const float* w_s = sm.w + kWgCols * wg;
 #pragma unroll
       for (int tl = 0; tl < NTW; ++tl) {
@@ -246,19 +260,31 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       float sums[V];
       quad_reduce_scatter<NTW>(part, sums, quad);
 
-      const RowWindow row = row_window(sm.thr, sm.k_start, sm.k_end, L.my_row);
-      const int key0 = (tile0 + it) * kTileKeys + acc_row + L.my_key_off;
+      const uint32_t row_thr = sm.thr[my_row];
+      const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
+      const int key0 = (tile0 + it) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
         const float s = sums[v];
-        const bool pass = key >= row.start && key < row.end && score_key(s) > row.thr;
+        const bool pass = key >= row_start && key < row_end && score_key(s) > row_thr;
 #if FLASHDSA_V2_ABLATE == 2
         ablate_sink += pass ? static_cast<uint32_t>(key) : 0u;
 #else
         // The lanes with the same quad position append to the same row: one shared atomic per group.
-        append_quad_group(pass, s, key, quad, lane, &sm.count[L.my_row], L.my_list_s, L.my_list_i, a.cap,
-                          list_nearly_full);
+        const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+        if (ballot == 0u) continue;
+        const unsigned group = ballot & (0x11111111u << quad);
+        const int leader = group != 0u ? __ffs(group) - 1 : lane;
+        int base = 0;
+        if (pass && lane == leader) base = atomicAdd(&sm.count[my_row], __popc(group));
+        base = __shfl_sync(0xffffffffu, base, leader);
+        if (pass) {
+          const int pos = base + __popc(group & ((1u << lane) - 1u));
+          my_list_s[pos] = s;
+          my_list_i[pos] = key;
+          list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+        }
 #endif
       }
 #endif
@@ -266,14 +292,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // past the flag: kMinCapacitySlack).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it is in the lists and counts
-        compact_full_lists<NT>(a, L.cand_s, L.cand_i, sm.count, sm.thr, sm.sel);
+        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
       }
     }
     ring += static_cast<uint32_t>(ntiles);
     __syncthreads();
 
     // Final selection: each row's list (at most cap entries) -> its top K, padded with -1 / -inf.
-    write_block_top_k<NT>(a, t0, L.cand_s, L.cand_i, sm.count, sm.sel);
+    write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
   }
 #if FLASHDSA_V2_ABLATE != 0
   if (ablate_sink == 0x7f800001u) a.out_idx[0] = static_cast<int32_t>(ablate_sink);  // keeps the sink alive
