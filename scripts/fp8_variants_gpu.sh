@@ -154,22 +154,7 @@ printf 'step | status | time | log\n'
 printf '%s\n' "${rows[@]}"
 if has bench; then
   echo "==== benchmark: FP8 ms (quantize + select; min over rounds), speed vs the bf16 fused kernel of the same runs and vs full, spread over rounds"
-  python3 - "$OUT" "$ROUNDS" $VARIANTS <<'PY'
-import glob, os, re, sys
-out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-desc = {}
-res = {}  # (variant, H, T) -> list of (bf16, fp8 all, sel, recall mean, recall min)
-for v in variants:
-    for r in range(1, rounds + 1):
-        p = os.path.join(out, "bench_%s_r%d.log" % (v, r))
-        if not os.path.exists(p):
-            continue
-        for line in open(p):
-            m = re.match(r"\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)\s+([\d.]+)", line)
-            if m:
-                H, T = int(m.group(1)), int(m.group(2))
-                res.setdefault((v, H, T), []).append(tuple(float(m.group(i)) for i in (3, 4, 5, 8, 9)))
-shapes = sorted({(H, T) for (_, H, T) in res})
+  { fp8_bench_results_py; cat <<'PY'
 print("%-8s " % "variant" + " ".join("%-38s" % ("H%d T%dK" % (H, T // 1024)) for H, T in shapes))
 for v in variants:
     cells = []
@@ -191,5 +176,6 @@ for v in variants:
                                             if (v, H, T) in res else "-") for H, T in shapes))
 print("bf16 fused ms (min over all runs): " + ", ".join("H%d T%dK %.3f" % (H, T // 1024, min(x[0] for (vv, h, t), rs in res.items() if (h, t) == (H, T) for x in rs)) for H, T in shapes))
 PY
+  } | python3 - "$OUT" "$ROUNDS" $VARIANTS
   for v in $VARIANTS; do echo "  $v = $(describe "$v")"; done
 fi

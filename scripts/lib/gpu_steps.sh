@@ -97,3 +97,28 @@ bwd_check_summary() {
                END { printf "worst dq rel_l2 %s, dkv rel_l2 %s", dq, dkv }' "$1")
   echo "${passed:-no summary}; $worst"
 }
+
+# fp8_bench_results_py
+#   Prints the head of a Python program (run it as `{ fp8_bench_results_py; cat <<'PY' ... PY
+#   } | python3 - OUT ROUNDS VARIANT...`) that reads the FP8 check program's benchmark tables,
+#   $OUT/bench_<variant>_r<round>.log, into `res`: (variant, H, T) -> a list over rounds of (bf16 ms,
+#   FP8 ms quantize + select, select ms, recall mean, recall min); `shapes`: the sorted (H, T) seen;
+#   also `out`, `rounds`, `variants` and the modules os, re, sys. The caller's part prints the table.
+fp8_bench_results_py() {
+  cat <<'PY'
+import os, re, sys
+out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+res = {}  # (variant, H, T) -> [(bf16, fp8 all, sel, recall mean, recall min)]
+for v in variants:
+    for r in range(1, rounds + 1):
+        p = os.path.join(out, "bench_%s_r%d.log" % (v, r))
+        if not os.path.exists(p):
+            continue
+        for line in open(p):
+            m = re.match(r"\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)\s+([\d.]+)", line)
+            if m:
+                H, T = int(m.group(1)), int(m.group(2))
+                res.setdefault((v, H, T), []).append(tuple(float(m.group(i)) for i in (3, 4, 5, 8, 9)))
+shapes = sorted({(H, T) for (_, H, T) in res})
+PY
+}

@@ -181,48 +181,89 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
 
 __device__ __forceinline__ uint32_t lds_u32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// The re-score's shared memory with a gather ring: it overlays the Q
-// block and the key ring (64 KB, both free after the walk), so each warp gets kPipe stages.
-template <int H, int D>
-struct RescorePipeSmem {
+// The re-score's shared memory with a gather ring, for kWarps warps: it overlays kArea bytes (the Q
+// block and the key ring, contiguous and free after the walk), so each warp gets kPipe stages.
+template <int H, int D, int kWarps, int kArea_>
+struct RescoreRingSmem {
   static constexpr int kLd = D + 8;  // bf16 row stride: conflict-free fragment loads
-  static constexpr int kArea = kCols * kFp8RowBytes + kFp8Stages * kTileKeys * kFp8RowBytes;
+  static constexpr int kArea = kArea_;
   static constexpr int kStageElems = kRescoreKeys * kLd;
   static constexpr int kFree = kArea - H * kLd * 2 - H * 4;
-  static constexpr int kPipeFit = kFree / (kSelectWarps * kStageElems * 2);
+  static constexpr int kPipeFit = kFree / (kWarps * kStageElems * 2);
   static constexpr int kPipe = kPipeFit < 4 ? kPipeFit : 4;
   static_assert(kPipe >= 2, "the re-score gather ring needs two stages");
-  uint16_t q[H * kLd];                                   // the row's bf16 q_idx [H, D]
-  uint16_t keys[kSelectWarps][kPipe][kStageElems];       // per warp: kPipe batches of 16 key rows
-  float w[H];                                            // the row's unscaled weights
+  uint16_t q[H * kLd];                              // the row's bf16 q_idx [H, D]
+  uint16_t keys[kWarps][kPipe][kStageElems];        // per warp: kPipe batches of 16 key rows
+  float w[H];                                       // the row's unscaled weights
 };
 
+// This kernel's re-score memory: 4 warps over the Q block and the kFp8Stages key tiles.
+template <int H, int D>
+using RescorePipeSmem =
+    RescoreRingSmem<H, D, kSelectWarps, kCols * kFp8RowBytes + kFp8Stages * kTileKeys * kFp8RowBytes>;
+
+// acc[n] (+)= keys [16, D] x q^T [D, 8 heads h0 + 8 n ..] for n < NN (mma.m16n8k16, zeroed first):
+// lane (g, c) ends with keys g and g + 8, heads h0 + 8 n + 2 c + {0, 1}.
+template <int NN, int D, int kLd>
+__device__ __forceinline__ void rescore_mma(float (&acc)[NN][4], const uint16_t* kb, const uint16_t* q, int h0, int g,
+                                            int c) {
+#pragma unroll
+  for (int n = 0; n < NN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int col = 16 * ks + 2 * c;
+    const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
+                            lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
+#pragma unroll
+    for (int n = 0; n < NN; ++n) {
+      const uint16_t* qh = q + (h0 + 8 * n + g) * kLd + col;
+      mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+    }
+  }
+}
+
+// s0 / s1 (keys g / g + 8) += Σ w[h] · f(acc) over this lane's heads h0 + 8 n + 2 c + {0, 1}.
+template <int NN, bool kRelu>
+__device__ __forceinline__ void rescore_fold(const float (&acc)[NN][4], const float* w_s, int h0, int c, float& s0,
+                                             float& s1) {
+#pragma unroll
+  for (int n = 0; n < NN; ++n) {
+    const float2 w = *reinterpret_cast<const float2*>(w_s + h0 + 8 * n + 2 * c);
+    s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
+    s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
+    s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
+    s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
+  }
+}
+
 // Exact re-score of one row's m candidates (list_i[0, m)) from the bf16 inputs: list_s[i] = Σ_h
-// w[t,h] · f(q[t,h] · k[list_i[i]]), fp32 accumulation. Each warp takes 16 keys per batch: gathers
-// their rows into shared memory, then mma.m16n8k16 with A = keys [16, D], B = q^T [D, 8 heads] per
-// 8-head group; lane (g, c) = (lane / 4, lane % 4) ends with keys g and g + 8, heads 8n + 2c + {0, 1}.
-// The gathers go through a ring: warp w's batches are b = 0, 1, ... (candidates
-// [16 (w + 4 b), +16)); batch b + kPipe is issued (cp.async, zero-filled empty slots) while batch b
-// is scored, and the candidate indices of batch b + kPipe + 1 are loaded one batch ahead.
+// w[t,h] · f(q[t,h] · k[list_i[i]]), fp32 accumulation, by kWarps warps (RS = RescoreRingSmem<H, D,
+// kWarps, ..>). Each warp takes 16 keys per batch: gathers their rows into shared memory, then
+// mma.m16n8k16 with A = keys [16, D], B = q^T [D, 8 heads] per 8-head group (rescore_mma). The gathers
+// go through a ring: warp w's batches are b = 0, 1, ... (candidates [16 (w + kWarps b), +16)); batch
+// b + kPipe is issued (cp.async, zero-filled empty slots) while batch b is scored, and the candidate
+// indices of batch b + kPipe + 1 are loaded one batch ahead. !kPassLoop (kPass = H): all heads' MMAs,
+// the next issue, then the head sum; kPassLoop: heads in passes of kPass (MMA + head sum each, a rolled
+// loop that bounds the registers, even for one pass), then the next issue.
 // All threads; begins after a barrier that freed the Q block and the key ring, ends with a barrier.
-template <int H, int D, bool kRelu>
-__device__ __forceinline__ void rescore_row_pipe(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i,
-                                                 int m, RescorePipeSmem<H, D>& rs) {
-  using RS = RescorePipeSmem<H, D>;
-  constexpr int kLd = RS::kLd, P = RS::kPipe;
+template <int H, int D, bool kRelu, int kWarps, int kPass, bool kPassLoop, class RS>
+__device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i,
+                                                 int m, RS& rs) {
+  static_assert(H % kPass == 0 && kPass % 8 == 0 && (kPassLoop || kPass == H), "head passes of whole 8-head groups");
+  constexpr int kLd = RS::kLd, P = RS::kPipe, NTH = 32 * kWarps;
   constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-  for (int i = tid; i < H * kChunks; i += kThreads) {
+  for (int i = tid; i < H * kChunks; i += NTH) {
     const int h = i / kChunks, chunk = i % kChunks;
     const uint4 v = *reinterpret_cast<const uint4*>(a.q + static_cast<int64_t>(t) * a.q_st +
                                                     static_cast<int64_t>(h) * a.q_sh + chunk * 8);
     *reinterpret_cast<uint4*>(rs.q + h * kLd + chunk * 8) = v;
   }
-  for (int h = tid; h < H; h += kThreads) rs.w[h] = a.w[static_cast<int64_t>(t) * a.w_st + h];
+  for (int h = tid; h < H; h += NTH) rs.w[h] = a.w[static_cast<int64_t>(t) * a.w_st + h];
 
   const int first = warp * kRescoreKeys;
-  const int nb = m > first ? (m - first + kSelectWarps * kRescoreKeys - 1) / (kSelectWarps * kRescoreKeys) : 0;
-  auto batch_start = [&](int b) { return first + b * (kSelectWarps * kRescoreKeys); };
+  const int nb = m > first ? (m - first + kWarps * kRescoreKeys - 1) / (kWarps * kRescoreKeys) : 0;
+  auto batch_start = [&](int b) { return first + b * (kWarps * kRescoreKeys); };
   // The key of row `lane` of batch b (lanes < 16), or -1.
   auto batch_key = [&](int b) {
     const int i = batch_start(b) + lane;
@@ -250,32 +291,27 @@ __device__ __forceinline__ void rescore_row_pipe(const Fp8KernelArgs& a, int t, 
     hw::cp_async_wait<P - 1>();
     __syncwarp();  // every lane's copies of batch b have landed
     const uint16_t* kb = rs.keys[warp][b % P];
-    float acc[H / 8][4];
-#pragma unroll
-    for (int n = 0; n < H / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int col = 16 * ks + 2 * c;
-      const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
-                              lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
-#pragma unroll
-      for (int n = 0; n < H / 8; ++n) {
-        const uint16_t* qh = rs.q + (8 * n + g) * kLd + col;
-        mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
-      }
-    }
-    __syncwarp();  // every lane has read batch b's stage: it may be refilled
-    if (b + P < nb) issue(b + P, next_key);
-    hw::cp_async_commit();
-    next_key = batch_key(b + P + 1);
     float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
-#pragma unroll
-    for (int n = 0; n < H / 8; ++n) {
-      const float2 w = *reinterpret_cast<const float2*>(rs.w + 8 * n + 2 * c);
-      s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
-      s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
-      s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
-      s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
+    if constexpr (!kPassLoop) {
+      float acc[H / 8][4];
+      rescore_mma<H / 8, D, kLd>(acc, kb, rs.q, 0, g, c);
+      __syncwarp();  // every lane has read batch b's stage: it may be refilled
+      if (b + P < nb) issue(b + P, next_key);
+      hw::cp_async_commit();
+      next_key = batch_key(b + P + 1);
+      rescore_fold<H / 8, kRelu>(acc, rs.w, 0, c, s0, s1);
+    } else {
+#pragma unroll 1
+      for (int h0 = 0; h0 < H; h0 += kPass) {
+        float acc[kPass / 8][4];
+        rescore_mma<kPass / 8, D, kLd>(acc, kb, rs.q, h0, g, c);
+        rescore_fold<kPass / 8, kRelu>(acc, rs.w, h0, c, s0, s1);
+      }
+      // (the refill is written out in both branches: a lambda for it moved the SASS)
+      __syncwarp();  // every lane has read batch b's stage: it may be refilled
+      if (b + P < nb) issue(b + P, next_key);
+      hw::cp_async_commit();
+      next_key = batch_key(b + P + 1);
     }
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
     s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
@@ -513,6 +549,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     __syncthreads();  // the key ring is free: the re-score reuses its memory
 
     // Per row: its C best candidates by the FP8 score (in place), their exact scores, the top K.
+    using Pipe = RescorePipeSmem<H, D>;
+    using Sm = Fp8Smem<H, D>;
+    static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
+                  "the re-score ring overlays the Q block and the key ring, which are contiguous");
+    // (written out: a helper for this loop, or write_token_top_k, moved one instruction of the SASS)
     for (int r = 0; r < NT; ++r) {
       const int t = t0 + r;
       if (t >= a.T) break;
@@ -522,11 +563,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
 #if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
 #if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
-      using Pipe = RescorePipeSmem<H, D>;
-      using Sm = Fp8Smem<H, D>;
-      static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
-                    "the re-score ring overlays the Q block and the key ring, which are contiguous");
-      rescore_row_pipe<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<Pipe*>(sm.q));
+      rescore_row_ring<H, D, kRelu, kSelectWarps, H, false>(a, t, list_s, list_i, m, *reinterpret_cast<Pipe*>(sm.q));
 #endif
 #endif
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;

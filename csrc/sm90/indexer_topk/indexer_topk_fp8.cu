@@ -16,6 +16,10 @@
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/indexer_topk/fp8_kernel.cuh"
 #include "sm90/indexer_topk/launch.cuh"
+#if defined(FLASHDSA_FP8_V2) && FLASHDSA_FP8_V2
+// The FP8 walk on the v2 structure (fp8_kernel_v2.cuh; D_I = 128 only, other shapes run fp8_kernel.cuh).
+#include "sm90/indexer_topk/fp8_kernel_v2.cuh"
+#endif
 
 namespace flashdsa::sm90::indexer_topk_fp8_impl {
 namespace {
@@ -114,6 +118,14 @@ Status run(const IndexerTopkParams& p) {
   args.C = C;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
+#if defined(FLASHDSA_FP8_V2) && FLASHDSA_FP8_V2
+  static_assert(indexer_topk_impl::fp8v2::smem_bytes<32>() <= static_cast<size_t>(kSmemPerCtaBudget) &&
+                    indexer_topk_impl::fp8v2::smem_bytes<64>() <= static_cast<size_t>(kSmemPerCtaBudget),
+                "two FP8 v2 CTAs per SM must fit");
+  // (T_kv = 0: no tensor map; the base kernel zero-fills any key tile instead.)
+  if (p.T_kv > 0 && indexer_topk_impl::fp8v2::supports_shape(p.indexer.H_I, p.indexer.D_I))
+    return indexer_topk_impl::fp8v2::run(args, p.indexer.H_I, p.indexer.relu, shape.grid, stream);
+#endif
   return indexer_topk_impl::dispatch_variant(p.indexer.H_I, p.indexer.D_I, p.indexer.relu, [&](auto v) {
     using V = decltype(v);
     return launch<V::H, V::D, V::kRelu>(args, shape.grid, stream);

@@ -149,9 +149,10 @@ __device__ __forceinline__ void quad_reduce_scatter(const float (&v)[2 * NT], fl
 
 // Starts a block of query rows [t0, t0 + NT): each row's key range ([0, 0) past T), an empty list
 // and a threshold below every score. The first NT threads; the caller's barrier publishes the values.
-// The bf16 kernel's; the FP8 kernel keeps its inline copy (left as it was while its SASS was bisected).
-template <int NT>
-__device__ __forceinline__ void init_block_rows(const KernelArgs& a, int t0, int* k_start, int* k_end, int* count,
+// Args: KernelArgs or Fp8KernelArgs. The bf16 kernel's; the FP8 kernels keep their inline copies (left
+// as they were while their SASS was bisected).
+template <int NT, class Args>
+__device__ __forceinline__ void init_block_rows(const Args& a, int t0, int* k_start, int* k_end, int* count,
                                                 uint32_t* thr) {
   const int tid = threadIdx.x;
   if (tid < NT) {
@@ -222,6 +223,15 @@ __device__ __forceinline__ void write_row_top_k(const Args& a, const float* list
   }
 }
 
+// write_row_top_k into query row t's outputs (a.out_idx / a.out_scores, rows of K).
+template <class Args, int NTH>
+__device__ __forceinline__ void write_token_top_k(const Args& a, int t, const float* list_s, const int* list_i, int n,
+                                                  Scratch<NTH>& sc) {
+  int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+  float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+  write_row_top_k(a, list_s, list_i, n, out_i, out_s, sc);
+}
+
 // Final selection of a block of the bf16 kernel: each row's list (at most cap entries) ->
 // its top K in the outputs. All NTH threads, after a barrier that follows the last appends.
 template <int NT, int NTH>
@@ -233,9 +243,7 @@ __device__ __forceinline__ void write_block_top_k(const KernelArgs& a, int t0, c
     const int n = count[r];
     const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
-    float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
-    write_row_top_k(a, list_s, list_i, n, out_i, out_s, sc);
+    write_token_top_k(a, t, list_s, list_i, n, sc);
   }
 }
 

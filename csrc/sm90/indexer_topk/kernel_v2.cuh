@@ -312,28 +312,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 // (128 bytes: the 128-byte swizzle's row), zero fill past T_kv. The driver entry point is looked up
 // through the runtime, so nothing links libcuda directly.
 inline Status make_key_tensor_map(const KernelArgs& a, int D, CUtensorMap* map) {
-  std::memset(map, 0, sizeof(*map));
-  if (a.T_kv <= 0) return Status::OK();  // no key tile is ever loaded
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) return Status::CudaError("sm90 indexer_topk: cuTensorMapEncodeTiled is not available");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.T_kv)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.k_st) * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTileKeys)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(a.k), dims, strides,
-                            box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status::NotSupported("sm90 indexer_topk: k_idx cannot be described by a TMA tensor map (error " +
-                                std::to_string(static_cast<int>(r)) + "): needs a 16-byte aligned base and stride");
-  return Status::OK();
+  return make_key_rows_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.k, static_cast<uint64_t>(D), a.T_kv,
+                                  static_cast<uint64_t>(a.k_st) * sizeof(__nv_bfloat16), 64, "sm90 indexer_topk");
 }
 
 template <int H, int D, bool kRelu>

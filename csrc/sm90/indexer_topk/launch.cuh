@@ -3,11 +3,14 @@
 // lists: scores, then key indices), the persistent grid and the dispatch over (H_I, D_I, relu).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "flashdsa/ops.h"
@@ -101,6 +104,38 @@ Status dispatch_variant(int h, int d, bool relu, F&& f) {
   }
   if (d == 64) return relu ? f(Variant<64, 64, true>{}) : f(Variant<64, 64, false>{});
   return relu ? f(Variant<64, 128, true>{}) : f(Variant<64, 128, false>{});
+}
+
+
+// The tensor map of a key tensor of `rows` rows of `cols` elements (row stride stride_bytes) for the v2
+// walks (kernel_v2.cuh bf16, fp8_kernel_v2.cuh e4m3): boxes of kTileKeys keys x box_cols elements (one
+// 128-byte row of the 128-byte swizzle), zero fill past the last row; all zero when rows <= 0 (no key
+// tile is ever loaded). The driver entry point is looked up through the runtime, so nothing links
+// libcuda directly. `who` prefixes the error messages.
+inline Status make_key_rows_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, uint64_t cols,
+                                       int64_t rows, uint64_t stride_bytes, uint32_t box_cols, const std::string& who) {
+  std::memset(map, 0, sizeof(*map));
+  if (rows <= 0) return Status::OK();
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return Status::CudaError(who + ": cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(kTileKeys)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::NotSupported(who + ": k_idx cannot be described by a TMA tensor map (error " +
+                                std::to_string(static_cast<int>(r)) + "): needs a 16-byte aligned base and stride");
+  return Status::OK();
 }
 
 }  // namespace flashdsa::sm90::indexer_topk_impl

@@ -1,0 +1,581 @@
+// Internal: the FP8 (e4m3) selection pass of the fused Hopper indexer + top-k on the v2 structure,
+// selected at compile time by -DFLASHDSA_FP8_V2=1 in indexer_topk_fp8.cu (the default build runs
+// fp8_kernel.cuh only). Contract: docs/spec.md §3 "FP8 selection"; design: docs/kernels/indexer_topk.md,
+// "FP8 v2 (2026-12-02, not yet measured)".
+//
+// The selection rules, the candidate lists (C best by the FP8 score), the compaction, the exact bf16
+// re-score and the final top-K select are those of fp8_kernel.cuh (its helpers and select.cuh are
+// reused, at 256 threads); the walk is the bf16 v2 kernel's (kernel_v2.cuh):
+//   - 256 threads = two consumer warpgroups; warpgroup w owns the block's (token, head) columns
+//     [128 w, 128 w + 128) with one m64n128 f32 accumulator (4 wgmma m64n128k32 e4m3 per 64-key tile);
+//   - __launch_bounds__(256, 2): 128 registers per thread, two CTAs per SM;
+//   - e4m3 key tiles (64 keys x 128 bytes, 8 KB) by TMA into an 8-stage ring (full mbarrier with a
+//     transaction count; the last of the 8 warps done with a stage refills it), one CTA barrier per
+//     tile right after the MMA issue (it ORs the "list nearly full" flags);
+//   - the query scale folded into the weights (w' = w · a), the key scale applied to the head sums;
+//   - FLASHDSA_FP8_V2_PACKED=1 (default): the epilogue in packed bf16x2 arithmetic. As soon as the
+//     tile's MMA is complete, its 64 f32 accumulators are converted with the ReLU fused
+//     (cvt.rn.relu.bf16x2.f32: 32 instructions) into 32 registers, the accumulator is free for the next
+//     tile's MMA, and the head sums (fma.rn.bf16x2 with bf16x2 weights, then the two halves added in
+//     f32), the quad reduce-scatter and the appends of tile it-1 run while the MMA of tile it is in
+//     flight. The error bound vs the C - K slack is argued in the design section.
+//     FLASHDSA_FP8_V2_PACKED=0: the f32 epilogue of the v1 FP8 kernel (FMNMX + FFMA per value, bitwise
+//     the same FP8 scores as fp8_kernel.cuh), run after the MMA wait as in the bf16 v2 kernel.
+//   - rows of a never-compacted list (threshold 0) store key k at slot k - k_start without atomics
+//     (fp8_kernel.cuh's dense appends, formerly FLASHDSA_FP8_DENSE); the other rows append by
+//     ballot + one shared atomic per (row, warp, key).
+// Supported: H_I 32 / 64, D_I = 128 (one 128-byte SW128 row per key: the TMA box). D_I = 64 is refused
+// by supports_shape and runs fp8_kernel.cuh.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "flashdsa/status.h"
+#include "sm90/common/cuda_check.cuh"
+#include "sm90/common/hopper.cuh"
+#include "sm90/common/indexer_score.cuh"
+#include "sm90/indexer_topk/fp8_kernel.cuh"
+#include "sm90/indexer_topk/kernel.cuh"
+#include "sm90/indexer_topk/launch.cuh"
+#include "sm90/indexer_topk/select.cuh"
+
+#ifndef FLASHDSA_FP8_V2_PACKED
+#define FLASHDSA_FP8_V2_PACKED 1  // bf16x2 epilogue (0: the f32 fallback)
+#endif
+
+namespace flashdsa::sm90::indexer_topk_impl::fp8v2 {
+
+constexpr int kNth = 256;            // two consumer warpgroups
+constexpr int kNWarps = kNth / 32;   // 8
+constexpr int kCtas = 2;             // 2 x 256 threads x 128 registers = the register file
+constexpr int kRing = 8;             // key-tile ring depth (8 KB e4m3 tiles)
+constexpr uint32_t kTileBytes = kTileKeys * kFp8RowBytes;
+constexpr int kWgCols = kHalfCols;   // (token, head) columns per warpgroup
+constexpr int kW2Ld = 20;            // packed weights: words per (warpgroup, quad) row (16 + 4: no bank conflict)
+constexpr bool kPacked = FLASHDSA_FP8_V2_PACKED != 0;
+
+// Per-H_I shape of a block and of a warpgroup's share of it.
+template <int H>
+struct Cfg {
+  static_assert(H == 32 || H == 64, "H_I must be 32 or 64");
+  static constexpr int kTokens = kCols / H;             // rows per block: 8 or 4
+  static constexpr int kTokensPerWg = kTokens / 2;      // 4 or 2
+  static constexpr int kChunksPerToken = H / 8;         // 8-column accumulator chunks per row
+  static constexpr int kVals = kTokensPerWg / 2;        // scores per lane after the reduce-scatter: 2 or 1
+  static constexpr int kWgChunks = kTokensPerWg * kChunksPerToken;  // 16 chunks per warpgroup
+  static_assert(kWgChunks == 16, "16 accumulator chunks (of 4 values) per warpgroup");
+};
+
+// The re-score's shared memory: it overlays the Q block and the key ring (contiguous, free after the walk).
+template <int H, int D>
+struct RescoreSmemV2 {
+  static constexpr int kLd = D + 8;  // bf16 row stride: conflict-free fragment loads
+  static constexpr int kArea = kCols * kFp8RowBytes + kRing * kTileKeys * kFp8RowBytes;
+  static constexpr int kStageElems = kRescoreKeys * kLd;
+  static constexpr int kFree = kArea - H * kLd * 2 - H * 4;
+  static constexpr int kPipeFit = kFree / (kNWarps * kStageElems * 2);
+  static constexpr int kPipe = kPipeFit < 4 ? kPipeFit : 4;
+  static_assert(kPipe >= 2, "the re-score gather ring needs two stages");
+  uint16_t q[H * kLd];                               // the row's bf16 q_idx [H, D]
+  uint16_t keys[kNWarps][kPipe][kStageElems];        // per warp: kPipe batches of 16 key rows
+  float w[H];                                        // the row's unscaled weights
+};
+
+// Shared memory of a CTA (the Q block and the key ring first: the re-score overlays them).
+template <int H>
+struct alignas(1024) Smem {
+  static constexpr int NT = Cfg<H>::kTokens;
+  uint8_t q[kCols * kFp8RowBytes];              // SW128 [256, 128 B] e4m3: row = token * H + head
+  uint8_t k[kRing][kTileKeys * kFp8RowBytes];   // SW128 [64, 128 B] e4m3 key tiles (TMA)
+  float w[kCols];                               // f32 epilogue: w' = w · q_scale per column (0 past T)
+  uint32_t w2[2][4][kW2Ld];                     // packed epilogue: bf16x2 (w'[c], w'[c + 1]) per (wg, quad, chunk)
+  uint64_t full[kRing];                         // stage s holds its tile (TMA transaction count)
+  uint32_t done[kRing];                         // warps done reading stage s, over all its uses
+  Scratch<kNth> sel;
+  int count[NT];
+  uint32_t thr[NT];
+  int k_start[NT];
+  int k_end[NT];
+  int block;
+};
+
+// Dynamic shared memory of a CTA.
+template <int H>
+constexpr size_t smem_bytes() {
+  return sizeof(Smem<H>) + 1024;  // + slack to align the dynamic base
+}
+
+static_assert(kCtas * (smem_bytes<32>() + 1024) <= 228 * 1024 && kCtas * (smem_bytes<64>() + 1024) <= 228 * 1024,
+              "two CTAs per SM (with the 1 KB each reserves) must fit the SM's 228 KB of shared memory");
+static_assert(kCols == kNth, "one weight column per thread when a block starts");
+
+// Kernel arguments: the FP8 pass's (fp8_kernel.cuh) plus the e4m3 key tensor map.
+struct Fp8V2Args {
+  Fp8KernelArgs base;
+  CUtensorMap tmap_k8;  // k8 as [T_kv, 128] uint8, box 64 keys x 128 bytes, 128-byte swizzle
+};
+
+// Descriptors (hopper.cuh make_desc_sw128, K-major SW128, LBO 16, SBO 1024) in 32-bit halves: a k-step
+// of 32 e4m3 values (32 bytes) adds 2 to the low half.
+constexpr uint32_t kDescHi = (static_cast<uint32_t>(hw::kSw128AtomBytes) >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr) { return ((smem_addr & 0x3FFFFu) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (static_cast<uint64_t>(kDescHi) << 32) | lo; }
+
+// Issues acc = K̂_tile [64, D] x Q̂_wg^T [D, 128] (f32): D / 32 wgmma m64n128k32 e4m3.
+template <int D>
+__device__ __forceinline__ void issue_wg_mma_fp8(float (&acc)[kHalfAcc], uint32_t ka, uint32_t qb) {
+  hw::wgmma_fence();
+  hw::wgmma_ss_m64n128k32_e4m3_overwrite(acc, desc_of(ka), desc_of(qb));
+#pragma unroll
+  for (int ks = 1; ks < D / 32; ++ks)
+    hw::wgmma_ss_m64n128k32_e4m3(acc, desc_of(ka + 2u * ks), desc_of(qb + 2u * ks), true);
+  hw::wgmma_commit();
+}
+
+// bf16x2 of (lo, hi) (lo in the low half), round to nearest; with kRelu negative values become 0 (a
+// NaN stays NaN: cvt's .relu keeps NaN as the canonical NaN).
+template <bool kRelu>
+__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
+  uint32_t d;
+  if constexpr (kRelu) {
+    asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  }
+  return d;
+}
+// a * b + c per bf16 lane (one rounding).
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+// lo + hi in f32.
+__device__ __forceinline__ float sum_bf16x2(uint32_t p) {
+  return __uint_as_float(p << 16) + __uint_as_float(p & 0xffff0000u);
+}
+
+// cp.async of the block's e4m3 queries [t0, t0 + NT) x H heads (row = token * H + head, 128 bytes);
+// rows of tokens >= T are zero-filled. All 256 threads.
+template <int H>
+__device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8KernelArgs& a, int t0) {
+  constexpr int kRowChunks = kFp8RowBytes / 16;  // D = 128
+  constexpr int kPerThread = kCols * kRowChunks / kNth;
+#pragma unroll 1  // once per block: unrolled, ptxas hoists 8 row addresses out of the block loop and spills them
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = threadIdx.x + kNth * i;
+    const int row = c / kRowChunks, chunk = c % kRowChunks;
+    const int t = t0 + row / H, h = row % H;
+    const bool valid = t < a.T;
+    const uint8_t* src =
+        a.q8 + (valid ? static_cast<int64_t>(t) * a.q8_st + static_cast<int64_t>(h) * a.q8_sh + chunk * 16 : 0);
+    hw::cp_async_16(qs + hw::sw128_offset(row, chunk), src, valid);
+  }
+}
+
+// Exact re-score of one row's m candidates, 256 threads (fp8_kernel.cuh rescore_row_pipe with 8 warps):
+// warp w's batches are candidates [16 (w + 8 b), +16), gathered by cp.async into a per-warp ring of
+// kPipe stages; mma.sync m16n8k16 bf16 against the row's q_idx, f, the unscaled weights, the head sum,
+// written over list_s. Begins after a barrier that freed the Q block and the key ring; ends with one.
+template <int H, int D, bool kRelu>
+__device__ __forceinline__ void rescore_row_v2(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i, int m,
+                                               RescoreSmemV2<H, D>& rs) {
+  using RS = RescoreSmemV2<H, D>;
+  constexpr int kLd = RS::kLd, P = RS::kPipe;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  for (int i = tid; i < H * kChunks; i += kNth) {
+    const int h = i / kChunks, chunk = i % kChunks;
+    const uint4 v = *reinterpret_cast<const uint4*>(a.q + static_cast<int64_t>(t) * a.q_st +
+                                                    static_cast<int64_t>(h) * a.q_sh + chunk * 8);
+    *reinterpret_cast<uint4*>(rs.q + h * kLd + chunk * 8) = v;
+  }
+  for (int h = tid; h < H; h += kNth) rs.w[h] = a.w[static_cast<int64_t>(t) * a.w_st + h];
+
+  const int first = warp * kRescoreKeys;
+  const int nb = m > first ? (m - first + kNWarps * kRescoreKeys - 1) / (kNWarps * kRescoreKeys) : 0;
+  auto batch_start = [&](int b) { return first + b * (kNWarps * kRescoreKeys); };
+  auto batch_key = [&](int b) {
+    const int i = batch_start(b) + lane;
+    return b < nb && lane < kRescoreKeys && i < m ? list_i[i] : -1;
+  };
+  auto issue = [&](int b, int my_key) {
+    uint16_t* kb = rs.keys[warp][b % P];
+#pragma unroll
+    for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
+      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
+      const int key = __shfl_sync(0xffffffffu, my_key, row);
+      const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
+      hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
+    }
+  };
+#pragma unroll
+  for (int b = 0; b < P; ++b) {
+    if (b < nb) issue(b, batch_key(b));
+    hw::cp_async_commit();
+  }
+  int next_key = batch_key(P);
+  __syncthreads();  // q and w are staged
+
+  for (int b = 0; b < nb; ++b) {
+    hw::cp_async_wait<P - 1>();
+    __syncwarp();  // every lane's copies of batch b have landed
+    const uint16_t* kb = rs.keys[warp][b % P];
+    // Heads in groups of 32 (4 n-tiles of 8: 16 accumulators; H_I = 64 takes two passes over the A
+    // fragments, which keeps the per-row tail within the 128 registers).
+    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
+#pragma unroll 1
+    for (int h0 = 0; h0 < H; h0 += 32) {
+      float acc[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int col = 16 * ks + 2 * c;
+        const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
+                                lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const uint16_t* qh = rs.q + (h0 + 8 * n + g) * kLd + col;
+          mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const float2 w = *reinterpret_cast<const float2*>(rs.w + h0 + 8 * n + 2 * c);
+        s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
+        s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
+        s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
+        s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
+      }
+    }
+    __syncwarp();  // every lane has read batch b's stage: it may be refilled
+    if (b + P < nb) issue(b + P, next_key);
+    hw::cp_async_commit();
+    next_key = batch_key(b + P + 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    const int i0 = batch_start(b);
+    if (c == 0 && i0 + g < m) list_s[i0 + g] = s0;
+    if (c == 0 && i0 + g + 8 < m) list_s[i0 + g + 8] = s1;
+  }
+  hw::cp_async_wait<0>();
+  __syncthreads();  // the re-scored list is complete (and rs is free)
+}
+
+// The FP8 selection pass, v2 walk: a persistent CTA of two consumer warpgroups takes blocks of
+// 256 / H query rows from the scheduler, walks their key tiles (TMA ring, e4m3 wgmma, the packed or f32
+// epilogue, dense / counter appends, compactions to the C best), then per row cuts the list to C,
+// re-scores it exactly from bf16 and writes the top K (indices and exact scores, -1 / -inf padding).
+template <int H, int D, bool kRelu>
+__global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const __grid_constant__ Fp8V2Args args) {
+  static_assert(D == 128, "the v2 FP8 walk takes D_I = 128 (one 128-byte TMA box row per key)");
+  using C = Cfg<H>;
+  constexpr int NT = C::kTokens, NTW = C::kTokensPerWg, V = C::kVals, CPT = C::kChunksPerToken, S = kRing;
+  const Fp8KernelArgs& a = args.base;
+  extern __shared__ uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<Smem<H>*>(hw::align_smem(smem_raw));
+
+  const int tid = threadIdx.x, lane = tid & 31, quad = lane & 3;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);      // warp-uniform for the compiler
+  const int acc_row = 16 * ((tid >> 5) & 3) + (lane >> 2);  // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
+  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
+  float* const cand_s = a.cand_scores + list_base;
+  int* const cand_i = a.cand_idx + list_base;
+  // After the reduce-scatter: H_I = 32 (V = 2): row wg * 4 + quad, keys acc_row, acc_row + 8;
+  // H_I = 64 (V = 1): row wg * 2 + quad / 2, key acc_row + 8 (quad % 2).
+  const int my_row = wg * NTW + (V == 2 ? quad : quad >> 1);
+  const int my_key_off = V == 2 ? 0 : 8 * (quad & 1);
+  float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
+  int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      hw::mbar_init(&sm.full[s], 1);
+      sm.done[s] = 0;
+    }
+    hw::mbar_fence_init();
+    if (a.T_kv > 0) hw::prefetch_tensormap(&args.tmap_k8);
+  }
+  const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
+  const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * kFp8RowBytes >> 4);
+  uint32_t ring = 0;  // tiles consumed by this CTA: tile `it` of a block sits in stage (ring + it) % S
+
+  for (;;) {
+    hw::fence_proxy_async();  // the previous block's generic writes (re-score) before this block's TMA writes
+    __syncthreads();
+    if (tid == 0) sm.block = atomicAdd(a.block_counter, 1);
+    __syncthreads();
+    const int blk = sm.block;
+    if (blk >= a.num_blocks) break;
+    const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first
+
+    if (tid < NT) {
+      const int t = t0 + tid;
+      const bool valid = t < a.T;
+      sm.k_start[tid] = valid ? a.k_start[t] : 0;
+      sm.k_end[tid] = valid ? a.k_end[t] : 0;
+      sm.count[tid] = 0;
+      sm.thr[tid] = 0u;
+    }
+    // The query scale folds into the weights: relu(a x) = a relu(x) for a > 0 (a NaN scale makes the
+    // row's scores NaN, as the quantization contract wants).
+    if constexpr (kPacked) {
+      if (tid < kCols / 2) {
+        const int c = 2 * tid, t = t0 + c / H, h = c % H;
+        float w0 = 0.f, w1 = 0.f;
+        if (t < a.T) {
+          const float* wr = a.w8 + static_cast<int64_t>(t) * a.w8_st;
+          const float* sr = a.q_scale + static_cast<int64_t>(t) * H;
+          w0 = wr[h] * sr[h];
+          w1 = wr[h + 1] * sr[h + 1];
+        }
+        const int within = c & (kWgCols - 1);  // column 8 j + 2 quad of warpgroup c / 128
+        sm.w2[c / kWgCols][(within & 7) >> 1][within >> 3] = cvt_bf16x2<false>(w0, w1);
+      }
+    } else {
+      const int t = t0 + tid / H, h = tid % H;
+      sm.w[tid] = t < a.T ? a.w8[static_cast<int64_t>(t) * a.w8_st + h] * a.q_scale[static_cast<int64_t>(t) * H + h]
+                          : 0.f;
+    }
+    __syncthreads();
+
+    const TileRange tiles = block_tile_range<NT>(sm.k_start, sm.k_end);
+    const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
+
+    auto issue_key_tile = [&](int i) {  // one thread: tile i of the block into stage (ring + i) % S
+      const uint32_t slot = (ring + static_cast<uint32_t>(i)) % S;
+      hw::mbar_arrive_expect_tx(&sm.full[slot], kTileBytes);
+      hw::tma_load_2d(sm.k[slot], &args.tmap_k8, &sm.full[slot], 0, (tile0 + i) * kTileKeys);
+    };
+    if (tid == 0) {
+      for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
+    }
+    if (ntiles > 0) {
+      load_query_block_v2<H>(sm.q, a, t0);
+      hw::cp_async_commit();
+      hw::cp_async_wait<0>();
+      hw::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    }
+    __syncthreads();
+
+    // The tile's MMA is complete in every warp: the last of the 8 warps refills the stage with tile it + S.
+    auto release_stage = [&](uint32_t slot, int it) {
+      if (lane == 0) {
+        if (atomicAdd(&sm.done[slot], 1u) % kNWarps == kNWarps - 1 && it + S < ntiles) issue_key_tile(it + S);
+      }
+    };
+    // The key scales of this lane's V keys of tile `tile` (0 past T_kv: masked by the ranges anyway).
+    auto load_kscales = [&](int tile, float (&ksv)[V]) {
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row + my_key_off;
+#pragma unroll
+      for (int v = 0; v < V; ++v) ksv[v] = key0 + 8 * v < a.T_kv ? a.k_scale[key0 + 8 * v] : 0.f;
+    };
+
+    bool list_nearly_full = false;
+    // From this thread's partial head sums part[2 tl + r] (warpgroup token tl, key acc_row + 8 r): the
+    // quad reduce-scatter, the key scale, the pass test and the appends of tile `tile`.
+    auto finish_tile = [&](int tile, const float (&part)[2 * NTW], const float (&ksv)[V]) {
+      float sums[V];
+      quad_reduce_scatter<NTW>(part, sums, quad);
+      // Rows not yet compacted (threshold 0) hold every visible key in order: key k at slot k - k_start.
+      if (tid < NT && sm.thr[tid] == 0u) {
+        const int e = min((tile0 + tile + 1) * kTileKeys, sm.k_end[tid]);
+        if (e > sm.k_start[tid]) sm.count[tid] = e - sm.k_start[tid];
+      }
+      const uint32_t row_thr = sm.thr[my_row];
+      const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
+      const int key0 = (tile0 + tile) * kTileKeys + acc_row + my_key_off;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int key = key0 + 8 * v;
+        const float s = sums[v] * ksv[v];
+        const bool visible = key >= row_start && key < row_end;
+        if (row_thr == 0u && visible) {  // dense row: every visible key passes (score_key >= 1)
+          const int pos = key - row_start;
+          my_list_s[pos] = s;
+          my_list_i[pos] = key;
+          list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+        }
+        const bool pass = row_thr != 0u && visible && score_key(s) > row_thr;
+        const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+        if (ballot == 0u) continue;
+        const unsigned group = ballot & (0x11111111u << quad);
+        const int leader = group != 0u ? __ffs(group) - 1 : lane;
+        int base = 0;
+        if (pass && lane == leader) base = atomicAdd(&sm.count[my_row], __popc(group));
+        base = __shfl_sync(0xffffffffu, base, leader);
+        if (pass) {
+          const int pos = base + __popc(group & ((1u << lane) - 1u));
+          my_list_s[pos] = s;
+          my_list_i[pos] = key;
+          list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
+        }
+      }
+    };
+
+    if constexpr (kPacked) {
+      // The head sums of a complete accumulator in bf16x2: chunk j's values f(acc[4 j + 2 r]),
+      // f(acc[4 j + 2 r + 1]) (key acc_row + 8 r, heads 2 quad + {0, 1} of the chunk's 8) are packed
+      // with the ReLU fused, multiplied by the bf16x2 weights and summed per lane half over the token's
+      // chunks (fma.rn.bf16x2), then the two halves are added in f32.
+      auto packed_head_sums = [&](const float (&acc)[kHalfAcc], float (&part)[2 * NTW]) {
+        const uint4* w2 = reinterpret_cast<const uint4*>(sm.w2[wg][quad]);
+#pragma unroll
+        for (int tl = 0; tl < NTW; ++tl) {
+          uint32_t p0 = 0u, p1 = 0u;
+#pragma unroll
+          for (int q4 = 0; q4 < CPT / 4; ++q4) {
+            const uint4 wv = w2[(tl * CPT) / 4 + q4];
+            const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int j = tl * CPT + 4 * q4 + e;
+              p0 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j], acc[4 * j + 1]), p0);
+              p1 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j + 2], acc[4 * j + 3]), p1);
+            }
+          }
+          part[2 * tl] = sum_bf16x2(p0);
+          part[2 * tl + 1] = sum_bf16x2(p1);
+        }
+      };
+      // Iteration it: issue MMA(it); the barrier (flags of tile it-2's appends); with MMA(it) in flight,
+      // the reduce-scatter and the appends of tile it-1 (from part, 8 or 4 f32 per thread); wait MMA(it);
+      // its head sums into part; compaction of the flagged lists. No wgmma is in flight across the back edge.
+      float part[2 * NTW];
+      float ksv[V];
+      for (int it = 0; it < ntiles; ++it) {
+        const uint32_t g = ring + static_cast<uint32_t>(it);
+        const uint32_t slot = g % S;
+        hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
+        float acc[kHalfAcc];
+        {
+          const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
+          issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
+        }
+        const bool compact = __syncthreads_or(list_nearly_full) != 0;
+        list_nearly_full = false;
+        if (it > 0) finish_tile(it - 1, part, ksv);
+        hw::wgmma_wait<0>();
+        hw::fence_regs(acc);
+        release_stage(slot, it);
+        packed_head_sums(acc, part);
+        load_kscales(it, ksv);
+        // A row flagged by tile it-2's appends is compacted after tile it-1's (at most 2 x 64 appends
+        // past the flag, as in kernel.cuh).
+        if (compact) {      // uniform over the CTA
+          __syncthreads();  // every append of tile it-1 is in the lists and counts
+          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        }
+      }
+      if (ntiles > 0) finish_tile(ntiles - 1, part, ksv);  // its flags need no compaction: the final select follows
+    } else {
+      for (int it = 0; it < ntiles; ++it) {
+        const uint32_t g = ring + static_cast<uint32_t>(it);
+        const uint32_t slot = g % S;
+        hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
+        float acc[kHalfAcc];
+        {
+          const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
+          issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
+        }
+        float ksv[V];
+        load_kscales(it, ksv);
+        const bool compact = __syncthreads_or(list_nearly_full) != 0;  // tile it-1's flags
+        list_nearly_full = false;
+        hw::wgmma_wait<0>();
+        hw::fence_regs(acc);
+        release_stage(slot, it);
+        // f32, as fp8_kernel.cuh partial_head_sums: the same fmaf chain over a thread's columns.
+        float part[2 * NTW];
+        const float* w_s = sm.w + kWgCols * wg;
+#pragma unroll
+        for (int tl = 0; tl < NTW; ++tl) {
+          float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+          for (int jj = 0; jj < CPT; ++jj) {
+            const int j = tl * CPT + jj;
+            const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
+            p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
+            p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
+            p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
+            p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
+          }
+          part[2 * tl] = p0;
+          part[2 * tl + 1] = p1;
+        }
+        finish_tile(it, part, ksv);
+        if (compact) {      // uniform over the CTA
+          __syncthreads();  // every append of tile it is in
+          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        }
+      }
+    }
+    ring += static_cast<uint32_t>(ntiles);
+    __syncthreads();  // every append is in; no TMA is in flight (every issued tile was waited for)
+
+    // Per row: its C best candidates by the FP8 score (in place), their exact scores, the top K.
+    using RS = RescoreSmemV2<H, D>;
+    static_assert(sizeof(RS) <= RS::kArea && offsetof(Smem<H>, k) == sizeof(Smem<H>::q) &&
+                      offsetof(Smem<H>, w) >= RS::kArea,
+                  "the re-score ring overlays the Q block and the key ring, which are contiguous");
+    for (int r = 0; r < NT; ++r) {
+      const int t = t0 + r;
+      if (t >= a.T) break;
+      float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+      int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+      int m = sm.count[r];
+      if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+      rescore_row_v2<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
+      int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+      float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+      write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);
+    }
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------------
+
+// Whether the v2 FP8 walk takes this shape (otherwise the caller runs fp8_kernel.cuh).
+inline bool supports_shape(int H, int D) { return (H == 32 || H == 64) && D == 128; }
+
+// The tensor map of k8 ([T_kv, 128] e4m3 as uint8, row stride k8_st bytes): boxes of 64 keys x 128
+// bytes (the 128-byte swizzle's row), zero fill past T_kv.
+inline Status make_k8_tensor_map(const Fp8KernelArgs& a, CUtensorMap* map) {
+  return make_key_rows_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.k8, kFp8RowBytes, a.T_kv,
+                                  static_cast<uint64_t>(a.k8_st), kFp8RowBytes, "sm90 indexer_topk fp8 v2");
+}
+
+// Launches one instance with its dynamic shared memory.
+template <int H, bool kRelu>
+Status launch(const Fp8V2Args& args, int grid, cudaStream_t stream) {
+  constexpr int kSmem = static_cast<int>(smem_bytes<H>());
+  return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu>, dim3(grid), kNth, kSmem, stream,
+                          "indexer_topk_fp8_v2_kernel", args);
+}
+
+// Runs the v2 FP8 selection pass with the host's Fp8KernelArgs (the same workspace layout, grid and
+// capacity as fp8_kernel.cuh). Requires supports_shape(H, D).
+inline Status run(const Fp8KernelArgs& base, int H, bool relu, int grid, cudaStream_t stream) {
+  Fp8V2Args args{};
+  args.base = base;
+  const Status st = make_k8_tensor_map(base, &args.tmap_k8);
+  if (!st.ok()) return st;
+  if (H == 32) return relu ? launch<32, true>(args, grid, stream) : launch<32, false>(args, grid, stream);
+  return relu ? launch<64, true>(args, grid, stream) : launch<64, false>(args, grid, stream);
+}
+
+}  // namespace flashdsa::sm90::indexer_topk_impl::fp8v2
