@@ -1,8 +1,10 @@
-// Internal: the device side of the FP8 (e4m3) selection pass of the fused Hopper indexer + top-k
-// (docs/spec.md §3 "FP8 selection"; design: docs/kernels/indexer_topk.md, "FP8 selection").
-// Host side: indexer_topk_fp8.cu. It uses the shared pieces of kernel.cuh (one-warpgroup
-// configuration, partial_head_sums, quad_reduce_scatter, the list compaction and final write), the
-// activation of common/indexer_score.cuh and the selection of select.cuh.
+// Internal: the first FP8 (e4m3) selection walk of the fused Hopper indexer + top-k, which now runs
+// D_I = 64 only (D_I = 128 runs fp8_kernel_v2.cuh), the pieces the two FP8 walks share (Fp8KernelArgs,
+// the exact bf16 re-score rescore_row_ring) and the e4m3 quantization (docs/spec.md §3 "FP8
+// selection"; design: docs/kernels/indexer_topk.md, "FP8 selection pass"). Host side:
+// indexer_topk_fp8.cu. It uses the shared pieces of kernel.cuh (one-warpgroup configuration,
+// partial_head_sums, quad_reduce_scatter, the list compaction and final write), the activation of
+// common/indexer_score.cuh and the selection of select.cuh.
 //
 // One warpgroup per CTA, two CTAs per SM, persistent grid with a dynamic block scheduler, a cp.async
 // key ring, and the two column halves (m64n128 each) software-pipelined so that the epilogue of one
@@ -30,9 +32,7 @@
 #include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/indexer_topk/select.cuh"
 
-// The four speed changes that were build switches until 2026-12-02 (FLASHDSA_FP8_DENSE, _APPEND1,
-// _KSCALE, _RESCORE_PIPE; measured together fastest on the H200, docs/kernels/indexer_topk.md) are
-// now the only code:
+// The speed changes measured on the H200 (2026-12-02, docs/kernels/indexer_topk.md):
 //  - dense appends: while a row has not been compacted (threshold 0) every visible key is a
 //    candidate, so key k goes to slot k - k_start with a plain store: no ballot, shared atomic or
 //    shuffle; one thread per row sets the row's count after the tile;
@@ -42,11 +42,6 @@
 //    into a ring of 2 x kFp8Stages slots, so the epilogue reads them from shared memory;
 //  - the re-score gathers key rows with cp.async into a per-warp ring of kPipe stages (in the Q
 //    block + key ring, free after the walk), the candidate indices prefetched one batch ahead.
-// FLASHDSA_FP8_ABLATE=n: attribution for the check program's benchmark only (the results are WRONG;
-// never in the library build): 1 = the MMAs and a cheap fold of the accumulators (no head sums, no
-// appends); 2 = scores, head sums, key scales and the pass test, but no appends (no list ever fills);
-// 3 = the full walk, then the top K straight from the FP8 lists (no C cut, no re-score);
-// 4 = the full walk and the C cut, no re-score (the final top K of the FP8 scores).
 
 namespace flashdsa::sm90::indexer_topk_impl {
 
@@ -54,11 +49,10 @@ constexpr int kFp8RowBytes = 128;  // one SW128 row per (token, head) / key: D_I
 constexpr int kFp8Stages = 4;      // key-tile ring depth (8 KB tiles)
 constexpr int kRescoreKeys = 16;   // keys per warp per re-score step (the M of mma.m16n8k16)
 
-// The shared memory of the first (unpipelined) re-score. No code uses it any more, but it stays in
-// Fp8Smem's union because it sets the union's size: at H_I = 64, D_I = 128 it is 2304 bytes larger
-// than the key ring, and dropping it would move every member after the union (w, ks, sel, ...), i.e.
-// change the measured kernel's SASS and shared-memory size. Freeing those bytes is a separate,
-// measured change.
+// The shared memory of the first (unpipelined) re-score. No code uses it any more, and at D_I = 64 it
+// is smaller than the key ring it shares a union with, but it stays: without it (a plain key-ring
+// array, or one declared alignas(4)) the same kernel compiles to different SASS (another instruction
+// schedule), i.e. not the measured kernel. Removing it is a separate, measured change.
 template <int H, int D>
 struct RescoreSmem {
   static constexpr int kLd = D + 8;                  // bf16 row stride: conflict-free fragment loads
@@ -73,7 +67,7 @@ struct alignas(1024) Fp8Smem {
   uint8_t q[kCols * kFp8RowBytes];  // SW128 [256, 128 B]: row = token * H + head
   union {
     uint8_t k[kFp8Stages][kTileKeys * kFp8RowBytes];  // SW128 [64, 128 B] key tiles (the walk)
-    RescoreSmem<H, D> rs;                             // size only (see RescoreSmem)
+    RescoreSmem<H, D> rs;                             // no code uses it (see RescoreSmem)
   };
   float w[kCols];  // w' = w · q_scale of the block's columns (0 past T)
   float ks[2 * kFp8Stages][kTileKeys];  // key scales of tile j in slot j % (2 S) (0 past T_kv)
@@ -327,6 +321,7 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
 
 template <int H, int D, bool kRelu>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(const __grid_constant__ Fp8KernelArgs a) {
+  static_assert(D == 64, "D_I = 128 runs fp8_kernel_v2.cuh");
   using Cfg = Config<H, D>;
   constexpr int NT = Cfg::kTokens, TPL = Cfg::kTokensPerLane, S = kFp8Stages;
   extern __shared__ uint8_t smem_raw[];
@@ -389,9 +384,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     bool list_nearly_full = false;
     float acc1[kHalfAcc];
     float part[2 * NT];
-#if FLASHDSA_FP8_ABLATE == 1
-    part[0] = 0.f;
-#endif
 
     auto tile_barrier = [&]() {
       hw::fence_proxy_async();
@@ -400,14 +392,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       return flagged;
     };
     auto append_tile = [&](int tile) {
-#if FLASHDSA_FP8_ABLATE == 1
-      // Attribution: a cheap fold of the accumulators (and of half 0's), nothing else.
-      float f[4] = {part[0], 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < kHalfAcc; ++i) f[i & 3] += acc1[i];
-      list_nearly_full |= (f[0] + f[1]) + (f[2] + f[3]) == 1.2345e-30f;  // never in practice; harmless
-      (void)tile, (void)quad, (void)acc_row, (void)my_thr;
-#else
       partial_head_sums<H, D, kRelu, 1>(acc1, sm.w, quad, part);
       float sums[NT / 2];
       quad_reduce_scatter<NT>(part, sums, quad);
@@ -432,14 +416,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
           pv[u][r] = key >= my_start[u] && key < my_end[u] && score_key(sv[u][r]) > my_thr[u];
         }
       }
-#if FLASHDSA_FP8_ABLATE == 2
-      // Attribution: everything up to the pass test; nothing is stored, so no list ever fills.
-#pragma unroll
-      for (int u = 0; u < TPL; ++u) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) list_nearly_full |= pv[u][r] && sv[u][r] == 1.2345e-30f;  // never in practice
-      }
-#else
       // Rows not yet compacted (threshold 0): every visible key passes (score_key >= 1), so the
       // row's candidates are exactly its visible keys in order: key k at slot k - k_start.
       if (tid < NT && sm.thr[tid] == 0u) {
@@ -496,21 +472,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
           }
         }
       }
-#endif  // FLASHDSA_FP8_ABLATE == 2
-#endif  // FLASHDSA_FP8_ABLATE == 1
     };
     auto finish_tile = [&](float (&acc0)[kHalfAcc], int it) {
       float acc1n[kHalfAcc];
       issue_score_half_fp8<D>(acc1n, sm.k[it % S], sm.q, 1);
       hw::wgmma_wait<1>();
       hw::fence_regs(acc0);
-#if FLASHDSA_FP8_ABLATE == 1
-      part[0] = 0.f;
-#pragma unroll
-      for (int i = 0; i < kHalfAcc; ++i) part[0] += acc0[i];
-#else
       partial_head_sums<H, D, kRelu, 0>(acc0, sm.w, quad, part);
-#endif
       hw::fence_regs(part);
       hw::wgmma_wait<0>();
       hw::fence_regs(acc1n);
@@ -560,12 +528,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
       float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
       int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
       int m = sm.count[r];
-#if FLASHDSA_FP8_ABLATE != 3  // attribution 3: the top K straight from the FP8 list
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
-#if FLASHDSA_FP8_ABLATE != 4  // attribution 4: no re-score
       rescore_row_ring<H, D, kRelu, kSelectWarps, H, false>(a, t, list_s, list_i, m, *reinterpret_cast<Pipe*>(sm.q));
-#endif
-#endif
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
       float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
       write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);

@@ -1,11 +1,11 @@
-// Internal: the FP8 (e4m3) selection pass of the fused Hopper indexer + top-k on the v2 structure,
-// selected at compile time by -DFLASHDSA_FP8_V2=1 in indexer_topk_fp8.cu (the default build runs
-// fp8_kernel.cuh only). Contract: docs/spec.md §3 "FP8 selection"; design: docs/kernels/indexer_topk.md,
-// "FP8 v2 (2026-12-02, not yet measured)".
+// Internal: the FP8 (e4m3) selection pass of the fused Hopper indexer + top-k for D_I = 128, the
+// walk on the bf16 kernel's v2 structure (the FP8 walk since 2026-12-02; D_I = 64 runs the first FP8
+// walk, fp8_kernel.cuh). Host side: indexer_topk_fp8.cu. Contract: docs/spec.md §3 "FP8 selection";
+// design and measurements: docs/kernels/indexer_topk.md, "FP8 selection pass".
 //
 // The selection rules, the candidate lists (C best by the FP8 score), the compaction, the exact bf16
-// re-score and the final top-K select are those of fp8_kernel.cuh (its helpers and select.cuh are
-// reused, at 256 threads); the walk is the bf16 v2 kernel's (kernel_v2.cuh):
+// re-score (fp8_kernel.cuh rescore_row_ring, here with 8 warps) and the final top-K select are those
+// of the first FP8 walk; the walk is the bf16 v2 kernel's (kernel_v2.cuh):
 //   - 256 threads = two consumer warpgroups; warpgroup w owns the block's (token, head) columns
 //     [128 w, 128 w + 128) with one m64n128 f32 accumulator (4 wgmma m64n128k32 e4m3 per 64-key tile);
 //   - __launch_bounds__(256, 2): 128 registers per thread, two CTAs per SM;
@@ -13,19 +13,15 @@
 //     transaction count; the last of the 8 warps done with a stage refills it), one CTA barrier per
 //     tile right after the MMA issue (it ORs the "list nearly full" flags);
 //   - the query scale folded into the weights (w' = w · a), the key scale applied to the head sums;
-//   - FLASHDSA_FP8_V2_PACKED=1 (default): the epilogue in packed bf16x2 arithmetic. As soon as the
-//     tile's MMA is complete, its 64 f32 accumulators are converted with the ReLU fused
-//     (cvt.rn.relu.bf16x2.f32: 32 instructions) into 32 registers, the accumulator is free for the next
-//     tile's MMA, and the head sums (fma.rn.bf16x2 with bf16x2 weights, then the two halves added in
-//     f32), the quad reduce-scatter and the appends of tile it-1 run while the MMA of tile it is in
-//     flight. The error bound vs the C - K slack is argued in the design section.
-//     FLASHDSA_FP8_V2_PACKED=0: the f32 epilogue of the v1 FP8 kernel (FMNMX + FFMA per value, bitwise
-//     the same FP8 scores as fp8_kernel.cuh), run after the MMA wait as in the bf16 v2 kernel.
+//   - the epilogue in packed bf16x2 arithmetic: as soon as the tile's MMA is complete, its 64 f32
+//     accumulators are converted with the ReLU fused (cvt.rn.relu.bf16x2.f32: 32 instructions) into
+//     32 registers, the accumulator is free for the next tile's MMA, and the head sums (fma.rn.bf16x2
+//     with bf16x2 weights, then the two halves added in f32), the quad reduce-scatter and the appends
+//     of tile it-1 run while the MMA of tile it is in flight. The error bound vs the C - K slack is
+//     argued in the design section (the f32 epilogue, A/B-tested on the H200, was slower: removed);
 //   - rows of a never-compacted list (threshold 0) store key k at slot k - k_start without atomics
-//     (fp8_kernel.cuh's dense appends, formerly FLASHDSA_FP8_DENSE); the other rows append by
-//     ballot + one shared atomic per (row, warp, key).
-// Supported: H_I 32 / 64, D_I = 128 (one 128-byte SW128 row per key: the TMA box). D_I = 64 is refused
-// by supports_shape and runs fp8_kernel.cuh.
+//     (dense appends); the other rows append by ballot + one shared atomic per (row, warp, key).
+// Supported: H_I 32 / 64, D_I = 128 (one 128-byte SW128 row per key: the TMA box), T_kv >= 0.
 #pragma once
 
 #include <cuda.h>
@@ -49,10 +45,6 @@
 #include "sm90/indexer_topk/launch.cuh"
 #include "sm90/indexer_topk/select.cuh"
 
-#ifndef FLASHDSA_FP8_V2_PACKED
-#define FLASHDSA_FP8_V2_PACKED 1  // bf16x2 epilogue (0: the f32 fallback)
-#endif
-
 namespace flashdsa::sm90::indexer_topk_impl::fp8v2 {
 
 constexpr int kNth = 256;            // two consumer warpgroups
@@ -62,7 +54,6 @@ constexpr int kRing = 8;             // key-tile ring depth (8 KB e4m3 tiles)
 constexpr uint32_t kTileBytes = kTileKeys * kFp8RowBytes;
 constexpr int kWgCols = kHalfCols;   // (token, head) columns per warpgroup
 constexpr int kW2Ld = 20;            // packed weights: words per (warpgroup, quad) row (16 + 4: no bank conflict)
-constexpr bool kPacked = FLASHDSA_FP8_V2_PACKED != 0;
 
 // Per-H_I shape of a block and of a warpgroup's share of it.
 template <int H>
@@ -76,20 +67,10 @@ struct Cfg {
   static_assert(kWgChunks == 16, "16 accumulator chunks (of 4 values) per warpgroup");
 };
 
-// The re-score's shared memory: it overlays the Q block and the key ring (contiguous, free after the walk).
+// The re-score's shared memory: 8 warps over the Q block and the kRing key tiles (contiguous, free
+// after the walk).
 template <int H, int D>
-struct RescoreSmemV2 {
-  static constexpr int kLd = D + 8;  // bf16 row stride: conflict-free fragment loads
-  static constexpr int kArea = kCols * kFp8RowBytes + kRing * kTileKeys * kFp8RowBytes;
-  static constexpr int kStageElems = kRescoreKeys * kLd;
-  static constexpr int kFree = kArea - H * kLd * 2 - H * 4;
-  static constexpr int kPipeFit = kFree / (kNWarps * kStageElems * 2);
-  static constexpr int kPipe = kPipeFit < 4 ? kPipeFit : 4;
-  static_assert(kPipe >= 2, "the re-score gather ring needs two stages");
-  uint16_t q[H * kLd];                               // the row's bf16 q_idx [H, D]
-  uint16_t keys[kNWarps][kPipe][kStageElems];        // per warp: kPipe batches of 16 key rows
-  float w[H];                                        // the row's unscaled weights
-};
+using RescoreSmemV2 = RescoreRingSmem<H, D, kNWarps, kCols * kFp8RowBytes + kRing * kTileKeys * kFp8RowBytes>;
 
 // Shared memory of a CTA (the Q block and the key ring first: the re-score overlays them).
 template <int H>
@@ -97,7 +78,9 @@ struct alignas(1024) Smem {
   static constexpr int NT = Cfg<H>::kTokens;
   uint8_t q[kCols * kFp8RowBytes];              // SW128 [256, 128 B] e4m3: row = token * H + head
   uint8_t k[kRing][kTileKeys * kFp8RowBytes];   // SW128 [64, 128 B] e4m3 key tiles (TMA)
-  float w[kCols];                               // f32 epilogue: w' = w · q_scale per column (0 past T)
+  // 1 KB no code uses since the f32 epilogue went (it held w' per column): it stays so that the
+  // members after it keep the offsets of the measured kernel; freeing it is a separate, measured change.
+  float unused_w[kCols];
   uint32_t w2[2][4][kW2Ld];                     // packed epilogue: bf16x2 (w'[c], w'[c + 1]) per (wg, quad, chunk)
   uint64_t full[kRing];                         // stage s holds its tile (TMA transaction count)
   uint32_t done[kRing];                         // warps done reading stage s, over all its uses
@@ -276,7 +259,7 @@ __device__ __forceinline__ void rescore_row_v2(const Fp8KernelArgs& a, int t, fl
 }
 
 // The FP8 selection pass, v2 walk: a persistent CTA of two consumer warpgroups takes blocks of
-// 256 / H query rows from the scheduler, walks their key tiles (TMA ring, e4m3 wgmma, the packed or f32
+// 256 / H query rows from the scheduler, walks their key tiles (TMA ring, e4m3 wgmma, the packed bf16x2
 // epilogue, dense / counter appends, compactions to the C best), then per row cuts the list to C,
 // re-scores it exactly from bf16 and writes the top K (indices and exact scores, -1 / -inf padding).
 template <int H, int D, bool kRelu>
@@ -333,23 +316,18 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     }
     // The query scale folds into the weights: relu(a x) = a relu(x) for a > 0 (a NaN scale makes the
     // row's scores NaN, as the quantization contract wants).
-    if constexpr (kPacked) {
-      if (tid < kCols / 2) {
-        const int c = 2 * tid, t = t0 + c / H, h = c % H;
-        float w0 = 0.f, w1 = 0.f;
-        if (t < a.T) {
-          const float* wr = a.w8 + static_cast<int64_t>(t) * a.w8_st;
-          const float* sr = a.q_scale + static_cast<int64_t>(t) * H;
-          w0 = wr[h] * sr[h];
-          w1 = wr[h + 1] * sr[h + 1];
-        }
-        const int within = c & (kWgCols - 1);  // column 8 j + 2 quad of warpgroup c / 128
-        sm.w2[c / kWgCols][(within & 7) >> 1][within >> 3] = cvt_bf16x2<false>(w0, w1);
+    // Packed: bf16x2 (w'[c], w'[c + 1]) per (warpgroup, quad, chunk), by the first 128 threads.
+    if (tid < kCols / 2) {
+      const int c = 2 * tid, t = t0 + c / H, h = c % H;
+      float w0 = 0.f, w1 = 0.f;
+      if (t < a.T) {
+        const float* wr = a.w8 + static_cast<int64_t>(t) * a.w8_st;
+        const float* sr = a.q_scale + static_cast<int64_t>(t) * H;
+        w0 = wr[h] * sr[h];
+        w1 = wr[h + 1] * sr[h + 1];
       }
-    } else {
-      const int t = t0 + tid / H, h = tid % H;
-      sm.w[tid] = t < a.T ? a.w8[static_cast<int64_t>(t) * a.w8_st + h] * a.q_scale[static_cast<int64_t>(t) * H + h]
-                          : 0.f;
+      const int within = c & (kWgCols - 1);  // column 8 j + 2 quad of warpgroup c / 128
+      sm.w2[c / kWgCols][(within & 7) >> 1][within >> 3] = cvt_bf16x2<false>(w0, w1);
     }
     __syncthreads();
 
@@ -427,110 +405,67 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       }
     };
 
-    if constexpr (kPacked) {
-      // The head sums of a complete accumulator in bf16x2: chunk j's values f(acc[4 j + 2 r]),
-      // f(acc[4 j + 2 r + 1]) (key acc_row + 8 r, heads 2 quad + {0, 1} of the chunk's 8) are packed
-      // with the ReLU fused, multiplied by the bf16x2 weights and summed per lane half over the token's
-      // chunks (fma.rn.bf16x2), then the two halves are added in f32.
-      auto packed_head_sums = [&](const float (&acc)[kHalfAcc], float (&part)[2 * NTW]) {
-        const uint4* w2 = reinterpret_cast<const uint4*>(sm.w2[wg][quad]);
+    // The head sums of a complete accumulator in bf16x2: chunk j's values f(acc[4 j + 2 r]),
+    // f(acc[4 j + 2 r + 1]) (key acc_row + 8 r, heads 2 quad + {0, 1} of the chunk's 8) are packed
+    // with the ReLU fused, multiplied by the bf16x2 weights and summed per lane half over the token's
+    // chunks (fma.rn.bf16x2), then the two halves are added in f32.
+    auto packed_head_sums = [&](const float (&acc)[kHalfAcc], float (&part)[2 * NTW]) {
+      const uint4* w2 = reinterpret_cast<const uint4*>(sm.w2[wg][quad]);
 #pragma unroll
-        for (int tl = 0; tl < NTW; ++tl) {
-          uint32_t p0 = 0u, p1 = 0u;
+      for (int tl = 0; tl < NTW; ++tl) {
+        uint32_t p0 = 0u, p1 = 0u;
 #pragma unroll
-          for (int q4 = 0; q4 < CPT / 4; ++q4) {
-            const uint4 wv = w2[(tl * CPT) / 4 + q4];
-            const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+        for (int q4 = 0; q4 < CPT / 4; ++q4) {
+          const uint4 wv = w2[(tl * CPT) / 4 + q4];
+          const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int j = tl * CPT + 4 * q4 + e;
-              p0 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j], acc[4 * j + 1]), p0);
-              p1 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j + 2], acc[4 * j + 3]), p1);
-            }
+          for (int e = 0; e < 4; ++e) {
+            const int j = tl * CPT + 4 * q4 + e;
+            p0 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j], acc[4 * j + 1]), p0);
+            p1 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j + 2], acc[4 * j + 3]), p1);
           }
-          part[2 * tl] = sum_bf16x2(p0);
-          part[2 * tl + 1] = sum_bf16x2(p1);
         }
-      };
-      // Iteration it: issue MMA(it); the barrier (flags of tile it-2's appends); with MMA(it) in flight,
-      // the reduce-scatter and the appends of tile it-1 (from part, 8 or 4 f32 per thread); wait MMA(it);
-      // its head sums into part; compaction of the flagged lists. No wgmma is in flight across the back edge.
-      float part[2 * NTW];
-      float ksv[V];
-      for (int it = 0; it < ntiles; ++it) {
-        const uint32_t g = ring + static_cast<uint32_t>(it);
-        const uint32_t slot = g % S;
-        hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
-        float acc[kHalfAcc];
-        {
-          const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
-          issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
-        }
-        const bool compact = __syncthreads_or(list_nearly_full) != 0;
-        list_nearly_full = false;
-        if (it > 0) finish_tile(it - 1, part, ksv);
-        hw::wgmma_wait<0>();
-        hw::fence_regs(acc);
-        release_stage(slot, it);
-        packed_head_sums(acc, part);
-        load_kscales(it, ksv);
-        // A row flagged by tile it-2's appends is compacted after tile it-1's (at most 2 x 64 appends
-        // past the flag, as in kernel.cuh).
-        if (compact) {      // uniform over the CTA
-          __syncthreads();  // every append of tile it-1 is in the lists and counts
-          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
-        }
+        part[2 * tl] = sum_bf16x2(p0);
+        part[2 * tl + 1] = sum_bf16x2(p1);
       }
-      if (ntiles > 0) finish_tile(ntiles - 1, part, ksv);  // its flags need no compaction: the final select follows
-    } else {
-      for (int it = 0; it < ntiles; ++it) {
-        const uint32_t g = ring + static_cast<uint32_t>(it);
-        const uint32_t slot = g % S;
-        hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
-        float acc[kHalfAcc];
-        {
-          const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
-          issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
-        }
-        float ksv[V];
-        load_kscales(it, ksv);
-        const bool compact = __syncthreads_or(list_nearly_full) != 0;  // tile it-1's flags
-        list_nearly_full = false;
-        hw::wgmma_wait<0>();
-        hw::fence_regs(acc);
-        release_stage(slot, it);
-        // f32, as fp8_kernel.cuh partial_head_sums: the same fmaf chain over a thread's columns.
-        float part[2 * NTW];
-        const float* w_s = sm.w + kWgCols * wg;
-#pragma unroll
-        for (int tl = 0; tl < NTW; ++tl) {
-          float p0 = 0.f, p1 = 0.f;
-#pragma unroll
-          for (int jj = 0; jj < CPT; ++jj) {
-            const int j = tl * CPT + jj;
-            const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
-            p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
-            p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
-            p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
-            p1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 3]), p1);
-          }
-          part[2 * tl] = p0;
-          part[2 * tl + 1] = p1;
-        }
-        finish_tile(it, part, ksv);
-        if (compact) {      // uniform over the CTA
-          __syncthreads();  // every append of tile it is in
-          compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
-        }
+    };
+    // Iteration it: issue MMA(it); the barrier (flags of tile it-2's appends); with MMA(it) in flight,
+    // the reduce-scatter and the appends of tile it-1 (from part, 8 or 4 f32 per thread); wait MMA(it);
+    // its head sums into part; compaction of the flagged lists. No wgmma is in flight across the back edge.
+    float part[2 * NTW];
+    float ksv[V];
+    for (int it = 0; it < ntiles; ++it) {
+      const uint32_t g = ring + static_cast<uint32_t>(it);
+      const uint32_t slot = g % S;
+      hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
+      float acc[kHalfAcc];
+      {
+        const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
+        issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
+      }
+      const bool compact = __syncthreads_or(list_nearly_full) != 0;
+      list_nearly_full = false;
+      if (it > 0) finish_tile(it - 1, part, ksv);
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc);
+      release_stage(slot, it);
+      packed_head_sums(acc, part);
+      load_kscales(it, ksv);
+      // A row flagged by tile it-2's appends is compacted after tile it-1's (at most 2 x 64 appends
+      // past the flag, as in kernel.cuh).
+      if (compact) {      // uniform over the CTA
+        __syncthreads();  // every append of tile it-1 is in the lists and counts
+        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
       }
     }
+    if (ntiles > 0) finish_tile(ntiles - 1, part, ksv);  // its flags need no compaction: the final select follows
     ring += static_cast<uint32_t>(ntiles);
     __syncthreads();  // every append is in; no TMA is in flight (every issued tile was waited for)
 
     // Per row: its C best candidates by the FP8 score (in place), their exact scores, the top K.
     using RS = RescoreSmemV2<H, D>;
     static_assert(sizeof(RS) <= RS::kArea && offsetof(Smem<H>, k) == sizeof(Smem<H>::q) &&
-                      offsetof(Smem<H>, w) >= RS::kArea,
+                      offsetof(Smem<H>, unused_w) >= RS::kArea,
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
     for (int r = 0; r < NT; ++r) {
       const int t = t0 + r;
@@ -539,6 +474,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
       int m = sm.count[r];
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+      // Heads in rolled passes of 32 (H_I = 64: two), which keeps the tail within the 128 registers.
       rescore_row_v2<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
       float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
@@ -549,7 +485,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
 
 // ---- host side -----------------------------------------------------------------------------------
 
-// Whether the v2 FP8 walk takes this shape (otherwise the caller runs fp8_kernel.cuh).
+// Whether this walk takes the shape (D_I = 64: the caller runs fp8_kernel.cuh).
 inline bool supports_shape(int H, int D) { return (H == 32 || H == 64) && D == 128; }
 
 // The tensor map of k8 ([T_kv, 128] e4m3 as uint8, row stride k8_st bytes): boxes of 64 keys x 128

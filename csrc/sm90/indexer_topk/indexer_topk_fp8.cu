@@ -1,6 +1,7 @@
 // Hopper (sm_90a) FP8 (e4m3) selection pass of the indexer + top-k, and the e4m3 quantization:
-// host side (limits, workspace, dispatch). Device code: fp8_kernel.cuh. Contract: docs/spec.md §3
-// "FP8 selection"; design: docs/kernels/indexer_topk.md.
+// host side (limits, workspace, dispatch). Device code: fp8_kernel_v2.cuh (the walk for D_I = 128) and
+// fp8_kernel.cuh (the first walk, D_I = 64; the quantization). Contract: docs/spec.md §3 "FP8
+// selection"; design: docs/kernels/indexer_topk.md.
 #include "sm90/indexer_topk/fp8.h"
 
 #include <cuda_runtime.h>
@@ -15,11 +16,8 @@
 #include "common/status_macros.h"
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/indexer_topk/fp8_kernel.cuh"
-#include "sm90/indexer_topk/launch.cuh"
-#if defined(FLASHDSA_FP8_V2) && FLASHDSA_FP8_V2
-// The FP8 walk on the v2 structure (fp8_kernel_v2.cuh; D_I = 128 only, other shapes run fp8_kernel.cuh).
 #include "sm90/indexer_topk/fp8_kernel_v2.cuh"
-#endif
+#include "sm90/indexer_topk/launch.cuh"
 
 namespace flashdsa::sm90::indexer_topk_fp8_impl {
 namespace {
@@ -32,6 +30,7 @@ using indexer_topk_impl::LaunchShape;
 
 constexpr int kMaxCandidates = 2 * kMaxTopK;
 
+// The first FP8 walk (fp8_kernel.cuh), instantiated for D_I = 64 only (D_I = 128 runs fp8_kernel_v2.cuh).
 template <int H, int D, bool kRelu>
 Status launch(const Fp8KernelArgs& args, int grid, cudaStream_t stream) {
   static_assert(indexer_topk_impl::fp8_smem_bytes<H, D>() <= static_cast<size_t>(kSmemPerCtaBudget),
@@ -118,18 +117,18 @@ Status run(const IndexerTopkParams& p) {
   args.C = C;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
-#if defined(FLASHDSA_FP8_V2) && FLASHDSA_FP8_V2
   static_assert(indexer_topk_impl::fp8v2::smem_bytes<32>() <= static_cast<size_t>(kSmemPerCtaBudget) &&
                     indexer_topk_impl::fp8v2::smem_bytes<64>() <= static_cast<size_t>(kSmemPerCtaBudget),
                 "two FP8 v2 CTAs per SM must fit");
-  // (T_kv = 0: no tensor map; the base kernel zero-fills any key tile instead.)
-  if (p.T_kv > 0 && indexer_topk_impl::fp8v2::supports_shape(p.indexer.H_I, p.indexer.D_I))
-    return indexer_topk_impl::fp8v2::run(args, p.indexer.H_I, p.indexer.relu, shape.grid, stream);
-#endif
-  return indexer_topk_impl::dispatch_variant(p.indexer.H_I, p.indexer.D_I, p.indexer.relu, [&](auto v) {
-    using V = decltype(v);
-    return launch<V::H, V::D, V::kRelu>(args, shape.grid, stream);
-  });
+  const int H = p.indexer.H_I;
+  const bool relu = p.indexer.relu;
+  // D_I = 128 (T_kv = 0 included: an all-zero tensor map that no tile ever reads, as the bf16 kernel).
+  if (indexer_topk_impl::fp8v2::supports_shape(H, p.indexer.D_I))
+    return indexer_topk_impl::fp8v2::run(args, H, relu, shape.grid, stream);
+  // D_I = 64 (supports() admits 64 and 128 only).
+  const int grid = shape.grid;
+  if (H == 32) return relu ? launch<32, 64, true>(args, grid, stream) : launch<32, 64, false>(args, grid, stream);
+  return relu ? launch<64, 64, true>(args, grid, stream) : launch<64, 64, false>(args, grid, stream);
 }
 
 Status supports_quantize(const QuantizeFp8Params& p, const char* op) {
