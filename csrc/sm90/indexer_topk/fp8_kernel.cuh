@@ -196,49 +196,17 @@ template <int H, int D>
 using RescorePipeSmem =
     RescoreRingSmem<H, D, kSelectWarps, kCols * kFp8RowBytes + kFp8Stages * kTileKeys * kFp8RowBytes>;
 
-// acc[n] (+)= keys [16, D] x q^T [D, 8 heads h0 + 8 n ..] for n < NN (mma.m16n8k16, zeroed first):
-// lane (g, c) ends with keys g and g + 8, heads h0 + 8 n + 2 c + {0, 1}.
-template <int NN, int D, int kLd>
-__device__ __forceinline__ void rescore_mma(float (&acc)[NN][4], const uint16_t* kb, const uint16_t* q, int h0, int g,
-                                            int c) {
-#pragma unroll
-  for (int n = 0; n < NN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const int col = 16 * ks + 2 * c;
-    const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
-                            lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
-#pragma unroll
-    for (int n = 0; n < NN; ++n) {
-      const uint16_t* qh = q + (h0 + 8 * n + g) * kLd + col;
-      mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
-    }
-  }
-}
-
-// s0 / s1 (keys g / g + 8) += Σ w[h] · f(acc) over this lane's heads h0 + 8 n + 2 c + {0, 1}.
-template <int NN, bool kRelu>
-__device__ __forceinline__ void rescore_fold(const float (&acc)[NN][4], const float* w_s, int h0, int c, float& s0,
-                                             float& s1) {
-#pragma unroll
-  for (int n = 0; n < NN; ++n) {
-    const float2 w = *reinterpret_cast<const float2*>(w_s + h0 + 8 * n + 2 * c);
-    s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
-    s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
-    s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
-    s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
-  }
-}
-
 // Exact re-score of one row's m candidates (list_i[0, m)) from the bf16 inputs: list_s[i] = Σ_h
 // w[t,h] · f(q[t,h] · k[list_i[i]]), fp32 accumulation, by kWarps warps (RS = RescoreRingSmem<H, D,
-// kWarps, ..>). Each warp takes 16 keys per batch: gathers their rows into shared memory, then
-// mma.m16n8k16 with A = keys [16, D], B = q^T [D, 8 heads] per 8-head group (rescore_mma). The gathers
-// go through a ring: warp w's batches are b = 0, 1, ... (candidates [16 (w + kWarps b), +16)); batch
-// b + kPipe is issued (cp.async, zero-filled empty slots) while batch b is scored, and the candidate
-// indices of batch b + kPipe + 1 are loaded one batch ahead. !kPassLoop (kPass = H): all heads' MMAs,
-// the next issue, then the head sum; kPassLoop: heads in passes of kPass (MMA + head sum each, a rolled
-// loop that bounds the registers, even for one pass), then the next issue.
+// kWarps, ..>); both FP8 walks' (4 warps here, 8 in fp8_kernel_v2.cuh). Each warp takes 16 keys per
+// batch: gathers their rows into shared memory, then mma.m16n8k16 with A = keys [16, D], B = q^T
+// [D, 8 heads] per 8-head group. The gathers go through a ring: warp w's batches are b = 0, 1, ...
+// (candidates [16 (w + kWarps b), +16)); batch b + kPipe is issued (cp.async, zero-filled empty
+// slots) while batch b is scored, and the candidate indices of batch b + kPipe + 1 are loaded one
+// batch ahead. !kPassLoop (kPass = H): all heads' MMAs, the next issue, then the head sum (the first
+// walk's order); kPassLoop: heads in passes of kPass (MMA + head sum each, a rolled loop that bounds
+// the registers, even for one pass), then the next issue (fp8_kernel_v2.cuh's order). The MMA and the
+// head sum are written out in the pass loop: as helper functions they moved the v2 walk's SASS.
 // All threads; begins after a barrier that freed the Q block and the key ring, ends with a barrier.
 template <int H, int D, bool kRelu, int kWarps, int kPass, bool kPassLoop, class RS>
 __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i,
@@ -286,22 +254,41 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
     __syncwarp();  // every lane's copies of batch b have landed
     const uint16_t* kb = rs.keys[warp][b % P];
     float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
-    if constexpr (!kPassLoop) {
-      float acc[H / 8][4];
-      rescore_mma<H / 8, D, kLd>(acc, kb, rs.q, 0, g, c);
-      __syncwarp();  // every lane has read batch b's stage: it may be refilled
-      if (b + P < nb) issue(b + P, next_key);
-      hw::cp_async_commit();
-      next_key = batch_key(b + P + 1);
-      rescore_fold<H / 8, kRelu>(acc, rs.w, 0, c, s0, s1);
-    } else {
-#pragma unroll 1
-      for (int h0 = 0; h0 < H; h0 += kPass) {
-        float acc[kPass / 8][4];
-        rescore_mma<kPass / 8, D, kLd>(acc, kb, rs.q, h0, g, c);
-        rescore_fold<kPass / 8, kRelu>(acc, rs.w, h0, c, s0, s1);
+#pragma unroll(kPassLoop ? 1 : H / kPass)
+    for (int h0 = 0; h0 < H; h0 += kPass) {
+      // acc[n] = keys [16, D] x q^T [D, 8 heads h0 + 8 n ..]: lane (g, c) ends with keys g and g + 8,
+      // heads h0 + 8 n + 2 c + {0, 1}.
+      float acc[kPass / 8][4];
+#pragma unroll
+      for (int n = 0; n < kPass / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int col = 16 * ks + 2 * c;
+        const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
+                                lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
+#pragma unroll
+        for (int n = 0; n < kPass / 8; ++n) {
+          const uint16_t* qh = rs.q + (h0 + 8 * n + g) * kLd + col;
+          mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+        }
       }
-      // (the refill is written out in both branches: a lambda for it moved the SASS)
+      if constexpr (!kPassLoop) {  // the refill under the head sum (written out twice: a lambda moved the SASS)
+        __syncwarp();  // every lane has read batch b's stage: it may be refilled
+        if (b + P < nb) issue(b + P, next_key);
+        hw::cp_async_commit();
+        next_key = batch_key(b + P + 1);
+      }
+      // s0 / s1 (keys g / g + 8) += Σ w[h] · f(acc) over this lane's heads of the pass.
+#pragma unroll
+      for (int n = 0; n < kPass / 8; ++n) {
+        const float2 w = *reinterpret_cast<const float2*>(rs.w + h0 + 8 * n + 2 * c);
+        s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
+        s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
+        s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
+        s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
+      }
+    }
+    if constexpr (kPassLoop) {
       __syncwarp();  // every lane has read batch b's stage: it may be refilled
       if (b + P < nb) issue(b + P, next_key);
       hw::cp_async_commit();

@@ -166,98 +166,6 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
   }
 }
 
-// Exact re-score of one row's m candidates, 256 threads (fp8_kernel.cuh rescore_row_pipe with 8 warps):
-// warp w's batches are candidates [16 (w + 8 b), +16), gathered by cp.async into a per-warp ring of
-// kPipe stages; mma.sync m16n8k16 bf16 against the row's q_idx, f, the unscaled weights, the head sum,
-// written over list_s. Begins after a barrier that freed the Q block and the key ring; ends with one.
-template <int H, int D, bool kRelu>
-__device__ __forceinline__ void rescore_row_v2(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i, int m,
-                                               RescoreSmemV2<H, D>& rs) {
-  using RS = RescoreSmemV2<H, D>;
-  constexpr int kLd = RS::kLd, P = RS::kPipe;
-  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-  for (int i = tid; i < H * kChunks; i += kNth) {
-    const int h = i / kChunks, chunk = i % kChunks;
-    const uint4 v = *reinterpret_cast<const uint4*>(a.q + static_cast<int64_t>(t) * a.q_st +
-                                                    static_cast<int64_t>(h) * a.q_sh + chunk * 8);
-    *reinterpret_cast<uint4*>(rs.q + h * kLd + chunk * 8) = v;
-  }
-  for (int h = tid; h < H; h += kNth) rs.w[h] = a.w[static_cast<int64_t>(t) * a.w_st + h];
-
-  const int first = warp * kRescoreKeys;
-  const int nb = m > first ? (m - first + kNWarps * kRescoreKeys - 1) / (kNWarps * kRescoreKeys) : 0;
-  auto batch_start = [&](int b) { return first + b * (kNWarps * kRescoreKeys); };
-  auto batch_key = [&](int b) {
-    const int i = batch_start(b) + lane;
-    return b < nb && lane < kRescoreKeys && i < m ? list_i[i] : -1;
-  };
-  auto issue = [&](int b, int my_key) {
-    uint16_t* kb = rs.keys[warp][b % P];
-#pragma unroll
-    for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
-      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
-      const int key = __shfl_sync(0xffffffffu, my_key, row);
-      const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
-      hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
-    }
-  };
-#pragma unroll
-  for (int b = 0; b < P; ++b) {
-    if (b < nb) issue(b, batch_key(b));
-    hw::cp_async_commit();
-  }
-  int next_key = batch_key(P);
-  __syncthreads();  // q and w are staged
-
-  for (int b = 0; b < nb; ++b) {
-    hw::cp_async_wait<P - 1>();
-    __syncwarp();  // every lane's copies of batch b have landed
-    const uint16_t* kb = rs.keys[warp][b % P];
-    // Heads in groups of 32 (4 n-tiles of 8: 16 accumulators; H_I = 64 takes two passes over the A
-    // fragments, which keeps the per-row tail within the 128 registers).
-    float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
-#pragma unroll 1
-    for (int h0 = 0; h0 < H; h0 += 32) {
-      float acc[4][4];
-#pragma unroll
-      for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const int col = 16 * ks + 2 * c;
-        const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
-                                lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          const uint16_t* qh = rs.q + (h0 + 8 * n + g) * kLd + col;
-          mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        const float2 w = *reinterpret_cast<const float2*>(rs.w + h0 + 8 * n + 2 * c);
-        s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
-        s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
-        s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
-        s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
-      }
-    }
-    __syncwarp();  // every lane has read batch b's stage: it may be refilled
-    if (b + P < nb) issue(b + P, next_key);
-    hw::cp_async_commit();
-    next_key = batch_key(b + P + 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    const int i0 = batch_start(b);
-    if (c == 0 && i0 + g < m) list_s[i0 + g] = s0;
-    if (c == 0 && i0 + g + 8 < m) list_s[i0 + g + 8] = s1;
-  }
-  hw::cp_async_wait<0>();
-  __syncthreads();  // the re-scored list is complete (and rs is free)
-}
-
 // The FP8 selection pass, v2 walk: a persistent CTA of two consumer warpgroups takes blocks of
 // 256 / H query rows from the scheduler, walks their key tiles (TMA ring, e4m3 wgmma, the packed bf16x2
 // epilogue, dense / counter appends, compactions to the C best), then per row cuts the list to C,
@@ -475,7 +383,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       int m = sm.count[r];
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
       // Heads in rolled passes of 32 (H_I = 64: two), which keeps the tail within the 128 registers.
-      rescore_row_v2<H, D, kRelu>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
+      rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
       float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
       write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);
