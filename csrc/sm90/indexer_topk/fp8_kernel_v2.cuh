@@ -192,15 +192,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
   float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
   int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
 
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      hw::mbar_init(&sm.full[s], 1);
-      sm.done[s] = 0;
-    }
-    hw::mbar_fence_init();
-    if (a.T_kv > 0) hw::prefetch_tensormap(&args.tmap_k8);
-  }
+  if (tid == 0) init_tile_ring<S>(sm.full, sm.done, &args.tmap_k8, a.T_kv);
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * kFp8RowBytes >> 4);
   uint32_t ring = 0;  // tiles consumed by this CTA: tile `it` of a block sits in stage (ring + it) % S

@@ -247,4 +247,76 @@ __device__ __forceinline__ void write_block_top_k(const KernelArgs& a, int t0, c
   }
 }
 
+// ---- pieces of the two v2 walks (kernel_v2.cuh bf16, fp8_kernel_v2.cuh e4m3): two consumer
+// warpgroups, one m64n128 accumulator each, a TMA key ring with "full" mbarriers and "done" counters.
+
+// A thread's place in a v2 walk of a block of NT rows (NTW per warpgroup, V scores per lane after the
+// reduce-scatter) and its CTA's candidate lists. Args: KernelArgs or Fp8KernelArgs.
+struct WgLane {
+  int tid, lane, quad;
+  int wg;         // warpgroup: columns [128 wg, 128 wg + 128)
+  int acc_row;    // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
+  float* cand_s;  // the CTA's NT lists of a.cap entries
+  int* cand_i;
+  // After the reduce-scatter lane q holds V scores: H_I = 32 (V = 2): row wg * 4 + q, keys acc_row
+  // and acc_row + 8; H_I = 64 (V = 1): row wg * 2 + q / 2, key acc_row + 8 (q % 2).
+  int my_row, my_key_off;
+  // This lane's row's candidate list (appends index it directly: no 64-bit row arithmetic per append).
+  float* my_list_s;
+  int* my_list_i;
+};
+template <int NT, int NTW, int V, class Args>
+__device__ __forceinline__ WgLane wg_lane(const Args& a) {
+  WgLane l;
+  l.tid = threadIdx.x;
+  l.lane = l.tid & 31;
+  l.quad = l.lane & 3;
+  // Read through a shuffle so that the compiler knows it is warp-uniform and keeps the wgmma
+  // descriptors in uniform registers.
+  l.wg = __shfl_sync(0xffffffffu, l.tid >> 7, 0);
+  l.acc_row = 16 * ((l.tid >> 5) & 3) + (l.lane >> 2);
+  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
+  l.cand_s = a.cand_scores + list_base;
+  l.cand_i = a.cand_idx + list_base;
+  l.my_row = l.wg * NTW + (V == 2 ? l.quad : l.quad >> 1);
+  l.my_key_off = V == 2 ? 0 : 8 * (l.quad & 1);
+  l.my_list_s = l.cand_s + static_cast<size_t>(l.my_row) * a.cap;
+  l.my_list_i = l.cand_i + static_cast<size_t>(l.my_row) * a.cap;
+  return l;
+}
+
+// The S stages' full mbarriers (one arrival + the TMA transaction count), their done counters at 0, and
+// the key tensor map prefetched (the map is zero when there are no keys). Thread 0; the caller's
+// barrier publishes them.
+template <int S>
+__device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, const void* tmap, int T_kv) {
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    hw::mbar_init(&full[s], 1);
+    done[s] = 0;
+  }
+  hw::mbar_fence_init();
+  if (T_kv > 0) hw::prefetch_tensormap(tmap);
+}
+
+// Appends (s, key) of the lanes with `pass` to row list (list_s, list_i) of capacity cap: the lanes of
+// one quad position (the same row) get their slots with one shared atomic on *count (ballot, leader
+// atomicAdd, shuffle); nearly_full |= a slot past cap - kMinCapacitySlack. All 32 lanes of the warp.
+__device__ __forceinline__ void append_quad_group(bool pass, float s, int key, int quad, int lane, int* count,
+                                                  float* list_s, int* list_i, int cap, bool& nearly_full) {
+  const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+  if (ballot == 0u) return;
+  const unsigned group = ballot & (0x11111111u << quad);
+  const int leader = group != 0u ? __ffs(group) - 1 : lane;
+  int base = 0;
+  if (pass && lane == leader) base = atomicAdd(count, __popc(group));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  if (pass) {
+    const int pos = base + __popc(group & ((1u << lane) - 1u));
+    list_s[pos] = s;
+    list_i[pos] = key;
+    nearly_full |= pos >= cap - kMinCapacitySlack;
+  }
+}
+
 }  // namespace flashdsa::sm90::indexer_topk_impl
