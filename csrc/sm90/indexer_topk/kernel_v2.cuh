@@ -266,17 +266,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         // The lanes with the same quad position append to the same row: one shared atomic per group.
         const unsigned ballot = __ballot_sync(0xffffffffu, pass);
         if (ballot == 0u) continue;
-        const unsigned group = ballot & (0x11111111u << quad);
-        const int leader = group != 0u ? __ffs(group) - 1 : lane;
-        int base = 0;
-        if (pass && lane == leader) base = atomicAdd(&sm.count[my_row], __popc(group));
-        base = __shfl_sync(0xffffffffu, base, leader);
-        if (pass) {
-          const int pos = base + __popc(group & ((1u << lane) - 1u));
-          my_list_s[pos] = s;
-          my_list_i[pos] = key;
-          list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
-        }
+        append_quad_group(ballot, pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
 #endif
       }
 #endif
