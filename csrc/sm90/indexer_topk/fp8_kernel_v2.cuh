@@ -289,9 +289,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
           list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
         }
         const bool pass = row_thr != 0u && visible && score_key(s) > row_thr;
-        const unsigned ballot = __ballot_sync(0xffffffffu, pass);
-        if (ballot == 0u) continue;
-        append_quad_group(ballot, pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
+        append_quad_group(pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
       }
     };
 

@@ -299,14 +299,15 @@ __device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, c
   if (T_kv > 0) hw::prefetch_tensormap(tmap);
 }
 
-// Appends (s, key) of the lanes with `pass` (ballot: the warp's ballot of pass, not 0) to the row list
-// (list_s, list_i) of capacity cap: the lanes of one quad position (the same row) get their slots with
-// one shared atomic on *count (leader atomicAdd, shuffle); nearly_full |= a slot past
-// cap - kMinCapacitySlack. All 32 lanes of the warp. (The ballot and its zero test stay with the
-// caller: inside, they moved the SASS.)
-__device__ __forceinline__ void append_quad_group(unsigned ballot, bool pass, float s, int key, int quad, int* count,
+// Appends (s, key) of the lanes with `pass` to the row list (list_s, list_i) of capacity cap: the lanes
+// of one quad position (the same row) get their slots with one shared atomic on *count (ballot, leader
+// atomicAdd, shuffle); nearly_full |= a slot past cap - kMinCapacitySlack. All 32 lanes of the warp.
+// (The lane is read here, not passed: as an argument it swapped the leader test's operands in the SASS.)
+__device__ __forceinline__ void append_quad_group(bool pass, float s, int key, int quad, int* count,
                                                   float* list_s, int* list_i, int cap, bool& nearly_full) {
   const int lane = threadIdx.x & 31;
+  const unsigned ballot = __ballot_sync(0xffffffffu, pass);
+  if (ballot == 0u) return;
   const unsigned group = ballot & (0x11111111u << quad);
   const int leader = group != 0u ? __ffs(group) - 1 : lane;
   int base = 0;

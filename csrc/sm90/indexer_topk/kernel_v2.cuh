@@ -264,9 +264,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         ablate_sink += pass ? static_cast<uint32_t>(key) : 0u;
 #else
         // The lanes with the same quad position append to the same row: one shared atomic per group.
-        const unsigned ballot = __ballot_sync(0xffffffffu, pass);
-        if (ballot == 0u) continue;
-        append_quad_group(ballot, pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
+        append_quad_group(pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
 #endif
       }
 #endif
