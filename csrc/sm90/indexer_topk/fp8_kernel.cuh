@@ -321,21 +321,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
   int* const cand_i = a.cand_idx + list_base;
 
   for (;;) {
-    __syncthreads();
-    if (tid == 0) sm.block = atomicAdd(a.block_counter, 1);
-    __syncthreads();
-    const int blk = sm.block;
+    const int blk = claim_block(a, tid, &sm.block);
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;
 
-    if (tid < NT) {
-      const int t = t0 + tid;
-      const bool valid = t < a.T;
-      sm.k_start[tid] = valid ? a.k_start[t] : 0;
-      sm.k_end[tid] = valid ? a.k_end[t] : 0;
-      sm.count[tid] = 0;
-      sm.thr[tid] = 0u;
-    }
+    init_block_rows<NT>(a, t0, sm.k_start, sm.k_end, sm.count, sm.thr);
     // The query scale folds into the weights: relu(a x) = a relu(x) for a > 0 (a NaN scale makes
     // every score of the row NaN, as the quantization contract wants).
     for (int c = tid; c < kCols; c += kThreads) {
@@ -508,7 +498,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) indexer_topk_fp8_kernel(
     using Sm = Fp8Smem<H, D>;
     static_assert(sizeof(Pipe) <= Pipe::kArea && offsetof(Sm, k) == sizeof(Sm::q) && offsetof(Sm, w) >= Pipe::kArea,
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
-    // (written out: a helper for this loop, or write_token_top_k, moved one instruction of the SASS)
     for (int r = 0; r < NT; ++r) {
       const int t = t0 + r;
       if (t >= a.T) break;

@@ -199,21 +199,11 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
 
   for (;;) {
     hw::fence_proxy_async();  // the previous block's generic writes (re-score) before this block's TMA writes
-    __syncthreads();
-    if (tid == 0) sm.block = atomicAdd(a.block_counter, 1);
-    __syncthreads();
-    const int blk = sm.block;
+    const int blk = claim_block(a, tid, &sm.block);
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first
 
-    if (tid < NT) {
-      const int t = t0 + tid;
-      const bool valid = t < a.T;
-      sm.k_start[tid] = valid ? a.k_start[t] : 0;
-      sm.k_end[tid] = valid ? a.k_end[t] : 0;
-      sm.count[tid] = 0;
-      sm.thr[tid] = 0u;
-    }
+    init_block_rows<NT>(a, t0, sm.k_start, sm.k_end, sm.count, sm.thr);
     // The query scale folds into the weights: relu(a x) = a relu(x) for a > 0 (a NaN scale makes the
     // row's scores NaN, as the quantization contract wants).
     // Packed: bf16x2 (w'[c], w'[c + 1]) per (warpgroup, quad, chunk), by the first 128 threads.

@@ -165,6 +165,17 @@ __device__ __forceinline__ void init_block_rows(const Args& a, int t0, int* k_st
   }
 }
 
+// The scheduler: the next block of the persistent CTA (one atomic on a.block_counter by thread 0,
+// published by a barrier). Begins with a barrier (the previous block is done with the shared state).
+// All threads; tid = threadIdx.x. Args: KernelArgs or Fp8KernelArgs.
+template <class Args>
+__device__ __forceinline__ int claim_block(const Args& a, int tid, int* block) {
+  __syncthreads();
+  if (tid == 0) *block = atomicAdd(a.block_counter, 1);
+  __syncthreads();
+  return *block;
+}
+
 // Key tiles [tile0, tile0 + ntiles) of kTileKeys keys covering the union of NT rows' key ranges.
 struct TileRange {
   int tile0;

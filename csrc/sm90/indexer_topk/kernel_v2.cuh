@@ -167,10 +167,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #endif
 
   for (;;) {
-    __syncthreads();  // the previous block is done with the shared state (and the mbarrier init is visible)
-    if (tid == 0) sm.block = atomicAdd(a.block_counter, 1);
-    __syncthreads();
-    const int blk = sm.block;
+    // (its first barrier also publishes the mbarrier init)
+    const int blk = claim_block(a, tid, &sm.block);
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first: they see the most keys
 
