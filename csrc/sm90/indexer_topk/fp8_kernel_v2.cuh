@@ -313,9 +313,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     float part[2 * NTW];
     float ksv[V];
     for (int it = 0; it < ntiles; ++it) {
-      const uint32_t g = ring + static_cast<uint32_t>(it);
-      const uint32_t slot = g % S;
-      hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
+      const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
       float acc[kHalfAcc];
       {
         const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);

@@ -310,6 +310,16 @@ __device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, c
   if (T_kv > 0) hw::prefetch_tensormap(tmap);
 }
 
+// Waits until tile `it` of the block (the ring's tile ring + it overall) is in its stage; returns the
+// stage, (ring + it) % S. Every thread.
+template <int S>
+__device__ __forceinline__ uint32_t wait_tile_stage(uint64_t* full, uint32_t ring, int it) {
+  const uint32_t g = ring + static_cast<uint32_t>(it);
+  const uint32_t slot = g % S;
+  hw::mbar_wait(&full[slot], (g / S) & 1u);
+  return slot;
+}
+
 // Appends (s, key) of the lanes with `pass` to the row list (list_s, list_i) of capacity cap: the lanes
 // of one quad position (the same row) get their slots with one shared atomic on *count (ballot, leader
 // atomicAdd, shuffle); nearly_full |= a slot past cap - kMinCapacitySlack. All 32 lanes of the warp.

@@ -204,9 +204,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
     bool list_nearly_full = false;
     for (int it = 0; it < ntiles; ++it) {
-      const uint32_t g = ring + static_cast<uint32_t>(it);
-      const uint32_t slot = g % S;
-      hw::mbar_wait(&sm.full[slot], (g / S) & 1u);
+      const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
       float acc[kHalfAcc];
       {
         const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);  // warp-uniform for the compiler
