@@ -109,7 +109,7 @@ done
 
 # ---- summary
 for f in check_fp8 check_ab check_fp8_tight; do
-  [ -f "$OUT/$f.log" ] && echo "==== $f: $(grep -cE ' PASS' "$OUT/$f.log") PASS, $(grep -cE ' FAIL' "$OUT/$f.log") FAIL; $(tail -1 "$OUT/$f.log")" \
+  [ -f "$OUT/$f.log" ] && echo "==== $f: $(grep -cE '^  .* PASS' "$OUT/$f.log") PASS, $(grep -cE '^  .* FAIL' "$OUT/$f.log") FAIL; $(tail -1 "$OUT/$f.log")" \
     && grep -E "FAIL|bad rows" "$OUT/$f.log" | head -5
 done
 for tool in memcheck racecheck synccheck; do
