@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command GPU check of the sparse MLA backward (csrc/sm90/sparse_mla_bwd/; design and measurements:
 # docs/kernels/sparse_mla_bwd.md) through its check program tests/cuda/sparse_mla_bwd_check.cu.
-#   PREBUILT=1 BIN=build-bwd SKIP_SAN=1 BUDGET=570 bash scripts/bwd_gpu.sh   (about 4 min; + SWEEP_AB=1: + 1 min)
+#   PREBUILT=1 BIN=build-bwd SKIP_SAN=1 BUDGET=570 bash scripts/bwd_gpu.sh   (about 4 min; SWEEP_AB=1: + 1-2 min)
 #   PREBUILT=1 BIN=build-bwd SAN_ONLY=1 BUDGET=570 bash scripts/bwd_gpu.sh   (about 5-8 min)
 #   bash scripts/bwd_gpu.sh                                                  (builds first: + about 2 min)
 # Binaries: BUILD_ONLY=1 BIN=build-bwd [SWEEP_AB=1] [NO_REDS=1] bash scripts/bwd_gpu.sh on a machine without
@@ -10,9 +10,11 @@
 # Builds (scripts/lib/gpu_steps.sh build_variants; the check translation unit once, sparse_mla_bwd.cu per
 # variant, in parallel):
 #   main     the library's kernel as shipped (default flags);
-#   sweepab  only with SWEEP_AB=1: -DFLASHDSA_BWD_SWEEP_MIN_KEYS=$SWEEP_AB_KEYS (default 32768: the sorted
-#            sweep starts at T_kv >= 32K instead of the library's 16K, tuning::kBwdSweepMinKeys), the A/B of
-#            the sweep threshold at T_SWEEP_AB (default 16384);
+#   sweepab  only with SWEEP_AB=1: -DFLASHDSA_BWD_SWEEP_MIN_KEYS=$SWEEP_AB_KEYS, the A/B of the sorted
+#            sweep's threshold (the library's: T_kv >= 16384, tuning::kBwdSweepMinKeys). Default
+#            0x7fffffffffff: never sweep, so that T_SWEEP_AB (default 8K, 16K, 24K, 32K; 8K is a control,
+#            no sweep in either build) shows from which T_kv on the sweep pays; SWEEP_AB_KEYS=24576 tries
+#            a threshold directly;
 #   nodkv    only with NO_REDS=1: -DFLASHDSA_BWD_NO_DKV=1, no dkv writes at all (wrong dkv by design): the
 #            compute-path floor, benched at 4K and 32K.
 # Steps (each under its own timeout; logs in $OUT, default /tmp/bwd_gpu):
@@ -36,8 +38,8 @@ OUT=${OUT:-/tmp/bwd_gpu}; mkdir -p "$OUT"
 BIN=${BIN:-/tmp/bwd_gpu_bin}; mkdir -p "$BIN"
 T_BENCH=${T_BENCH:-4096,8192,16384,32768,65536,131072}
 T_DET=${T_DET:-32768,131072}
-T_SWEEP_AB=${T_SWEEP_AB:-16384}
-SWEEP_AB_KEYS=${SWEEP_AB_KEYS:-32768}
+T_SWEEP_AB=${T_SWEEP_AB:-8192,16384,24576,32768}
+SWEEP_AB_KEYS=${SWEEP_AB_KEYS:-0x7fffffffffff}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
 flags=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Xptxas -v -Iinclude -Icsrc)
 variants=(main)
@@ -133,7 +135,8 @@ if [ "${SAN_ONLY:-0}" != 1 ]; then
   echo "(det/fast = fast ms / det ms: the deterministic mode's speed relative to the fast mode; issue 19 asks >= 0.8)"
   if [ "${SWEEP_AB:-0}" = 1 ]; then
     echo
-    echo "sweep threshold A/B: main (sweep from T_kv >= 16384) vs sweepab (from T_kv >= $SWEEP_AB_KEYS), fast ms (r1 / r2)"
+    thr="from T_kv >= $((SWEEP_AB_KEYS))"; [ $((SWEEP_AB_KEYS)) -ge $((1 << 40)) ] && thr="never"
+    echo "sweep threshold A/B: main (sweep from T_kv >= 16384) vs sweepab (sweep $thr), fast ms (r1 / r2)"
     printf "%8s | %-21s | %-21s | %s\n" "T" "main" "sweepab" "main / sweepab (> 1: sweepab faster)"
     IFS=, read -ra Ts <<< "$T_SWEEP_AB"
     for T in "${Ts[@]}"; do
