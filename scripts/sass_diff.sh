@@ -14,7 +14,7 @@
 # Environment: NVCC (default nvcc), CUOBJDUMP (default: cuobjdump on PATH, else triton's copy),
 # JOBS (parallel nvcc processes, default 2), SASS_CACHE (default ${TMPDIR:-/tmp}/flashdsa_sass;
 # the base revision's dumps are cached there by commit and flags), NVCC_EXTRA (extra nvcc flags for
-# both sides, e.g. -DFLASHDSA_BWD_V2=1 to compare a compile-time variant), ONLY (an extended
+# both sides, e.g. -DFLASHDSA_BWD_NO_DKV=1 to compare a compile-time variant), ONLY (an extended
 # regular expression: only the translation units whose path matches, e.g. ONLY=sparse_mla_bwd).
 # Exit: 0 no kernel changed, 1 a kernel changed / appeared / vanished or a spill, 2 a build failed.
 set -euo pipefail
@@ -59,7 +59,7 @@ dump() {
   return $failed
 }
 
-# The cache key: the base commit and the flags (NVCC_EXTRA builds a variant, e.g. -DFLASHDSA_BWD_V2=1).
+# The cache key: the base commit and the flags (NVCC_EXTRA builds a variant, e.g. -DFLASHDSA_BWD_NO_DKV=1).
 FLAGS_KEY=$(printf '%s ' "$NVCC" "${FLAGS[@]}" "${ONLY:-.}" | sha1sum | cut -c1-12)
 BASE_DIR=$CACHE/$BASE_SHA-$FLAGS_KEY
 if [[ ! -f "$BASE_DIR/done" ]]; then

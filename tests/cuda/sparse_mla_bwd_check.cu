@@ -4,6 +4,7 @@
 //        -I include -I csrc -o /tmp/sparse_mla_bwd_check tests/cuda/sparse_mla_bwd_check.cu \
 //        csrc/sm90/sparse_mla_bwd/*.cu
 //   /tmp/sparse_mla_bwd_check [--small] [--no-bench] [--bench-only] [--fast-only] [--T 4096,32768]
+//                             [--bench-indices uniform|causal]
 //
 // (a) correctness at small sizes against a double-precision CPU reference (forward for out/lse,
 //     then backward), both modes, with -1 / out-of-range / duplicated indices, an empty row, an
@@ -12,7 +13,10 @@
 //     compute-sanitizer.
 // (b) unless --no-bench: H=64, K=2048, T = T_kv = 4K..128K, random indices in [0, T): median time
 //     and TFLOP/s (docs/spec.md §9) of both modes, plus the device copy bandwidth as a ceiling.
-//     --bench-only skips (a); --fast-only times the fast mode only; --T picks the token counts.
+//     --bench-only skips (a); --fast-only times the fast mode only; --T picks the token counts;
+//     --bench-indices causal: the peers benchmark's rows instead (bench/inputs.py causal_topk_indices:
+//     row t sees [0, t]; longer rows take one key from each of K equal strata, so a row is distinct and
+//     ascending; shorter rows take all keys, then -1).
 // Exit code: 0 all passed, 1 a check failed, 77 no CUDA device.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -374,6 +378,22 @@ __global__ void fill_causal_indices_kernel(int32_t* p, int64_t T, int K, int64_t
   }
 }
 
+// The peers benchmark's rows (bench/inputs.py, causal_topk_indices): row t sees keys [0, t]; with
+// v = t + 1 > K visible keys, slot j takes one key from the stratum [j v / K, (j + 1) v / K), else slot
+// j < v takes key j and the rest are -1. Distinct and ascending in every row.
+__global__ void fill_causal_strata_kernel(int32_t* p, int64_t T, int K, uint64_t seed) {
+  const int64_t n = T * K;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / K, j = i % K, visible = t + 1;
+    if (visible <= K) {
+      p[i] = j < visible ? static_cast<int32_t>(j) : -1;
+    } else {
+      const int64_t lo = j * visible / K, hi = (j + 1) * visible / K;
+      p[i] = static_cast<int32_t>(lo + int64_t(hash64(seed + i) % uint64_t(hi - lo)));
+    }
+  }
+}
+
 // At scale (T_kv >= 16384) the fast mode sorts each row and sweeps the key range with rotated row
 // starts; the deterministic mode does neither. Both must give the same dq and dkv (the
 // deterministic mode is checked against the double reference above). Causal rows with -1 padding,
@@ -440,15 +460,17 @@ bool scale_check() {
   return all_ok;
 }
 
-bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
+bool benchmark(const std::vector<int64_t>& Ts, bool fast_only, bool causal_rows) {
   const int H = 64, K = 2048;
   const int64_t t_max = *std::max_element(Ts.begin(), Ts.end());
   cudaDeviceProp prop{};
   FLASHDSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   int clock_khz = 0;
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
-  std::printf("\nbenchmark on %s (%d SMs, %.0f MHz max clock), H=%d K=%d, T_kv=T, random indices in [0,T)\n",
-              prop.name, prop.multiProcessorCount, clock_khz / 1000.0, H, K);
+  std::printf("\nbenchmark on %s (%d SMs, %.0f MHz max clock), H=%d K=%d, T_kv=T, %s\n", prop.name,
+              prop.multiProcessorCount, clock_khz / 1000.0, H, K,
+              causal_rows ? "causal rows, one key per stratum (ascending; the peers benchmark's)"
+                          : "random indices in [0,T)");
 
   DeviceBuffers b = random_buffers(t_max, H, K, 1);
   const dim3 grid(4096), block(256);
@@ -471,7 +493,10 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
   std::printf("%8s | %9s %9s | %9s %9s | %13s | %s\n", "T", "fast ms", "TFLOP/s", "det ms", "TFLOP/s",
               "fast+mass ms", "checks");
   for (int64_t T : Ts) {
-    fill_indices_kernel<<<grid, block>>>(b.idx, T * K, T, 5 + T);
+    if (causal_rows)
+      fill_causal_strata_kernel<<<grid, block>>>(b.idx, T, K, 5 + T);
+    else
+      fill_indices_kernel<<<grid, block>>>(b.idx, T * K, T, 5 + T);
     FLASHDSA_CHECK_CUDA(cudaGetLastError());
     Inputs shape;  // shapes and strides only
     shape.c = Case{T, T, H, K, false};
@@ -535,13 +560,21 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool small = false, bench = true, correctness = true, fast_only = false;
+  bool small = false, bench = true, correctness = true, fast_only = false, causal_rows = false;
   std::vector<int64_t> bench_T = {4096, 16384, 32768, 65536, 131072};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--no-bench")) bench = false;
     else if (!std::strcmp(argv[i], "--bench-only")) correctness = false;
     else if (!std::strcmp(argv[i], "--fast-only")) fast_only = true;
+    else if (!std::strcmp(argv[i], "--bench-indices") && i + 1 < argc) {
+      const char* kind = argv[++i];
+      if (std::strcmp(kind, "uniform") != 0 && std::strcmp(kind, "causal") != 0) {
+        std::fprintf(stderr, "--bench-indices: uniform or causal, not '%s'\n", kind);
+        return 2;
+      }
+      causal_rows = !std::strcmp(kind, "causal");
+    }
     else if (!std::strcmp(argv[i], "--T") && i + 1 < argc) {
       bench_T.clear();
       for (char* tok = std::strtok(argv[++i], ","); tok != nullptr; tok = std::strtok(nullptr, ","))
@@ -565,6 +598,6 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) failed += !check_case(c, seed++);
   std::printf("correctness: %d passed, %d failed\n", int(cases.size()) - failed, failed);
   if (correctness && !small && !scale_check()) ++failed;
-  if (bench && !small && !bench_T.empty() && !benchmark(bench_T, fast_only)) ++failed;
+  if (bench && !small && !bench_T.empty() && !benchmark(bench_T, fast_only, causal_rows)) ++failed;
   return failed == 0 ? 0 : 1;
 }

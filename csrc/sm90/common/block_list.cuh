@@ -1,7 +1,7 @@
 // Internal: the list of non-empty key blocks of a top-k row (constants.h: block b = slots
 // [64 b, 64 b + 64)), built in shared memory by a whole CTA. Used by the attention-mass and KL-loss
 // kernels. (The sparse MLA backward's producer builds its own list inline: it also rotates the list
-// for its L2 sweep, csrc/sm90/sparse_mla_bwd/main_kernel.cuh.)
+// for its L2 sweep, build_block_list in csrc/sm90/sparse_mla_bwd/kernel_common.cuh.)
 #pragma once
 
 #include <cstdint>

@@ -47,8 +47,9 @@ __host__ __device__ __forceinline__ uint32_t sw128_elem_offset(int rows, int row
 // 16(n/2) + 4q + 2(n%2) + {0,1}: for each m, accumulator n-groups 2m and 2m+1 hold the four
 // consecutive columns 16m + 4q .. 16m + 4q + 3, so a GEMM whose B operand is a permuted tile emits
 // rows as runs of 4 consecutive columns (16-byte stores / reductions; full 128-byte lines when two
-// quads merge). Even columns stay paired, so 4-byte copies can fill such a tile. Used by the sparse
-// MLA backward (Q, dO, kv) and by the KL-loss dk GEMM (Q_I).
+// quads merge). Even columns stay paired, so 4-byte copies can fill such a tile. Used by the KL-loss
+// dk GEMM (Q_I). (The sparse MLA backward keeps its tiles in natural order and interleaves the dkv
+// columns instead: dkv_pos in csrc/sm90/sparse_mla_bwd/kernel_common.cuh.)
 __host__ __device__ constexpr int permuted_col(int col) {
   return (col & ~15) | ((col & 2) << 2) | ((col & 12) >> 1) | (col & 1);
 }

@@ -1,10 +1,9 @@
-// Internal: what the two sparse MLA backward main kernels share (v1: main_kernel.cuh, v2:
-// main_kernel_v2.cuh; the library picks one per call, tuning::bwd_use_v2 in heuristics.h): the launch
-// parameters, the work item, the block list with its sweep rotation, the L2 prefetches, P and dS of a
-// [64 heads x 64 keys] accumulator, the attention-mass output, the wgmma sequences of S / dP, dQ and
-// dKV, and the dKV emission (quad-pair exchange, atomics or deterministic stores).
-// The smem plans differ (SmemPlan in config.h, v2::SmemPlanV2); the helpers that touch shared
-// memory take the plan as a template parameter and only use the members both plans have.
+// Internal: the building blocks of the sparse MLA backward main kernel (main_kernel.cuh; design:
+// docs/kernels/sparse_mla_bwd.md): the launch parameters, the work item, the block list with its
+// sweep rotation, the kv gather and the L2 prefetches, P and dS of a [64 heads x 64 keys]
+// accumulator, the dQ store, the wgmma sequences of S / dP and dKV, the dKV emission in the dkv_pos
+// column order (quad-pair exchange, atomics or deterministic stores) with the back's chunk steps, and
+// the attention-mass output.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,7 +12,6 @@
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
-#include "sm90/sparse_mla_bwd/l2_policy.cuh"
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 
@@ -25,7 +23,7 @@ struct MainParams {
   const float* delta;         // [T, H] rowsum(dout * out)
   const __nv_bfloat16* dout;  // [T, H, 512]
   __nv_bfloat16* dq;          // [T, H, 576]
-  float* dkv;                 // [T_kv, 576] fast mode: accumulated with vector atomics
+  float* dkv;                 // [T_kv, 576] fast mode: accumulated with vector atomics (dkv_pos order)
   float* partial;             // [tokens of this launch, G, K, 576] deterministic mode: per-slot dkv
   uint32_t* sweep_counter;    // sweep mode (rows sorted): key blocks issued by all CTAs; else null
   float* mass;                // optional [T, K] head-summed attention mass (zeroed before; added to)
@@ -39,6 +37,34 @@ struct MainParams {
   float scale_log2;           // scale * log2(e)
   int resident_ctas;          // sweep mode: CTAs of this launch running at once
 };
+
+// Position inside its 16-column group at which dkv column 16m + 8h + 2q + e (h, e < 2, q < 4) is
+// stored during the call: 16m + 4q + 2h + e. A natural-order wgmma accumulator gives lane-quad member
+// q the columns 8n + 2q + {0, 1}; n-groups 2m and 2m + 1 together are then the four consecutive
+// stored positions 16m + 4q .. +3, i.e. one 16-byte vector. dkv_unpermute_kernel (sparse_mla_bwd.cu)
+// restores the natural order at the end of the call.
+__host__ __device__ constexpr int dkv_pos(int col) {
+  return (col & ~15) | ((col & 6) << 1) | ((col & 8) >> 2) | (col & 1);
+}
+
+// The emission contract: quad member q's accumulator pairs of n-groups 2m and 2m + 1 land on the four
+// consecutive positions 16m + 4q .. +3, and the map is a permutation inside each 16-column group.
+constexpr bool dkv_pos_ok() {
+  bool seen[16] = {};
+  for (int c = 0; c < 16; ++c) {
+    const int pos = dkv_pos(c);
+    if (pos < 0 || pos >= 16 || seen[pos]) return false;
+    seen[pos] = true;
+  }
+  for (int m = 0; m < kQkCols / 16; ++m)
+    for (int q = 0; q < 4; ++q)
+      for (int e = 0; e < 2; ++e)
+        if (dkv_pos(16 * m + 2 * q + e) != 16 * m + 4 * q + e ||
+            dkv_pos(16 * m + 8 + 2 * q + e) != 16 * m + 4 * q + 2 + e)
+          return false;
+  return true;
+}
+static_assert(dkv_pos_ok(), "dkv column order");
 
 namespace detail {
 
@@ -71,6 +97,14 @@ __device__ __forceinline__ Plan& smem_plan(uint8_t* raw) {
   return *reinterpret_cast<Plan*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
 }
 
+// The CTA's smem plan at the start of the dynamic shared memory (every kernel's extern __shared__
+// array starts there).
+template <class Plan>
+__device__ __forceinline__ Plan& dynamic_smem_plan() {
+  extern __shared__ uint8_t dynamic_smem[];
+  return smem_plan<Plan>(dynamic_smem);
+}
+
 // One mbarrier of the smem plan and its expected arrivals.
 struct BarrierInit {
   uint64_t* bar;
@@ -95,8 +129,8 @@ __device__ __forceinline__ void init_barriers(Inits... inits) {
 // so that the kv and dkv rows being touched at any moment lie in a narrow key window that stays in
 // L2. Every CTA counts the blocks it issues; counter / resident CTAs (mod blocks per row) is the
 // average position of the running CTAs, and a new row starts there (0 without sweep), wrapping around.
-template <int kBar, class Smem>
-__device__ __forceinline__ void build_block_list(const MainParams& p, Smem& sm, const int32_t* idx_row,
+template <int kBar>
+__device__ __forceinline__ void build_block_list(const MainParams& p, SmemPlan& sm, const int32_t* idx_row,
                                                  int num_row_blocks, int warp, int lane) {
   for (int blk = warp; blk < num_row_blocks; blk += 4) {
     const bool v = key_valid(idx_row[blk * kBlockKeys + lane], p.T_kv) ||
@@ -136,6 +170,40 @@ __device__ __forceinline__ void build_block_list(const MainParams& p, Smem& sm, 
   hw::named_bar_sync(kBar, 128);
 }
 
+// ---- the kv gather and the L2 prefetches ------------------------------------------------------
+
+// The 16-byte copies of one thread: tile rows rsub + 16 r (r < 4), chunk `chunk` of every 64-column
+// block (8 threads cover one 128-byte row segment). The swizzled chunk depends on rsub % 8 only.
+struct Copier {
+  int rsub, chunk;
+  uint32_t row_off;  // byte offset of (row rsub, chunk) in an SW128 block
+  __device__ explicit Copier(int tid) : rsub(tid / 8), chunk(tid % 8) { row_off = hw::sw128_offset(rsub, chunk); }
+  // Tile row rsub + 16 r of a [kRows x 64 kBlocks] tile <- src[64 b + 8 chunk .. + 8) for all b.
+  template <int kBlocks, int kRows>
+  __device__ __forceinline__ void copy_row(uint32_t tile, int r, const __nv_bfloat16* src_row, bool valid) const {
+    const uint32_t dst = tile + row_off + r * 16 * 128;
+    const __nv_bfloat16* src = src_row + 8 * chunk;
+    asm("" : "+l"(src));  // one pointer, immediate offsets per block
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
+  }
+};
+
+// Writes the keys k of this thread's gather rows cp.rsub + 16 r of block i to idx[i % 2] and issues
+// their kv gathers (invalid keys: zero-filled, never read); the caller commits / arrives.
+__device__ __forceinline__ void gather_kv(const MainParams& p, SmemPlan& sm, const Copier& cp, uint32_t kv_tile,
+                                          int i, const int32_t (&k)[4]) {
+  if (cp.chunk == 0) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) sm.idx[i & 1][cp.rsub + 16 * r] = k[r];
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const bool valid = key_valid(k[r], p.T_kv);
+    cp.copy_row<kQkBlocks, kBlockKeys>(kv_tile, r, p.kv + (valid ? int64_t(k[r]) : 0) * p.kv_stride_t, valid);
+  }
+}
+
 // L2 prefetch of the first kLines 128-byte lines of the rows base + key * pitch_bytes whose keys lanes
 // 0..15 of the warp hold (invalid keys skipped): one warp instruction per row, lane l fetching line l.
 template <int kLines>
@@ -149,7 +217,33 @@ __device__ __forceinline__ void prefetch_rows_l2(const void* base, int64_t pitch
   }
 }
 
-// ---- P, dS and their bf16 tiles ---------------------------------------------------------------
+// Key of lane `lane` (< 16; -1 on the others) among warp `warp`'s keys 16 warp .. + 15 of list entry i.
+__device__ __forceinline__ int32_t warp_key(const SmemPlan& sm, const int32_t* idx_row, int i, int warp, int lane) {
+  const int32_t* row = idx_row + sm.block_list[i] * kBlockKeys + 16 * warp;
+  return lane < 16 ? row[lane] : -1;
+}
+
+// L2 prefetch of the dkv row (fp32) of `key`, which the block's atomics will update.
+__device__ __forceinline__ void prefetch_dkv_row(const MainParams& p, int32_t key, int lane) {
+  prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, key, p.T_kv, lane);
+}
+
+// L2 prefetch of the kv row (bf16) of `key`, which a later gather reads.
+__device__ __forceinline__ void prefetch_kv_row(const MainParams& p, int32_t key, int lane) {
+  prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, key, p.T_kv, lane);
+}
+
+// ---- lse, Delta; P, dS and their bf16 tiles ---------------------------------------------------
+
+// Head t < 64 of the CTA's group (dO / lse row row0 + t; real: not a padded head): lse2[t] =
+// lse * log2(e) (+inf on padded heads: P = 0 there), delta[t] = Delta (0 on padded heads). Scalars
+// in, not the plan and the work item (the spelling the kernel was measured with).
+__device__ __forceinline__ void store_lse_delta(const MainParams& p, float* lse2, float* delta, int64_t row0,
+                                                bool real, int t) {
+  const int64_t at = row0 + t;
+  lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
+  delta[t] = real ? p.delta[at] : 0.f;
+}
 
 // Offsets of the accumulator element pairs (row r0 / r0 + 8, keys 8n + 2q4, +1) in a [64 h][64 keys]
 // bf16 SW128 tile.
@@ -179,17 +273,41 @@ __device__ __forceinline__ void ds_group(float (&dp)[32], int n, float p0, float
   dp[4 * n + 3] = p3 * (dp[4 * n + 3] - delta_hi) * scale;
 }
 
-// n-group n of a [64 h x 64 keys] accumulator to its bf16 tile (rows r0, r0 + 8).
-__device__ __forceinline__ void store_tile_group(char* tile, const float (&v)[32], int n, int r0, int q4) {
-  *reinterpret_cast<uint32_t*>(tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(v[4 * n], v[4 * n + 1]);
-  *reinterpret_cast<uint32_t*>(tile + tile_pair_offset(r0 + 8, n, q4)) = hw::pack_bf16(v[4 * n + 2], v[4 * n + 3]);
+// The front's constants: lse * log2(e) and Delta of its accumulator rows (heads) r0 and r0 + 8, and
+// the P and dS tiles as bytes.
+struct FrontConsts {
+  float lse2_lo, lse2_hi, delta_lo, delta_hi;
+  char* p_tile;
+  char* ds_tile;
+};
+__device__ __forceinline__ FrontConsts front_consts(SmemPlan& sm, int r0) {
+  return FrontConsts{sm.lse2[r0], sm.lse2[r0 + 8], sm.delta[r0], sm.delta[r0 + 8], reinterpret_cast<char*>(sm.p),
+                     reinterpret_cast<char*>(sm.ds)};
 }
 
+// Waits until at most kPending wgmma groups are in flight (S = Q . KV^T landed), then
+// P = exp(scale S - lse) in place on valid keys, 0 elsewhere (exp_scores).
+template <int kPending>
+__device__ __forceinline__ void scores_to_p(float (&s)[32], const int32_t* idx, const MainParams& p,
+                                            const FrontConsts& fc, int q4) {
+  hw::wgmma_wait<kPending>();
+  hw::fence_regs(s);
+  exp_scores(s, idx, p, fc.lse2_lo, fc.lse2_hi, q4);
+}
+
+// Zeroes an accumulator.
+template <int kN>
+__device__ __forceinline__ void zero_acc(float (&acc)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) acc[i] = 0.f;
+}
+
+// ---- dQ store ---------------------------------------------------------------------------------
+
 // Writes dQ blocks [first_block, first_block + kBlocks) of a [64 heads x 64 kBlocks] fp32 accumulator
-// (rows r0, r0 + 8 of this thread) as bf16. kPermuted (v1: permuted smem columns, hw::permuted_col):
-// n-groups 2m, 2m + 1 hold columns 16m + 4q .. +3, stored as one 8-byte vector; else (v2: natural
-// order) n-group n holds columns 8n + 2q, +1, stored as one 4-byte pair.
-template <int kBlocks, bool kPermuted>
+// (rows r0, r0 + 8 of this thread) as bf16: n-group n holds columns 8n + 2q, +1 (natural order), stored
+// as one 4-byte pair.
+template <int kBlocks>
 __device__ __forceinline__ void store_dq(const float (&acc)[kBlocks * 32], __nv_bfloat16* dq_head0, int heads,
                                          int first_block, int r0, int q4) {
 #pragma unroll
@@ -199,20 +317,24 @@ __device__ __forceinline__ void store_dq(const float (&acc)[kBlocks * 32], __nv_
       const int row = r0 + 8 * half;
       if (row >= heads) continue;
 #pragma unroll
-      for (int v = 0; v < (kPermuted ? 4 : 8); ++v) {
-        if constexpr (kPermuted) {
-          const float* a = acc + 32 * j + 8 * v + 2 * half;
-          const uint2 pk = make_uint2(hw::pack_bf16(a[0], a[1]), hw::pack_bf16(a[4], a[5]));
-          *reinterpret_cast<uint2*>(dq_head0 + int64_t(row) * kQkCols + (first_block + j) * kColsPerBlock + 16 * v +
-                                    4 * q4) = pk;
-        } else {
-          const float* a = acc + 32 * j + 4 * v + 2 * half;
-          *reinterpret_cast<uint32_t*>(dq_head0 + int64_t(row) * kQkCols + (first_block + j) * kColsPerBlock + 8 * v +
-                                       2 * q4) = hw::pack_bf16(a[0], a[1]);
-        }
+      for (int v = 0; v < 8; ++v) {
+        const float* a = acc + 32 * j + 4 * v + 2 * half;
+        *reinterpret_cast<uint32_t*>(dq_head0 + int64_t(row) * kQkCols + (first_block + j) * kColsPerBlock + 8 * v +
+                                     2 * q4) = hw::pack_bf16(a[0], a[1]);
       }
     }
   }
+}
+
+// Stores kBlocks 64-column blocks of a dQ accumulator (first column block `first`) of the CTA's
+// heads (warpgroup thread with warp `warp`, lane `lane`).
+template <int kBlocks>
+__device__ __forceinline__ void store_dq_blocks(const MainParams& p, const float (&acc)[kBlocks * 32], int first,
+                                                int warp, int lane) {
+  const Work w = make_work(p);
+  const int r0 = 16 * warp + lane / 4, q4 = lane % 4;
+  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<kBlocks>(acc, dq_head0, w.heads, first, r0, q4);
 }
 
 // ---- wgmma sequences --------------------------------------------------------------------------
@@ -227,37 +349,9 @@ __device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_t
                                  ks > 0);
 }
 
-// dQ[:, kv blocks first.. first + 4] += dS . KV, A = dS tile (K-major), B = kv (MN-major); one
-// commit group.
-template <class Smem>
-__device__ __forceinline__ void mma_dq_ss(float (&dq_a)[4 * 32], float (&dq_b)[32], const Smem& sm, int first) {
-  hw::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t a = desc_k_major(sm.ds, kHeadsPerCta, kk);
-    hw::wgmma_ss_m64n256k16<0, 1>(dq_a, a, desc_mn_major(sm.kv, kBlockKeys, kk, first), true);
-    hw::wgmma_ss_m64n64k16<0, 1>(dq_b, a, desc_mn_major(sm.kv, kBlockKeys, kk, first + 4), true);
-  }
-  hw::wgmma_commit();
-}
-
-// dQ[:, kv blocks first.. first + 3] += dS . KV, A straight from the dS accumulator (converted before
-// the fence: wgmma.fence must separate register writes from the wgmma reading them); one commit group.
-__device__ __forceinline__ void mma_dq_rs(float (&dq)[4 * 32], const float (&ds)[32], const void* kv_tile,
-                                          int first) {
-  uint32_t a[4][4];
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) hw::acc_to_a_frag(ds, kk, a[kk]);
-  hw::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) hw::wgmma_rs_m64n256k16<1>(dq, a[kk], desc_mn_major(kv_tile, kBlockKeys, kk, first), true);
-  hw::wgmma_commit();
-}
-
 // dKV chunk c = dS^T . Q[:, c] (+ P^T . dO[:, c] for value chunks) into acc, A read transposed from
 // the tiles; one commit group.
-template <class Smem>
-__device__ __forceinline__ void issue_dkv_chunk(const Smem& sm, float (&acc)[32], int c) {
+__device__ __forceinline__ void issue_dkv_chunk(const SmemPlan& sm, float (&acc)[32], int c) {
   hw::wgmma_fence();
 #pragma unroll
   for (int hk = 0; hk < 4; ++hk)
@@ -279,29 +373,24 @@ __device__ __forceinline__ float4 shfl_xor4(float4 v, int mask) {
                      __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
 }
 
-// Fast mode: atomic add into dkv (kHint: with the L2 cache policy `policy`, FLASHDSA_BWD_L2HINT
-// builds of v2 / v3); deterministic mode: plain store into the slot's partial row.
-template <bool kDeterministic, bool kHint = false>
-__device__ __forceinline__ void put_dkv(float* dst, float4 v, uint64_t policy = 0) {
+// Fast mode: atomic add into dkv; deterministic mode: plain store into the slot's partial row.
+template <bool kDeterministic>
+__device__ __forceinline__ void put_dkv(float* dst, float4 v) {
   if constexpr (kDeterministic) hw::st_global_v4(dst, v);
-  else if constexpr (kHint) red_add_v4_hint(dst, v, policy);
   else hw::red_add_v4(dst, v);
 }
 
-// Emits one [64 keys x 64 cols] fp32 dKV chunk held as a wgmma accumulator in which quad member q
-// holds, for its rows r0 and r0 + 8 (r0 = 16 warp + lane / 4), four consecutive stored columns
-// 16m + 4q .. +3 in n-groups 2m, 2m + 1 (v1: permuted smem columns; v2: natural columns, stored
-// interleaved). The even quad of a quad pair (odd = (lane / 4) % 2 = 0) keeps m = 0, 2 of its row and
-// receives m = 0, 2 of the odd quad's row; the odd quad keeps m = 1, 3 and receives the even quad's
-// m = 1, 3. Then each 16-byte store of the 8 lanes covers one full 128-byte line of one row: 4 lines
-// per warp instruction. Thread (warp, lane) emits rows A = r0 + 8 half - odd and B = A + 1 where
-// valid[half][A / B], at dst(half, 0 / 1) (the row's chunk start plus this lane's column).
-// kAddressesFirst: form both row addresses before the validity tests (v1) or inside them (v2); each
-// kernel keeps the order it was measured with (the other one changes its SASS). kHint / policy:
-// put_dkv's L2 cache policy (FLASHDSA_BWD_L2HINT builds of v2 / v3).
-template <bool kDeterministic, bool kAddressesFirst, bool kHint = false, class Dst>
-__device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const bool (&valid)[2][2], int lane, Dst dst,
-                                               uint64_t policy = 0) {
+// Emits one [64 keys x 64 cols] fp32 dKV chunk held as a natural-order wgmma accumulator: quad member
+// q holds, for its rows r0 and r0 + 8 (r0 = 16 warp + lane / 4), the columns 16m + 2q, +1 and
+// 16m + 8 + 2q, +1 in n-groups 2m, 2m + 1, which go as one float4 to the stored positions
+// 16m + 4q .. +3 (dkv_pos). The even quad of a quad pair (odd = (lane / 4) % 2 = 0) keeps m = 0, 2 of
+// its row and receives m = 0, 2 of the odd quad's row; the odd quad keeps m = 1, 3 and receives the
+// even quad's m = 1, 3. Then each 16-byte store of the 8 lanes covers one full 128-byte line of one
+// row: 4 lines per warp instruction. Thread (warp, lane) emits rows A = r0 + 8 half - odd and B = A + 1
+// where valid[half][A / B], at dst(half, 0 / 1) (the row's chunk start plus this lane's column; the
+// address is formed inside the validity test).
+template <bool kDeterministic, class Dst>
+__device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const bool (&valid)[2][2], int lane, Dst dst) {
   const bool odd = (lane >> 2) & 1;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -314,29 +403,111 @@ __device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const boo
     const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
     const float4 a0 = odd ? got0 : piece[0], a1 = odd ? got1 : piece[2];  // row A, columns +0 / +32
     const float4 b0 = odd ? piece[1] : got0, b1 = odd ? piece[3] : got1;  // row B
-    float* dst_a = nullptr;
-    float* dst_b = nullptr;
-    if constexpr (kAddressesFirst) {
-      dst_a = dst(half, 0);
-      dst_b = dst(half, 1);
-    }
     if (valid[half][0]) {
-      if constexpr (!kAddressesFirst) dst_a = dst(half, 0);
-      put_dkv<kDeterministic, kHint>(dst_a, a0, policy);
-      put_dkv<kDeterministic, kHint>(dst_a + 32, a1, policy);
+      float* const dst_a = dst(half, 0);
+      put_dkv<kDeterministic>(dst_a, a0);
+      put_dkv<kDeterministic>(dst_a + 32, a1);
     }
     if (valid[half][1]) {
-      if constexpr (!kAddressesFirst) dst_b = dst(half, 1);
-      put_dkv<kDeterministic, kHint>(dst_b, b0, policy);
-      put_dkv<kDeterministic, kHint>(dst_b + 32, b1, policy);
+      float* const dst_b = dst(half, 1);
+      put_dkv<kDeterministic>(dst_b, b0);
+      put_dkv<kDeterministic>(dst_b + 32, b1);
     }
   }
 }
 
+// dkv destinations of one thread for the current key block: rows A = 16 warp + lane / 4 + 8 half -
+// odd and B = A + 1 (quads 2k and 2k + 1 write together, emit_dkv_pairs) of `base`, a [rows, 576]
+// fp32 matrix (dkv, or the CTA's deterministic partial rows), plus this lane's column. One 64-bit base
+// and four 32-bit rows (four 64-bit pointers spilled).
+struct DkvRows {
+  float* base;
+  uint32_t row[2][2];  // [half][A, B]: key (fast) or slot in the row (deterministic)
+  bool valid[2][2];
+};
+
+template <bool kDeterministic>
+__device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* idx, int blk, int warp, int lane) {
+  const int odd = (lane >> 2) & 1;
+  const int col = 16 * odd + 4 * (lane & 3);
+  const int row0 = 16 * warp + (lane >> 2) - odd;
+  DkvRows r;
+  if constexpr (kDeterministic) {  // slot rows row0 + 8 half + ab: immediate offsets from one pointer
+    r.base = p.partial +
+             ((int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * p.K + blk * kBlockKeys + row0) * int64_t(kQkCols) + col;
+  } else {
+    r.base = p.dkv + col;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int ab = 0; ab < 2; ++ab) {
+      const int32_t key = idx[row0 + 8 * half + ab];
+      r.valid[half][ab] = key_valid(key, p.T_kv);
+      r.row[half][ab] = kDeterministic ? 0u : (r.valid[half][ab] ? uint32_t(key) : 0u);
+    }
+  }
+  return r;
+}
+
+template <bool kDeterministic>
+__device__ __forceinline__ float* dkv_row_ptr(const DkvRows& r, int half, int ab) {
+  if constexpr (kDeterministic) return r.base + (8 * half + ab) * kQkCols;
+  else return r.base + size_t(r.row[half][ab]) * kQkCols;
+}
+
+// Emits one [64 keys x 64 cols] fp32 dKV chunk (column block `chunk`) in full 128-byte lines
+// (emit_dkv_pairs).
+template <bool kDeterministic>
+__device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRows& rows, int lane) {
+// FLASHDSA_BWD_NO_DKV: measurement build only (scripts/bwd_gpu.sh NO_REDS=1: the compute-path floor):
+// no dkv writes at all, wrong dkv.
+#if FLASHDSA_BWD_NO_DKV
+  return;
+#endif
+  emit_dkv_pairs<kDeterministic>(acc, rows.valid, lane, [&](int half, int ab) {
+    return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock;
+  });
+}
+
+// Chunk c >= 2: issue chunk c into acc[c % 2], wait for chunk c - 1 (one group may stay in flight),
+// emit it.
+template <bool kDeterministic, int kChunk>
+__device__ __forceinline__ void dkv_step(const SmemPlan& sm, float (&acc0)[32], float (&acc1)[32],
+                                         const DkvRows& rows, int lane) {
+  float(&cur)[32] = (kChunk % 2 == 0) ? acc0 : acc1;
+  float(&prev)[32] = (kChunk % 2 == 0) ? acc1 : acc0;
+  issue_dkv_chunk(sm, cur, kChunk);
+  hw::wgmma_wait<1>();
+  hw::fence_regs(prev);
+  emit_dkv_chunk<kDeterministic>(prev, kChunk - 1, rows, lane);
+}
+
+// The back's dKV chunks of a block from the wait for chunk 1 on (chunks 1 and 2 issued into acc1,
+// acc0, chunk 0 emitted, the dQ group done): chunks 1 .. 8 emitted, chunks 3 .. 8 issued one ahead;
+// arrives on sm.tiles_free once chunk 8 read the P and dS tiles.
+template <bool kDeterministic>
+__device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float (&acc1)[32], const DkvRows& rows,
+                                          int lane) {
+  hw::wgmma_wait<1>();  // chunk 1
+  hw::fence_regs(acc1);
+  emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
+  dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane);
+  hw::wgmma_wait<0>();  // chunk 8: the last read of the P and dS tiles
+  hw::fence_regs(acc0);
+  hw::mbar_arrive(&sm.tiles_free);
+  emit_dkv_chunk<kDeterministic>(acc0, 8, rows, lane);
+}
+
 // ---- attention mass ---------------------------------------------------------------------------
 
-// Slots of keys 2 lane, 2 lane + 1 of list block blk (warp 0 of the scoring warpgroup, mass output
-// only: the caller keeps {0, 0} elsewhere; loaded early, written by emit_mass after S).
+// Slots of keys 2 lane, 2 lane + 1 of list block blk (warp 0 of the front, mass output only: the
+// caller keeps {0, 0} elsewhere; loaded early, written by emit_mass after S).
 __device__ __forceinline__ int2 mass_slot_of(const MainParams& p, const Work& w, int blk, int lane) {
   const int pos = blk * kBlockKeys + 2 * lane;
   if (p.mass_slots == nullptr) return make_int2(pos, pos + 1);
@@ -359,12 +530,12 @@ __device__ __forceinline__ void mass_halve(float (&v)[16], int lane, int mask) {
 // Attention mass of one key block: the column sums of P [64 heads x 64 keys] over the CTA's heads,
 // added to mass[token, slot] (zeroed before the launch; two head-group CTAs add at H = 128: the sum
 // of two terms onto 0 is order-independent, so the result is still reproducible).
-// P is the accumulator s of the scoring warpgroup (thread: heads r0, r0 + 8; keys 8n + 2 q4 + {0, 1}).
+// P is the front's S accumulator after exp (thread: heads r0, r0 + 8; keys 8n + 2 q4 + {0, 1}).
 // In-thread sum of the two heads, butterfly reduce-scatter over the 8 lanes of equal q4 (lane L ends
 // with keys 2L, 2L + 1), warps 1..3 hand their sums to warp 0 through smem (named barrier kBar), warp
 // 0 adds them in warp order. `slot` = the slots of keys 2L, 2L + 1 (mass_slot_of).
-template <int kBar, class Smem>
-__device__ __forceinline__ void emit_mass(const MainParams& p, Smem& sm, const Work& w, const float (&s)[32],
+template <int kBar>
+__device__ __forceinline__ void emit_mass(const MainParams& p, SmemPlan& sm, const Work& w, const float (&s)[32],
                                           int2 slot, int warp, int lane) {
   float v[16];  // v[2n + e]: key 8n + 2 q4 + e, summed over this thread's two heads
 #pragma unroll

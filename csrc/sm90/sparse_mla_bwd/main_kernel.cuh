@@ -1,12 +1,28 @@
-// Internal: the sparse MLA backward main kernel (docs/spec.md §5): per query token and group of 64
-// heads, recomputes S = Q.KV^T and dP = dO.V^T block by block over the token's top-k keys, forms
-// P and dS, accumulates dQ in registers and emits each key block's dKV contribution (key role,
-// 576 columns, and value role, 512 columns) already summed over the 64 heads.
-// Design, smem plan and pipeline: docs/kernels/sparse_mla_bwd.md. Shapes: config.h.
+// Internal: the sparse MLA backward main kernel (docs/spec.md §5; design, barriers and measurements:
+// docs/kernels/sparse_mla_bwd.md). Per query token and group of 64 heads it recomputes S = Q.KV^T and
+// dP = dO.V^T block by block over the token's top-k keys, forms P and dS, accumulates dQ in registers
+// and emits each key block's dKV contribution (key role, 576 columns, and value role, 512 columns)
+// already summed over the 64 heads. Shapes, roles and the smem plan: config.h; building blocks:
+// kernel_common.cuh.
+//
+// Three warpgroups (384 threads, setmaxnreg 232 / 232 / 40):
+//   front (WG0):    S; P (fp32, rounded to bf16 pairs); the attention mass (optional); dP; dS from the
+//                   bf16 P; the P and dS tiles; dQ columns [0, 320) with RS wgmma (A = dS registers);
+//   back (WG1):     dQ columns [320, 576) (SS m64n256, A = dS tile) first, then the nine dKV chunks with
+//                   two alternating accumulators and all dkv emission;
+//   producer (WG2): the block list (sweep rotation), per block the index row, the kv gather (16-byte
+//                   cp.async, natural column order) into the single kv stage, the sweep counter, the L2
+//                   prefetches (the dkv rows of the block in sweep mode, the kv rows of the next block
+//                   always).
+// Q, dO, lse and Delta are loaded by the front and the back together (256 threads) in the prologue.
+// The dQ split is 5 / 4 blocks: at 232 registers the back holds 4 dQ blocks (128) and two dKV
+// accumulators (64); the front holds 5 blocks (160) plus one [64 x 64] accumulator at a time (S, then
+// dP: issued one after the other, P kept as 16 packed bf16 pairs).
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "sm90/common/hopper.cuh"
@@ -14,302 +30,234 @@
 #include "sm90/sparse_mla_bwd/kernel_common.cuh"
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
-
 namespace detail {
 
-// ---- producer warpgroup -----------------------------------------------------------------------
+// ---- prologue: Q, dO, lse, Delta (front + back) --------------------------------------------------
 
-// Copies of 128-byte row segments (64 bf16 columns of one tile block) into a permuted SW128 tile:
-// lane l of a warp moves columns 2l, 2l+1 (one 4-byte word) to their stored position (hw::permuted_col).
-struct RowSegmentCopier {
-  uint32_t chunk, byte_in_chunk;  // this lane's destination inside a tile row
-  int lane;
-  __device__ explicit RowSegmentCopier(int lane_) : lane(lane_) {
-    const int pos = hw::permuted_col(2 * lane_);
-    chunk = pos / 8;
-    byte_in_chunk = (pos % 8) * 2;
-  }
-  // Tile row `row` (shared address `tile`), blocks [0, kBlocks) <- src_row[64 b + 2 lane, +1].
-  template <int kBlocks>
-  __device__ __forceinline__ void copy_row(uint32_t tile, int row, const __nv_bfloat16* src_row, bool valid) const {
-    const uint32_t dst = tile + hw::sw128_offset(row, chunk) + byte_in_chunk;
-    const __nv_bfloat16* src = src_row + 2 * lane;
-    asm("" : "+l"(src));  // one pointer, immediate offsets per block (else one 64-bit IMAD per copy)
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) hw::cp_async_4(dst + b * kTileBlockBytes, src + b * kColsPerBlock, valid);
-  }
-};
-
-// Loads Q, dO, lse, Delta, lists the non-empty key blocks of the row (rotated by the sweep phase),
-// then gathers the kv rows of each block. Warp w handles tile rows w, w + 4, ..., w + 60.
-__device__ void produce(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
-  const int warp = tid / 32, lane = tid % 32;
+// Thread t (0..255) of the front and back copies tile rows t / 8 + 32 r (r < 2), 16-byte piece t % 8
+// of every 64-column block of Q and dO (padded heads zero-filled, never read). Called once, before
+// the role split, so that both warpgroups reach the one kBarQdo instruction: `bar.sync` is PTX's
+// aligned barrier (every participating thread executes the same instruction), and compute-sanitizer
+// synccheck rejects the two roles' separately inlined copies ("Divergent thread(s) in block").
+__device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlan& sm, int t) {
+  const Work w = make_work(p);
+  const int rsub = t / 8, chunk = t % 8;
+  const uint32_t row_off = hw::sw128_offset(rsub, chunk);
+  const uint32_t q_tile = hw::smem_u32(sm.q), do_tile = hw::smem_u32(sm.dout);
   const int h0 = w.head_group * kHeadsPerCta;
+#pragma unroll 1
+  for (int r = 0; r < 2; ++r) {
+    const int h = rsub + 32 * r;
+    const bool real = h < w.heads;
+    const int hh = real ? h0 + h : 0;
+    const __nv_bfloat16* q_src = p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h + 8 * chunk;
+    const __nv_bfloat16* do_src = p.dout + (w.token * p.H + hh) * int64_t(kVCols) + 8 * chunk;
+    const uint32_t off = row_off + r * 32 * 128;
+    asm("" : "+l"(q_src));  // one pointer each, immediate offsets per block
+    asm("" : "+l"(do_src));
+#pragma unroll
+    for (int b = 0; b < kQkBlocks; ++b)
+      hw::cp_async_16_u32(q_tile + off + b * kHeadsPerCta * 128, q_src + b * kColsPerBlock, real);
+#pragma unroll
+    for (int b = 0; b < kVBlocks; ++b)
+      hw::cp_async_16_u32(do_tile + off + b * kHeadsPerCta * 128, do_src + b * kColsPerBlock, real);
+  }
+  hw::cp_async_commit();
+  if (t < kHeadsPerCta) store_lse_delta(p, sm.lse2, sm.delta, w.token * p.H + h0, t < w.heads, t);
+  hw::cp_async_wait<0>();
+  hw::fence_proxy_async();  // writer side: this thread's Q / dO pieces are wgmma (async proxy) operands
+  hw::named_bar_sync(kBarQdo, 256);
+  hw::fence_proxy_async();  // reader side
+}
+
+// ---- producer warpgroup -------------------------------------------------------------------------
+
+__device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
+  const Work w = make_work(p);
+  const int warp = tid / 32, lane = tid % 32;
+  const Copier cp(tid);  // rows rsub + 16 r (r < 4), 16-byte piece `chunk` of each 64-column block
   const int32_t* idx_row = p.indices + w.local_token * p.indices_stride_t;
   const int num_row_blocks = p.K / kBlockKeys;
-  const RowSegmentCopier copier(lane);
-  const uint32_t q_tile = hw::smem_u32(sm.q), do_tile = hw::smem_u32(sm.dout), kv_tile = hw::smem_u32(sm.kv);
+  const uint32_t kv_tile = hw::smem_u32(sm.kv);
 
-#pragma unroll 1
-  for (int h = warp; h < kHeadsPerCta; h += 4) {
-    const bool real = h < w.heads;
-    const int hh = real ? h0 + h : 0;  // never read a padded head
-    const __nv_bfloat16* q_row = p.q + w.token * p.q_stride_t + int64_t(hh) * p.q_stride_h;
-    const __nv_bfloat16* do_row = p.dout + (w.token * p.H + hh) * int64_t(kVCols);
-    copier.copy_row<kQkBlocks>(q_tile, h, q_row, real);
-    copier.copy_row<kVBlocks>(do_tile, h, do_row, real);
-  }
-  hw::cp_async_arrive(&sm.qdo_full);
-  if (tid < kHeadsPerCta) {
-    const bool real = tid < w.heads;
-    const int64_t at = w.token * p.H + h0 + tid;
-    sm.lse2[tid] = real ? p.lse[at] * hw::kLog2e : __int_as_float(0x7f800000);  // +inf: P = 0
-    sm.delta[tid] = real ? p.delta[at] : 0.f;
-  }
   build_block_list<kBarProducer>(p, sm, idx_row, num_row_blocks, warp, lane);
-  hw::mbar_arrive(&sm.qdo_full);
-
+  hw::mbar_arrive(&sm.setup_full);
   const int num_blocks = sm.num_blocks;
   const bool sweep = p.sweep_counter != nullptr;
-  // Index of tile row warp + 4 lane (lanes < 16) of block i of the list.
-  auto block_indices = [&](int i) {
-    return lane < 16 && i < num_blocks ? idx_row[sm.block_list[i] * kBlockKeys + warp + 4 * lane] : -1;
+
+  // Keys of this thread's gather rows rsub + 16 r of list entry i.
+  auto load_keys = [&](int i, int32_t (&k)[4]) {
+    const int32_t* src = idx_row + sm.block_list[i] * kBlockKeys + cp.rsub;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) k[r] = src[16 * r];
   };
-  int32_t my_idx = block_indices(0);
+  int32_t keys[4];
+  if (num_blocks > 0) load_keys(0, keys);
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
-    // The single kv tile is free once both consumer warpgroups finished dQ of block i - 1; that also
-    // ends every read of idx[i % 2] by block i - 2.
+    // The single kv tile is free once the front's and the back's dQ of block i - 1 completed; that
+    // also ends every read of idx[i % 2] (block i - 2).
     if (i > 0) hw::mbar_wait(&sm.kv_empty, (i - 1) & 1);
-    if (lane < 16) sm.idx[i & 1][warp + 4 * lane] = my_idx;
-#pragma unroll 1
-    for (int j = 0; j < 16; ++j) {
-      const int32_t key = __shfl_sync(0xffffffffu, my_idx, j);
-      const bool valid = key_valid(key, p.T_kv);
-      const __nv_bfloat16* src = p.kv + (valid ? int64_t(key) : 0) * p.kv_stride_t;
-      copier.copy_row<kQkBlocks>(kv_tile, warp + 4 * j, src, valid);
-    }
-    hw::cp_async_arrive(&sm.kv_full);
-    hw::mbar_arrive(&sm.kv_full);
-    const int32_t next_idx = block_indices(i + 1);
+    gather_kv(p, sm, cp, kv_tile, i, keys);
+    hw::cp_async_arrive(&sm.kv_full);  // one arrival when this thread's copies landed
+    hw::mbar_arrive(&sm.kv_full);      // and one for its idx stores
+    // Sweep mode: count the block, fetch into L2 the dkv rows its atomics will update. Every mode:
+    // fetch into L2 the kv rows of the next block (gathered about one block from now).
     if (sweep) {
       if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
-      // kv and dkv no longer fit in L2: fetch the dkv rows this block's atomics will update (about
-      // half a block from now) and the kv rows of the next block (gathered about a block from now),
-      // so that neither waits for DRAM.
-      prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, my_idx, p.T_kv, lane);
-      prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, next_idx, p.T_kv, lane);
+      prefetch_dkv_row(p, warp_key(sm, idx_row, i, warp, lane), lane);
     }
-    my_idx = next_idx;
-  }
-}
-
-// ---- consumers: shared pieces -----------------------------------------------------------------
-
-// dkv destinations of one thread for the current key block. Lanes of quads 2k and 2k+1 (lane / 4)
-// write together: thread (warp, lane) emits rows A = r0 + 8 half - odd and B = A + 1 for half = 0, 1,
-// where r0 = 16 warp + lane / 4 and odd = (lane / 4) % 2.
-struct DkvRows {
-  float* dst[2][2];    // [half][row A, row B]: start of the dkv (or partial) row + this lane's column
-  bool valid[2][2];
-};
-
-template <bool kDeterministic>
-__device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const SmemPlan& sm, const Work& w, int stage,
-                                            int blk, int warp, int lane) {
-  const int odd = (lane >> 2) & 1;
-  const int col = 16 * odd + 4 * (lane & 3);
-  float* const partial_row0 =
-      kDeterministic ? p.partial + (w.local_token * gridDim.y + w.head_group) * p.K * int64_t(kQkCols) : nullptr;
-  DkvRows r;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int ab = 0; ab < 2; ++ab) {
-      const int row = 16 * warp + (lane >> 2) + 8 * half - odd + ab;
-      const int32_t key = sm.idx[stage][row];
-      r.valid[half][ab] = key_valid(key, p.T_kv);
-      const int64_t at = kDeterministic ? int64_t(blk) * kBlockKeys + row : (r.valid[half][ab] ? key : 0);
-      r.dst[half][ab] = (kDeterministic ? partial_row0 : p.dkv) + at * kQkCols + col;
+    if (i + 1 < num_blocks) {
+      prefetch_kv_row(p, warp_key(sm, idx_row, i + 1, warp, lane), lane);
+      load_keys(i + 1, keys);
     }
   }
-  return r;
 }
 
-// Emits one [64 keys x 64 cols] fp32 dKV chunk (global column block `chunk`) held as a wgmma
-// accumulator over permuted column positions (hw::permuted_col), as emit_dkv_pairs() describes.
-template <bool kDeterministic>
-__device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRows& rows, int lane) {
-  const int c0 = chunk * kColsPerBlock;
-  emit_dkv_pairs<kDeterministic, true>(acc, rows.valid, lane,
-                                       [&](int half, int ab) { return rows.dst[half][ab] + c0; });
-}
+// ---- front warpgroup ----------------------------------------------------------------------------
 
-// Consumers: waits for Q, dO, lse, Delta and the block list (cp.async data, generic proxy, is read
-// by wgmma, async proxy).
-__device__ __forceinline__ void wait_setup(SmemPlan& sm) {
-  hw::mbar_wait(&sm.qdo_full, 0);
-  hw::fence_proxy_async();
-}
-
-// Consumers: waits for the kv tile (and idx) of list block i; returns i % 2, its idx stage and the
-// phase of every per-block barrier.
-__device__ __forceinline__ int wait_kv(SmemPlan& sm, int i) {
-  hw::mbar_wait(&sm.kv_full, i & 1);
-  hw::fence_proxy_async();
-  return i & 1;
-}
-
-// A fragments of the transposed [64 h][64 keys] tile (M = keys, K = heads), 4 k-steps of 16 heads.
-__device__ __forceinline__ void load_transposed_frags(const void* tile, uint32_t (&frag)[4][4], int warp, int lane) {
-  const int m = lane / 8;  // matrix: heads +8*(m/2), keys +8*(m%2)
-  const uint32_t base = hw::smem_u32(tile);
+// dQ[:, 0:320) += dS . KV, A straight from the dS accumulator (converted before the fence); one commit
+// group.
+__device__ __forceinline__ void mma_dq_front(float (&dq_a)[4 * 32], float (&dq_b)[32], const float (&ds)[32],
+                                             const void* kv_tile) {
+  uint32_t a[4][4];
 #pragma unroll
-  for (int hk = 0; hk < 4; ++hk) {
-    const int head = 16 * hk + 8 * (m / 2) + lane % 8;
-    hw::ldmatrix_x4_trans(frag[hk], base + hw::sw128_offset(head, 2 * warp + m % 2));
+  for (int kk = 0; kk < 4; ++kk) hw::acc_to_a_frag(ds, kk, a[kk]);
+  hw::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    hw::wgmma_rs_m64n256k16<1>(dq_a, a[kk], desc_mn_major(kv_tile, kBlockKeys, kk, 0), true);
+    hw::wgmma_rs_m64n64k16<1>(dq_b, a[kk], desc_mn_major(kv_tile, kBlockKeys, kk, 4), true);
   }
+  hw::wgmma_commit();
 }
 
-// ---- WG0: S, P; dQ for kv blocks [0, 5); dKV value chunks [5, 8) and the rope chunk -----------
 template <bool kDeterministic>
-__device__ void wg0_scores(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
+__device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
+  const Work w = make_work(p);
   const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
-  const int r0 = 16 * warp + lane / 4;  // accumulator rows (heads) r0 and r0 + 8
-  float dq_a[4 * 32], dq_b[32];         // dQ columns of kv blocks 0..3 and 4
-#pragma unroll
-  for (int i = 0; i < 4 * 32; ++i) dq_a[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) dq_b[i] = 0.f;
-
-  wait_setup(sm);
-  const float lse2_lo = sm.lse2[r0], lse2_hi = sm.lse2[r0 + 8];
+  const int r0 = 16 * warp + lane / 4;  // accumulator rows (heads) r0, r0 + 8
+  hw::mbar_wait(&sm.setup_full, 0);
   const int num_blocks = sm.num_blocks;
-  char* const p_tile = reinterpret_cast<char*>(sm.p);
+
+  float dq_a[4 * 32], dq_b[32];  // dQ columns [0, 256) and [256, 320)
+  zero_acc(dq_a);
+  zero_acc(dq_b);
+  const FrontConsts fc = front_consts(sm, r0);
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
-    const int st = wait_kv(sm, i);
-    // Mass output: slots of keys 2 lane, 2 lane + 1 of this block (warp 0 writes them after S).
+    const int st = i & 1;
+    hw::mbar_wait(&sm.kv_full, st);
+    hw::fence_proxy_async();  // cp.async (generic proxy) data is read by wgmma (async proxy)
     int2 mass_slot = make_int2(0, 0);
     if (p.mass != nullptr && warp == 0) mass_slot = mass_slot_of(p, w, sm.block_list[i], lane);
 
-    float s[32];  // S = Q . KV^T: [64 heads x 64 keys]
+    // S = Q . KV^T, then P = exp(scale S - lse) on valid keys (0 elsewhere), kept as bf16 pairs.
+    uint32_t pk[16];  // pk[2n + half]: P of n-group n, row r0 + 8 half, keys 8n + 2 q4 + {0, 1}
+    {
+      float s[32];
+      hw::wgmma_fence();
+      mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
+      hw::wgmma_commit();
+      scores_to_p<0>(s, sm.idx[st], p, fc, q4);
+      // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
+      // after kv_full of block i + 1, which needs warp 0's kv_empty arrival of block i.
+      if (p.mass != nullptr) emit_mass<kBarMass>(p, sm, w, s, mass_slot, warp, lane);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        pk[2 * n] = hw::pack_bf16(s[4 * n], s[4 * n + 1]);
+        pk[2 * n + 1] = hw::pack_bf16(s[4 * n + 2], s[4 * n + 3]);
+      }
+    }
+    // dP = dO . V^T; dS = scale P (dP - Delta) with the bf16 P.
+    // The kv operand address is laundered: else the compiler keeps S's 36 kv descriptors (64-bit
+    // each) alive for dP's 32 across exp / pack, and spills them.
+    const void* kv_for_dp = sm.kv;
+    asm volatile("" : "+l"(kv_for_dp));
+    float dp[32];
     hw::wgmma_fence();
-    mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
+    mma_heads_keys<kVBlocks>(dp, sm.dout, kv_for_dp);
     hw::wgmma_commit();
     hw::wgmma_wait<0>();
-    hw::fence_regs(s);
-
-    exp_scores(s, sm.idx[st], p, lse2_lo, lse2_hi, q4);  // P
-    if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // WG1 has read P of block i - 1
+    hw::fence_regs(dp);
 #pragma unroll
-    for (int n = 0; n < 8; ++n) store_tile_group(p_tile, s, n, r0, q4);
-    hw::fence_proxy_async();  // the P tile is a wgmma operand (dKV below)
-    hw::mbar_arrive(&sm.p_full);
-    // While WG1 forms dS: the block's attention mass (optional output). mass_part is rewritten by
-    // warps 1..3 only after kv_full of block i + 1, i.e. after warp 0's kv_empty arrival below.
-    if (p.mass != nullptr) emit_mass<kBarWg0Mass>(p, sm, w, s, mass_slot, warp, lane);
+    for (int n = 0; n < 8; ++n) {
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n]));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[2 * n + 1]));
+      ds_group(dp, n, lo.x, lo.y, hi.x, hi.y, fc.delta_lo, fc.delta_hi, p.scale);
+    }
+    if (i > 0) hw::mbar_wait(&sm.tiles_free, (i - 1) & 1);  // back's dKV of block i - 1 read the tiles
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      *reinterpret_cast<uint32_t*>(fc.p_tile + tile_pair_offset(r0, n, q4)) = pk[2 * n];
+      *reinterpret_cast<uint32_t*>(fc.p_tile + tile_pair_offset(r0 + 8, n, q4)) = pk[2 * n + 1];
+      *reinterpret_cast<uint32_t*>(fc.ds_tile + tile_pair_offset(r0, n, q4)) = hw::pack_bf16(dp[4 * n], dp[4 * n + 1]);
+      *reinterpret_cast<uint32_t*>(fc.ds_tile + tile_pair_offset(r0 + 8, n, q4)) =
+          hw::pack_bf16(dp[4 * n + 2], dp[4 * n + 3]);
+    }
+    hw::fence_proxy_async();  // the tiles are wgmma operands of the back warpgroup
+    hw::mbar_arrive(&sm.pds_full);
 
-    // dQ[:, kv blocks 0..4] += dS . KV (A = dS tile, K-major; B = kv, MN-major).
-    hw::mbar_wait(&sm.ds_full, st);
-    mma_dq_ss(dq_a, dq_b, sm, 0);
-    const DkvRows rows = dkv_rows<kDeterministic>(p, sm, w, st, sm.block_list[i], warp, lane);
+    // dQ[:, 0:320) += dS . KV, A straight from the dS registers.
+    mma_dq_front(dq_a, dq_b, dp, sm.kv);
     hw::wgmma_wait<0>();
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
     hw::mbar_arrive(&sm.kv_empty);
-
-    // dKV[:, c] = dS^T . Q[:, c] (+ P^T . dO[:, c] on value chunks); A read transposed from the tiles.
-#pragma unroll
-    for (int c = kWg1DkvChunks; c < kQkBlocks; ++c) {
-      float acc[32];
-      issue_dkv_chunk(sm, acc, c);
-      hw::wgmma_wait<0>();
-      hw::fence_regs(acc);
-      emit_dkv_chunk<kDeterministic>(acc, c, rows, lane);
-    }
   }
 
-  __nv_bfloat16* const dq_head0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
-  store_dq<4, true>(dq_a, dq_head0, w.heads, 0, r0, q4);
-  store_dq<1, true>(dq_b, dq_head0, w.heads, 4, r0, q4);
+  __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
+  store_dq<4>(dq_a, dqh0, w.heads, 0, r0, q4);
+  store_dq<1>(dq_b, dqh0, w.heads, 4, r0, q4);
 }
 
-// ---- WG1: dP, dS; dQ for kv blocks [5, 9); dKV value chunks [0, 5) ------------------------------
-template <bool kDeterministic>
-__device__ void wg1_grads(const MainParams& p, SmemPlan& sm, const Work& w, int tid) {
-  const int warp = tid / 32, lane = tid % 32, q4 = lane % 4;
-  const int r0 = 16 * warp + lane / 4;
-  float dq[kWg1DqBlocks * 32];
-#pragma unroll
-  for (int i = 0; i < kWg1DqBlocks * 32; ++i) dq[i] = 0.f;
+// ---- back warpgroup -----------------------------------------------------------------------------
 
-  wait_setup(sm);
-  const float delta_lo = sm.delta[r0], delta_hi = sm.delta[r0 + 8];
+// dQ[:, 320:576) += dS . KV, A = dS tile (K-major), B = kv blocks 5..8 (MN-major); one commit group.
+__device__ __forceinline__ void mma_dq_back(float (&dq)[4 * 32], const SmemPlan& sm) {
+  hw::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    hw::wgmma_ss_m64n256k16<0, 1>(dq, desc_k_major(sm.ds, kHeadsPerCta, kk),
+                                  desc_mn_major(sm.kv, kBlockKeys, kk, kFrontDqBlocks), true);
+  hw::wgmma_commit();
+}
+
+template <bool kDeterministic>
+__device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  hw::mbar_wait(&sm.setup_full, 0);
   const int num_blocks = sm.num_blocks;
-  char* const p_tile = reinterpret_cast<char*>(sm.p);
-  char* const ds_tile = reinterpret_cast<char*>(sm.ds);
+  float dq[4 * 32];  // dQ columns [320, 576)
+  zero_acc(dq);
 
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
-    const int st = wait_kv(sm, i);
-
-    float dp[32];  // dP = dO . V^T: [64 heads x 64 keys]
-    hw::wgmma_fence();
-    mma_heads_keys<kVBlocks>(dp, sm.dout, sm.kv);
-    hw::wgmma_commit();
-    const DkvRows rows = dkv_rows<kDeterministic>(p, sm, w, st, sm.block_list[i], warp, lane);
-    hw::wgmma_wait<0>();
-    hw::fence_regs(dp);
-
-    // dS = scale P (dP - Delta), in place, with P (bf16) from WG0's tile.
-    hw::mbar_wait(&sm.p_full, st);
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const float2 p_lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p_tile + tile_pair_offset(r0, n, q4)));
-      const float2 p_hi =
-          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p_tile + tile_pair_offset(r0 + 8, n, q4)));
-      ds_group(dp, n, p_lo.x, p_lo.y, p_hi.x, p_hi.y, delta_lo, delta_hi, p.scale);
-    }
-#pragma unroll
-    for (int n = 0; n < 8; ++n) store_tile_group(ds_tile, dp, n, r0, q4);
-    hw::fence_proxy_async();  // the dS tile is a wgmma operand of WG0
-    hw::mbar_arrive(&sm.ds_full);
-
-    // dQ[:, kv blocks 5..8] += dS . KV: A straight from the dS accumulator.
-    mma_dq_rs(dq, dp, sm.kv, kWg0DqBlocks);
-    uint32_t ds_t[4][4], p_t[4][4];  // dS^T, P^T: M = keys, K = heads
-    // Each warp reads dS^T rows (keys 16w..16w+15) of all 64 heads, i.e. values the other three
-    // warps of this warpgroup stored above: wait for all of them (P is ordered by p_full).
-    hw::named_bar_sync(kBarWg1Tiles, 128);
-    load_transposed_frags(sm.ds, ds_t, warp, lane);
-    load_transposed_frags(sm.p, p_t, warp, lane);
-    hw::mbar_arrive(&sm.tiles_free);
-    hw::wgmma_wait<0>();
+    // kv_full too (already complete by then): the kv tile and idx reach the back through a direct
+    // producer -> back release / acquire, not only through the front's pds_full.
+    hw::mbar_wait(&sm.kv_full, i & 1);
+    hw::mbar_wait(&sm.pds_full, i & 1);
+    hw::fence_proxy_async();
+    const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
+    // dQ first, so that the kv tile is released as early as possible (the producer gathers the next
+    // block into the single kv stage), then dKV chunks 0 and 1. (Measured 2026-12-02: issuing chunk 0
+    // before dQ, so that the block's first reds start earlier, gained nothing.)
+    float acc0[32], acc1[32];
+    mma_dq_back(dq, sm);
+    issue_dkv_chunk(sm, acc0, 0);
+    issue_dkv_chunk(sm, acc1, 1);
+    hw::wgmma_wait<2>();  // dQ
     hw::fence_regs(dq);
     hw::mbar_arrive(&sm.kv_empty);
-
-    // dKV[:, c] = dS^T . Q[:, c] + P^T . dO[:, c] for value chunks 0..4.
-#pragma unroll
-    for (int c = 0; c < kWg1DkvChunks; ++c) {
-      float acc[32];
-      hw::wgmma_fence();
-#pragma unroll
-      for (int hk = 0; hk < 4; ++hk)
-        hw::wgmma_rs_m64n64k16<1>(acc, ds_t[hk], desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
-#pragma unroll
-      for (int hk = 0; hk < 4; ++hk)
-        hw::wgmma_rs_m64n64k16<1>(acc, p_t[hk], desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
-      hw::wgmma_commit();
-      hw::wgmma_wait<0>();
-      hw::fence_regs(acc);
-      emit_dkv_chunk<kDeterministic>(acc, c, rows, lane);
-    }
+    hw::wgmma_wait<1>();  // chunk 0
+    hw::fence_regs(acc0);
+    emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
+    issue_dkv_chunk(sm, acc0, 2);
+    back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
   }
 
-  store_dq<kWg1DqBlocks, true>(dq, p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols), w.heads,
-                         kWg0DqBlocks, r0, q4);
+  store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
 }
 
 }  // namespace detail
@@ -317,22 +265,23 @@ __device__ void wg1_grads(const MainParams& p, SmemPlan& sm, const Work& w, int 
 // grid = (tokens of this launch, ceil(H / 64)), kThreads, kSmemBytes dynamic.
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const __grid_constant__ MainParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  SmemPlan& sm = detail::smem_plan<SmemPlan>(smem_raw);
-  const detail::Work w = detail::make_work(p);
-  // qdo_full, kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: every consumer thread.
-  detail::init_barriers(detail::BarrierInit{&sm.qdo_full, 256}, detail::BarrierInit{&sm.kv_full, 256},
-                        detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.p_full, 128},
-                        detail::BarrierInit{&sm.ds_full, 128}, detail::BarrierInit{&sm.tiles_free, 128});
+  SmemPlan& sm = detail::dynamic_smem_plan<SmemPlan>();
+  // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
+  detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
+                        detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},
+                        detail::BarrierInit{&sm.tiles_free, 128});
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (wg < 2) detail::load_q_do(p, sm, threadIdx.x);  // front + back; the producer starts gathering
   if (wg == 2) {
     hw::reg_dealloc<kProducerRegs>();
-    detail::produce(p, sm, w, tid);
+    detail::produce(p, sm, tid);
+  } else if (wg == 0) {
+    hw::reg_alloc<kFrontRegs>();
+    detail::front<kDeterministic>(p, sm, tid);
   } else {
-    hw::reg_alloc<kConsumerRegs>();
-    if (wg == 0) detail::wg0_scores<kDeterministic>(p, sm, w, tid);
-    else detail::wg1_grads<kDeterministic>(p, sm, w, tid);
+    hw::reg_alloc<kBackRegs>();
+    detail::back<kDeterministic>(p, sm, tid);
   }
 }
 

@@ -10,6 +10,8 @@
 //   3. deterministic mode, per chunk of tokens: the main kernel stores each (token, slot) dkv
 //      partial; the chunk's (key, pair) list is radix-sorted by key (stable); one CTA per key sums
 //      its partials in pair order and adds the sum to dkv. No float atomics anywhere.
+//   4. the main kernel writes dkv (and the partials) in the dkv_pos column order (kernel_common.cuh):
+//      dkv_unpermute_kernel restores the natural order after the last atomic / reduction of the call.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -24,20 +26,13 @@
 #include "sm90/backend.h"
 #include "sm90/heuristics.h"
 #include "sm90/sparse_mla_bwd/main_kernel.cuh"
-#include "sm90/sparse_mla_bwd/main_kernel_v2.cuh"  // picked per call: tuning::bwd_use_v2 (heuristics.h)
-#ifndef FLASHDSA_BWD_V3  // v3 is the default since 2026-12-02 (1.12x / 1.08x main's dispatch at 32K / 128K);
-#define FLASHDSA_BWD_V3 1  // -DFLASHDSA_BWD_V3=0 builds the v1 / v2 dispatch for A/B runs
-#endif
-#if FLASHDSA_BWD_V3  // compile-time variant: v3 (main_kernel_v3.cuh) replaces v2 and v1 in every mode
-#include "sm90/sparse_mla_bwd/main_kernel_v3.cuh"
-#endif
 
 namespace flashdsa::sm90 {
 namespace sparse_mla_bwd_impl {
 namespace {
 
 // The scheduling thresholds: csrc/sm90/heuristics.h.
-#if defined(FLASHDSA_BWD_SWEEP_MIN_KEYS)  // A/B builds only (scripts/bwd_v3_gpu.sh: never sweep)
+#if defined(FLASHDSA_BWD_SWEEP_MIN_KEYS)  // A/B builds only (scripts/bwd_gpu.sh SWEEP_AB=1)
 constexpr int64_t kSweepMinKeys = FLASHDSA_BWD_SWEEP_MIN_KEYS;
 #else
 constexpr int64_t kSweepMinKeys = tuning::kBwdSweepMinKeys;
@@ -139,6 +134,26 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_partials_kernel(
   }
 }
 
+// dkv [rows, 576] fp32, in place: stored position dkv_pos(c) -> column c (kernel_common.cuh). One
+// thread per 16-column group (64 bytes in, 64 bytes out).
+__global__ void dkv_unpermute_kernel(float* __restrict__ dkv, int64_t rows) {
+  constexpr int kGroups = kQkCols / 16;
+  const int64_t n = rows * kGroups;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < n; g += int64_t(gridDim.x) * blockDim.x) {
+    float4* const at = reinterpret_cast<float4*>(dkv + g * 16);
+    float in[16], out[16];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 v = at[j];
+      in[4 * j] = v.x, in[4 * j + 1] = v.y, in[4 * j + 2] = v.z, in[4 * j + 3] = v.w;
+    }
+#pragma unroll
+    for (int c = 0; c < 16; ++c) out[c] = in[dkv_pos(c)];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) at[j] = make_float4(out[4 * j], out[4 * j + 1], out[4 * j + 2], out[4 * j + 3]);
+  }
+}
+
 // ---- workspace plan -------------------------------------------------------------------------
 
 struct Plan {
@@ -226,20 +241,7 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
 }
 
 template <bool kDeterministic>
-Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, bool v2_kernel, cudaStream_t stream) {
-  // v2 writes dkv (and the deterministic partials) in the v2_dkv_pos column order; sparse_mla_bwd()
-  // restores the natural order after the last reduction.
-#if FLASHDSA_BWD_V3
-  if (v2_kernel)  // v3 writes dkv in v2's column order too
-    return launch_with_smem(v3::sparse_mla_bwd_main_kernel_v3<kDeterministic>,
-                            dim3(static_cast<unsigned>(tokens), num_head_groups), v3::kThreads, int(v3::kSmemBytes),
-                            stream, "sparse_mla_bwd_main_kernel_v3", mp);
-#else
-  if (v2_kernel)
-    return launch_with_smem(v2::sparse_mla_bwd_main_kernel_v2<kDeterministic>,
-                            dim3(static_cast<unsigned>(tokens), num_head_groups), v2::kThreads, int(v2::kSmemBytes),
-                            stream, "sparse_mla_bwd_main_kernel_v2", mp);
-#endif
+Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, cudaStream_t stream) {
   return launch_with_smem(sparse_mla_bwd_main_kernel<kDeterministic>,
                           dim3(static_cast<unsigned>(tokens), num_head_groups), kThreads, int(kSmemBytes), stream,
                           "sparse_mla_bwd_main_kernel", mp);
@@ -258,8 +260,9 @@ size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) {
   return plan.total;
 }
 
-// The host flow for either main kernel; sparse_mla_bwd() below adds v2's column un-permutation.
-static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_impl::Plan& pl, bool v2_kernel) {
+// The host flow up to the last atomic / reduction into dkv; sparse_mla_bwd() below adds the column
+// un-permutation.
+static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_impl::Plan& pl) {
   using namespace sparse_mla_bwd_impl;
   Status st;
   if (p.workspace == nullptr || p.workspace_bytes < pl.total)
@@ -300,7 +303,7 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
   if (!p.deterministic && !pl.sweep) {
     mp.indices = p.topk.indices;
     mp.indices_stride_t = p.topk.stride_t;
-    return launch_main<false>(mp, p.T, pl.num_head_groups, v2_kernel, stream);
+    return launch_main<false>(mp, p.T, pl.num_head_groups, stream);
   }
 
   int32_t* keys_in = reinterpret_cast<int32_t*>(ws + pl.keys_in);
@@ -337,7 +340,7 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
       mp.mass_slots = pair_ids_out;
       mp.token_begin = t0;
       mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
-      st = launch_main<false>(mp, tokens, pl.num_head_groups, v2_kernel, stream);
+      st = launch_main<false>(mp, tokens, pl.num_head_groups, stream);
       if (!st.ok()) return st;
     }
     return Status::OK();
@@ -359,7 +362,7 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     mp.indices = p.topk.indices + t0 * p.topk.stride_t;
     mp.indices_stride_t = p.topk.stride_t;
     mp.token_begin = t0;
-    st = launch_main<true>(mp, tokens, pl.num_head_groups, v2_kernel, stream);
+    st = launch_main<true>(mp, tokens, pl.num_head_groups, stream);
     if (!st.ok()) return st;
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(key_count, 0, size_t(p.T_kv + 1) * 4, stream));
     keys_kernel<<<grid_for(pairs, kMapThreads), kMapThreads, 0, stream>>>(
@@ -385,18 +388,14 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   sparse_mla_bwd_impl::Plan pl;
   Status st = sparse_mla_bwd_impl::make_plan(p, &pl);
   if (!st.ok()) return st;
-#if FLASHDSA_BWD_V3
-  const bool v2_kernel = true;  // the v3 build runs v3 in every mode (launch_main)
-#else
-  const bool v2_kernel = tuning::bwd_use_v2(p.deterministic, pl.sweep);
-#endif
-  st = sparse_mla_bwd_flow(p, pl, v2_kernel);
-  if (!st.ok() || !v2_kernel || p.T == 0 || p.T_kv == 0) return st;
+  st = sparse_mla_bwd_flow(p, pl);
+  if (!st.ok() || p.T == 0 || p.T_kv == 0) return st;
   // Every atomic / reduction into dkv of this call precedes this launch on the stream.
   const int64_t groups = p.T_kv * (sparse_mla_bwd_impl::kQkCols / 16);
-  sparse_mla_bwd_impl::v2::v2_unpermute_kernel<<<sparse_mla_bwd_impl::grid_for(groups, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
-      static_cast<float*>(p.dkv), p.T_kv);
-  FLASHDSA_CHECK_LAUNCH("v2_unpermute_kernel");
+  sparse_mla_bwd_impl::dkv_unpermute_kernel<<<sparse_mla_bwd_impl::grid_for(groups, 256), 256, 0,
+                                              static_cast<cudaStream_t>(p.stream)>>>(static_cast<float*>(p.dkv),
+                                                                                     p.T_kv);
+  FLASHDSA_CHECK_LAUNCH("dkv_unpermute_kernel");
   return Status::OK();
 }
 
