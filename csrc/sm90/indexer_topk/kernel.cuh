@@ -1,8 +1,9 @@
-// Internal: the device building blocks shared by the two kernels of the fused Hopper indexer + top-k
-// (docs/spec.md §3): the bf16 kernel (kernel_v2.cuh) and the FP8 selection kernel (fp8_kernel.cuh).
+// Internal: the device building blocks shared by the kernels of the fused Hopper indexer + top-k
+// (docs/spec.md §3): the bf16 kernel (kernel_v2.cuh) and the FP8 selection walks (fp8_kernel_v2.cuh
+// at D_I = 128, fp8_kernel.cuh at D_I = 64).
 // Design: docs/kernels/indexer_topk.md; host side: launch.cuh, indexer_topk.cu, indexer_topk_fp8.cu.
 //
-// Both kernels walk a block of kCols = 256 (query token, head) columns, i.e. kTokens = 256 / H_I query
+// The kernels walk a block of kCols = 256 (query token, head) columns, i.e. kTokens = 256 / H_I query
 // rows, over the 64-key tiles of the union of the rows' key ranges, score each tile with wgmma (keys =
 // M, columns = N), apply f, the weights and the head sum in registers (partial_head_sums and the quad
 // reduce-scatter here), and append the (score, key) pairs above each row's running threshold to a
@@ -10,9 +11,10 @@
 // its exact top K (FP8: top C; radix select, select.cuh), which raises the row's threshold; at the end
 // of the walk each row's list is reduced to the top K and written (write_row_top_k).
 //
-// The constants and Config below are the one-warpgroup geometry of the FP8 kernel (128 threads, two
-// CTAs per SM); the bf16 kernel has its own (kernel_v2.cuh: two warpgroups) and shares the block shape
-// (kCols, kTileKeys, kHalfCols), the arguments (KernelArgs) and the list helpers.
+// The constants and Config below are the one-warpgroup geometry of the first FP8 walk (128 threads,
+// two CTAs per SM); the two v2 walks (bf16 kernel_v2.cuh, FP8 fp8_kernel_v2.cuh: two warpgroups) have
+// their own and share the block shape (kCols, kTileKeys, kHalfCols), the arguments and the list
+// helpers, and the ring / append helpers at the end of this file.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -149,8 +151,7 @@ __device__ __forceinline__ void quad_reduce_scatter(const float (&v)[2 * NT], fl
 
 // Starts a block of query rows [t0, t0 + NT): each row's key range ([0, 0) past T), an empty list
 // and a threshold below every score. The first NT threads; the caller's barrier publishes the values.
-// Args: KernelArgs or Fp8KernelArgs. The bf16 kernel's; the FP8 kernels keep their inline copies (left
-// as they were while their SASS was bisected).
+// Args: KernelArgs or Fp8KernelArgs (all three walks).
 template <int NT, class Args>
 __device__ __forceinline__ void init_block_rows(const Args& a, int t0, int* k_start, int* k_end, int* count,
                                                 uint32_t* thr) {
@@ -260,41 +261,6 @@ __device__ __forceinline__ void write_block_top_k(const KernelArgs& a, int t0, c
 
 // ---- pieces of the two v2 walks (kernel_v2.cuh bf16, fp8_kernel_v2.cuh e4m3): two consumer
 // warpgroups, one m64n128 accumulator each, a TMA key ring with "full" mbarriers and "done" counters.
-
-// A thread's place in a v2 walk of a block of NT rows (NTW per warpgroup, V scores per lane after the
-// reduce-scatter) and its CTA's candidate lists. Args: KernelArgs or Fp8KernelArgs.
-struct WgLane {
-  int tid, lane, quad;
-  int wg;         // warpgroup: columns [128 wg, 128 wg + 128)
-  int acc_row;    // tile key of accumulators 4j, 4j+1 (+8: 4j+2, 4j+3)
-  float* cand_s;  // the CTA's NT lists of a.cap entries
-  int* cand_i;
-  // After the reduce-scatter lane q holds V scores: H_I = 32 (V = 2): row wg * 4 + q, keys acc_row
-  // and acc_row + 8; H_I = 64 (V = 1): row wg * 2 + q / 2, key acc_row + 8 (q % 2).
-  int my_row, my_key_off;
-  // This lane's row's candidate list (appends index it directly: no 64-bit row arithmetic per append).
-  float* my_list_s;
-  int* my_list_i;
-};
-template <int NT, int NTW, int V, class Args>
-__device__ __forceinline__ WgLane wg_lane(const Args& a) {
-  WgLane l;
-  l.tid = threadIdx.x;
-  l.lane = l.tid & 31;
-  l.quad = l.lane & 3;
-  // Read through a shuffle so that the compiler knows it is warp-uniform and keeps the wgmma
-  // descriptors in uniform registers.
-  l.wg = __shfl_sync(0xffffffffu, l.tid >> 7, 0);
-  l.acc_row = 16 * ((l.tid >> 5) & 3) + (l.lane >> 2);
-  const size_t list_base = static_cast<size_t>(blockIdx.x) * NT * a.cap;
-  l.cand_s = a.cand_scores + list_base;
-  l.cand_i = a.cand_idx + list_base;
-  l.my_row = l.wg * NTW + (V == 2 ? l.quad : l.quad >> 1);
-  l.my_key_off = V == 2 ? 0 : 8 * (l.quad & 1);
-  l.my_list_s = l.cand_s + static_cast<size_t>(l.my_row) * a.cap;
-  l.my_list_i = l.cand_i + static_cast<size_t>(l.my_row) * a.cap;
-  return l;
-}
 
 // The S stages' full mbarriers (one arrival + the TMA transaction count), their done counters at 0, and
 // the key tensor map prefetched (the map is zero when there are no keys). Thread 0; the caller's
