@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """CPU emulation (numpy) of the FP8 selection's recall with the f32 epilogue vs the packed bf16x2
-epilogue of fp8_kernel_v2.cuh (docs/kernels/indexer_topk.md, "FP8 selection pass": the error bound of the packed epilogue).
+epilogue of fp8_kernel_v2.cuh (docs/kernels/indexer_topk.md, "FP8 selection pass", the packed
+epilogue's error bound).
 
 Usage: python3 scripts/fp8_v2_recall_sim.py [--seed S] [--heads 32] [--rows 6]
 
