@@ -9,10 +9,10 @@
 // Every operand of the kernel has stride byte offset 1024 (one swizzle atom), so the high word is one
 // constant. The low word of a tile's descriptor at any k-step or column chunk is
 //   (plan address >> 4) + [(tile offset in the plan + step offset) >> 4  +  (LBO >> 4) << 16],
-// where the bracket is a compile-time constant: the plan is 1024-byte aligned and every offset is a
-// multiple of 16, so the shift distributes over the sum; and every start address is below the 228 KB
-// shared window (< 2^18 bytes), so the 14-bit address field never carries into the LBO field (and the
-// 0x3FFFF mask of make_desc_sw128 removes nothing).
+// where the bracket is a compile-time constant: every offset is a multiple of 16, so the shift
+// distributes over the sum; and every start address is below the 228 KB shared window (< 2^18 bytes),
+// so the 14-bit address field never carries into the LBO field (and the 0x3FFFF mask of
+// make_desc_sw128 removes nothing).
 #pragma once
 
 #include <cstdint>
@@ -65,8 +65,8 @@ constexpr uint32_t mn_major_imm(int rows, int ks, int n_block0) {
   return lo_imm(mn_major_offset(rows, ks, n_block0), mn_major_lbo(rows));
 }
 
-// The variant's descriptor: base = (tile address >> 4), formed from the plan's once per CTA; one 32-bit
-// add per descriptor, the high word a constant.
+// The variant's descriptor with address field base + imm (base: plan address >> 4): the value that
+// kernel_common.cuh's TileDesc forms with one add per descriptor (64-bit, or 32-bit on the low word).
 constexpr uint64_t desc(uint32_t base, uint32_t imm) { return (static_cast<uint64_t>(kHi) << 32) | (base + imm); }
 
 // make_desc_sw128 (hopper.cuh) on an integer shared address: the formula the variant must reproduce.
@@ -140,8 +140,8 @@ constexpr bool uses_agree_at(uint32_t plan) {
   return ok;
 }
 // The lowest and the highest 1024-aligned plan whose tiles fit the window, and one in between
-// (tests/cpp/test_bwd_desc_imm.cpp walks every aligned placement).
-static_assert(uses_agree_at(0) && uses_agree_at(0x1400) &&
+// (tests/cpp/test_bwd_desc_imm.cpp walks every aligned placement, against its own reference formula).
+static_assert(uses_agree_at(0) && uses_agree_at(2048) &&
                   uses_agree_at((kSharedWindowBytes - kTilesEnd) & ~(kAtomBytes - 1)),
               "base + immediate descriptors equal make_desc_sw128's");
 
