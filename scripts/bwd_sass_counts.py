@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Static SASS instruction counts of the sparse MLA backward main kernel's key-block loops, per role.
 
-Usage: python3 scripts/bwd_sass_counts.py OBJ_OR_CUBIN [more ...]   (or .sass text)
+Usage: python3 scripts/bwd_sass_counts.py OBJ_OR_CUBIN [more ...]   (or .sass text, or a linked binary)
+  e.g. python3 scripts/bwd_sass_counts.py build-bwddesc/bwd_main build-bwddesc/bwd_ab   (an A/B pair from
+  scripts/bwd_gpu.sh AB_FLAGS=...: one block of rows per file, headed by its path)
 
 For the fast-mode instance (kDeterministic = false) of sparse_mla_bwd_main_kernel it lists each loop (a
 backward branch whose body has no EXIT, >= 40 instructions; scripts/fwd_sass_counts.py's loop finder) with
@@ -49,6 +51,8 @@ def main(paths):
     cols = [c for c, _ in CLASSES] + ["other"]
     print("%-4s %-9s %-11s %6s  %s" % ("ker", "role", "range", "total", "  ".join(cols)))
     for path in paths:
+        if len(paths) > 1:
+            print("== %s" % path)
         for tag, instrs in sorted(f.functions_by_tag(f.sass_text(path), tag_of).items()):
             for body in f.loops(instrs):
                 c = collections.Counter(f.classify(op, CLASSES) for _, op, _ in body)
