@@ -316,6 +316,18 @@ __device__ __forceinline__ uint32_t tile_pair_offset(int row, int n, int q4) {
 }
 
 // s <- P = exp(scale S - lse) on valid keys, 0 elsewhere; idx: the keys of the block (smem).
+// A/B switch -DFLASHDSA_BWD_EX2_APPROX=1: the SFU's ex2.approx.ftz (as the forward computes P and lse)
+// instead of exp2f's accurate sequence (compare, two predicated multiplies, MUFU per element).
+#ifndef FLASHDSA_BWD_EX2_APPROX
+#define FLASHDSA_BWD_EX2_APPROX 0
+#endif
+__device__ __forceinline__ float bwd_exp2(float x) {
+#if FLASHDSA_BWD_EX2_APPROX
+  return hw::ex2_approx(x);
+#else
+  return exp2f(x);
+#endif
+}
 __device__ __forceinline__ void exp_scores(float (&s)[32], const int32_t* idx, const MainParams& p, float lse2_lo,
                                            float lse2_hi, int q4) {
 #pragma unroll
@@ -324,7 +336,7 @@ __device__ __forceinline__ void exp_scores(float (&s)[32], const int32_t* idx, c
     const bool valid[2] = {key_valid(keys.x, p.T_kv), key_valid(keys.y, p.T_kv)};
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      s[4 * n + e] = valid[e & 1] ? exp2f(fmaf(s[4 * n + e], p.scale_log2, -(e < 2 ? lse2_lo : lse2_hi))) : 0.f;
+      s[4 * n + e] = valid[e & 1] ? bwd_exp2(fmaf(s[4 * n + e], p.scale_log2, -(e < 2 ? lse2_lo : lse2_hi))) : 0.f;
   }
 }
 
