@@ -31,9 +31,12 @@ inline int topk_candidate_capacity(int K) { return K + std::max(K, 2048); }
 
 // ---- sparse MLA backward (csrc/sm90/sparse_mla_bwd) ----------------------------------------------
 // Fast mode sorts each row's indices and sweeps the key range in step from this many keys on: kv +
-// dkv of fewer keys stay in L2 anyway. (A/B builds override it with -DFLASHDSA_BWD_SWEEP_MIN_KEYS=N,
-// sparse_mla_bwd.cu; scripts/bwd_gpu.sh SWEEP_AB=1.)
-constexpr int64_t kBwdSweepMinKeys = 16384;
+// dkv of fewer keys stay in L2 anyway. Measured on one H200 (2026-12-02, sweep vs never, fast ms):
+// at 16K keys the sweep costs 4% (uniform rows) / 12% (ascending causal rows), at 24K it saves 21%
+// (uniform) and costs 5% (causal), at 32K it saves 30% / 3%: the threshold sits between 16K and 24K.
+// (A/B builds override it with -DFLASHDSA_BWD_SWEEP_MIN_KEYS=N, sparse_mla_bwd.cu; scripts/bwd_gpu.sh
+// SWEEP_AB=1.)
+constexpr int64_t kBwdSweepMinKeys = 20480;
 // Sorted-index chunk of the sweep: tokens per chunk = this / K (64 MiB per copy).
 constexpr int64_t kBwdSortChunkEntries = int64_t(1) << 24;
 // Deterministic mode: bound of the per-chunk dkv partial buffer (2 GiB); the chunk's token count is

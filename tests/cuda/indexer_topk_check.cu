@@ -4,8 +4,10 @@
 // Build: the CMake target indexer_topk_check (links the library; `cmake --build build --target indexer_topk_check`).
 // Run:
 //   /tmp/indexer_topk_check [--small] [--no-bench] [--bench-only] [--bench-T 8192,32768] [--bench-H 32,64] [--seed N]
+//                           [--bench-cap N]
 //   --small: only a few small cases (for compute-sanitizer memcheck / racecheck), implies --no-bench.
 //   --bench-only: skip the correctness cases; --bench-T / --bench-H: the benchmark's sequence lengths / heads.
+//   --bench-cap N: also time candidate capacity N (a multiple of 64), alternated with the default.
 // Exit code: 0 all cases pass, 1 a case failed, 77 no CUDA device.
 //
 // Correctness: every case is checked against a double-precision CPU reference. A row passes when
@@ -386,7 +388,9 @@ __global__ void fill_weights(float* x, int64_t n, uint64_t seed) {
 }
 
 
-bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs) {
+// bench_cap > 0: each shape is also timed at that candidate capacity, alternated with the default in
+// the same process on the same inputs (an A/B of the capacity without a rebuild).
+bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs, int bench_cap) {
   const int D = 128, K = 2048;
   bool ok = true;
   std::printf("\nBenchmark: one causal sequence, D_I = %d, K = %d, relu, median of 10 (CUDA events)\n", D, K);
@@ -412,7 +416,8 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
       size_t free_before = 0, free_after = 0, total = 0;
       FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
       FLASHDSA_CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
-      DeviceBuffer ws(ws_bytes);
+      const size_t ws_cap = bench_cap > 0 ? impl::workspace_size(prm, bench_cap) : 0;
+      DeviceBuffer ws(std::max(ws_bytes, ws_cap));
       prm.workspace = ws.ptr;
       prm.workspace_bytes = ws.bytes;
       const flashdsa::Status st = flashdsa::sm90::indexer_topk(prm);  // warm-up
@@ -422,7 +427,19 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
       }
       FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
       FLASHDSA_CHECK_CUDA(cudaMemGetInfo(&free_after, &total));
-      const double med = flashdsa_check::median_ms([&] { (void)flashdsa::sm90::indexer_topk(prm); }, 0, 10);
+      double med = flashdsa_check::median_ms([&] { (void)flashdsa::sm90::indexer_topk(prm); }, 0, 10);
+      double med_cap = 0.0;
+      if (bench_cap > 0) {  // default, cap, default, cap: the minimum of each
+        const flashdsa::Status cst = impl::run(prm, bench_cap);
+        if (!cst.ok()) {
+          std::printf("  launch at cap %d failed: %s\n", bench_cap, cst.message().c_str());
+          return false;
+        }
+        med_cap = flashdsa_check::median_ms([&] { (void)impl::run(prm, bench_cap); }, 0, 10);
+        med = std::min(med, flashdsa_check::median_ms([&] { (void)flashdsa::sm90::indexer_topk(prm); }, 0, 10));
+        med_cap = std::min(med_cap, flashdsa_check::median_ms([&] { (void)impl::run(prm, bench_cap); }, 0, 10));
+        FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+      }
       const double pairs = double(T) * double(T + 1) / 2.0;
       const double tflops = 2.0 * pairs * H * D / (med * 1e-3) / 1e12;
 
@@ -461,6 +478,9 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
       }
       std::printf("  %-3d %7lld %10.3f %10.1f %9.1f MiB %10.1f MiB   %s\n", H, (long long)T, med, tflops,
                   ws_bytes / 1048576.0, (double(free_before) - double(free_after)) / 1048576.0, spot.c_str());
+      if (bench_cap > 0)
+        std::printf("  %-3d %7lld %10.3f ms at cap %d (default / cap = %.3f), workspace %.1f MiB\n", H, (long long)T,
+                    med_cap, bench_cap, med / med_cap, ws_cap / 1048576.0);
     }
   }
   return ok;
@@ -474,6 +494,7 @@ int main(int argc, char** argv) {
   uint64_t seed = std::random_device{}();
   std::vector<int64_t> bench_T = {32768, 65536, 131072};
   std::vector<int> bench_H = {32, 64};
+  int bench_cap = 0;  // > 0: also time this candidate capacity (A/B with the default)
   // Comma-separated integer list, e.g. "8192,32768".
   auto parse_list = [](const char* text) {
     std::vector<int64_t> v;
@@ -490,6 +511,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-bench")) bench = false;
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
+    else if (!std::strcmp(argv[i], "--bench-cap") && i + 1 < argc) bench_cap = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-T") && i + 1 < argc) bench_T = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-H") && i + 1 < argc) {
       bench_H.clear();
@@ -520,7 +542,7 @@ int main(int argc, char** argv) {
     std::printf("  %-34s %s\n", "T = 0", pass ? "PASS" : "FAIL");
     ok = ok && pass;
   }
-  if (bench) ok = benchmark(seed, bench_T, bench_H) && ok;
+  if (bench) ok = benchmark(seed, bench_T, bench_H, bench_cap) && ok;
   std::printf("%s\n", ok ? "ALL PASS" : "SOME FAILED");
   return ok ? 0 : 1;
 }

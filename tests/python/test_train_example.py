@@ -206,12 +206,12 @@ def test_gradient_check_fused_equals_reference_cpu(example, tmp_path):
 
 @pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
                      "sparse_kl_fwd", "sparse_kl_bwd")
-def test_gradient_check_cuda_at_16k_tokens(example, tmp_path, device):
-    """The CUDA kernels' gradients at training scale (T = 16384: the sparse MLA backward's sorted-sweep
+def test_gradient_check_cuda_at_20k_tokens(example, tmp_path, device):
+    """The CUDA kernels' gradients at training scale (T = 20480: the sparse MLA backward's sorted-sweep
     path) against the plain-PyTorch reference on the same top-k; bf16 rounding only."""
     if device != "cuda":
         pytest.skip("the CPU case is above")
-    report = example.main(["--device", "cuda", "--grad-check", "--tokens", "16384", "--min-len", "1024",
+    report = example.main(["--device", "cuda", "--grad-check", "--tokens", "20480", "--min-len", "1024",
                            "--max-len", "2048", "--num-keys", "512", "--query-every", "32", "--num-values", "16", "--topk", "256",
                            "--out", str(tmp_path)])["grad_check"]
     params = {k: v for k, v in report.items() if k != "lm_loss"}

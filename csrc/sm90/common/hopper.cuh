@@ -219,6 +219,16 @@ __device__ __forceinline__ void cp_async_4(uint32_t smem_dst, const void* gmem_s
                : "memory");
 }
 
+// Four 8x8 bf16 matrices: lane L gives the row address of matrix L/8, row L%8 (16-byte aligned);
+// register i receives (row lane/4, cols 2(lane%4), 2(lane%4)+1) of matrix i: the mma.sync A / B
+// fragment layout of a row-major tile.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr)
+               : "memory");
+}
+
 // Four 8x8 bf16 matrices, transposed on load: lane L gives the row address of matrix L/8, row L%8;
 // register i receives (row 2(lane%4), col lane/4) and (row 2(lane%4)+1, col lane/4) of matrix i.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_addr) {

@@ -173,8 +173,6 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t lds_u32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
 // The re-score's shared memory with a gather ring, for kWarps warps: it overlays kArea bytes (the Q
 // block and the key ring, contiguous and free after the walk), so each warp gets kPipe stages.
 template <int H, int D, int kWarps, int kArea_>
@@ -261,15 +259,22 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
       float acc[kPass / 8][4];
 #pragma unroll
       for (int n = 0; n < kPass / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+      // Fragments by ldmatrix.x4: A (keys) in one, B (q^T) of two 8-head groups in one; lane l
+      // addresses row l % 8 of matrix l / 8 (A: rows +8 for odd matrices, columns +8 for the upper
+      // two; B: columns +8 for odd matrices, the next head group for the upper two).
+      static_assert(kPass % 16 == 0, "B fragments of 8-head groups in pairs");
+      const uint32_t a_addr = hw::smem_u32(kb + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kLd + 8 * (lane >> 4));
+      const uint32_t b_addr = hw::smem_u32(rs.q + (h0 + 8 * (lane >> 4) + (lane & 7)) * kLd + 8 * ((lane >> 3) & 1));
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        const int col = 16 * ks + 2 * c;
-        const uint32_t af[4] = {lds_u32(kb + g * kLd + col), lds_u32(kb + (g + 8) * kLd + col),
-                                lds_u32(kb + g * kLd + col + 8), lds_u32(kb + (g + 8) * kLd + col + 8)};
+        uint32_t af[4];
+        hw::ldmatrix_x4(af, a_addr + 32u * ks);
 #pragma unroll
-        for (int n = 0; n < kPass / 8; ++n) {
-          const uint16_t* qh = rs.q + (h0 + 8 * n + g) * kLd + col;
-          mma_m16n8k16_bf16(acc[n], af, lds_u32(qh), lds_u32(qh + 8));
+        for (int n = 0; n < kPass / 8; n += 2) {
+          uint32_t bq[4];
+          hw::ldmatrix_x4(bq, b_addr + static_cast<uint32_t>((8 * n * kLd + 16 * ks) * 2));
+          mma_m16n8k16_bf16(acc[n], af, bq[0], bq[1]);
+          mma_m16n8k16_bf16(acc[n + 1], af, bq[2], bq[3]);
         }
       }
       if constexpr (!kPassLoop) {  // the refill under the head sum (written out twice: a lambda moved the SASS)

@@ -60,7 +60,12 @@ void fill_fp8_inputs(const IndexerTensors& in, Fp8KernelArgs* args) {
 
 int candidates(const IndexerTopkParams& p) { return p.candidates ? p.candidates : fp8_selection_candidates(p.K); }
 
-int candidate_capacity(int C) { return std::max(4096, C + 1024); }
+// The candidate lists' capacity: C plus at least 1024 appends between compactions. (A/B builds set the
+// minimum with -DFLASHDSA_FP8_MIN_CAPACITY=N: scripts/fp8_gpu.sh AB_FLAGS.)
+#ifndef FLASHDSA_FP8_MIN_CAPACITY
+#define FLASHDSA_FP8_MIN_CAPACITY 4096
+#endif
+int candidate_capacity(int C) { return std::max(FLASHDSA_FP8_MIN_CAPACITY, C + 1024); }
 
 Status supports(const IndexerTopkParams& p, const char* op) {
   const Check c{op};
