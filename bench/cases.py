@@ -114,7 +114,7 @@ class CaseBuilder:
 
         def attention_inputs(with_forward: bool):
             q, kv = self._rand(t, s.heads, s.d_qk), self._rand(t, s.d_qk)
-            idx = causal_topk_indices(t, s.topk, dev)
+            idx = causal_topk_indices(t, s.topk, dev, order=cfg.index_order)
             if not with_forward:
                 return q, kv, idx
             out, lse = ops.sparse_mla_fwd(q, kv, idx, s.scale)
@@ -142,7 +142,7 @@ class CaseBuilder:
 
         def kl_inputs():
             q_idx, k_idx, weights, _, _ = index_inputs(cfg, t)
-            idx = causal_topk_indices(t, s.topk, dev)
+            idx = causal_topk_indices(t, s.topk, dev, order=cfg.index_order)
             grad_rows = torch.full((t,), 1.0 / t, device=dev)
             mass = random_mass(idx)
             # The backward starts from the forward's row statistics, as the autograd does.
@@ -246,8 +246,8 @@ class CaseBuilder:
 
         def sparse_fwd() -> Prepared:
             def make():
-                return self._rand(t, s.heads, s.d_qk), self._rand(t, s.d_qk), causal_topk_indices(t, s.topk,
-                                                                                                   cfg.device)
+                return self._rand(t, s.heads, s.d_qk), self._rand(t, s.d_qk), causal_topk_indices(
+                    t, s.topk, cfg.device, order=cfg.index_order)
 
             def run(a):
                 with torch.no_grad():

@@ -58,6 +58,7 @@ class BenchConfig:
     unfused_max_t: int  # the unfused baseline stops here (it is out of memory or too slow beyond)
     unfused_chunk_bytes: int  # temporaries budget of one query chunk of the unfused baseline
     standard_shape: bool  # PERF.md targets apply (GLM-5 shape on CUDA)
+    index_order: str = "ascending"  # order of each row's sparse-attention indices (bench/inputs.py INDEX_ORDERS)
 
     @property
     def on_cuda(self) -> bool:
@@ -83,7 +84,8 @@ CPU_QUICK_SEQ_LENS = (64, 128)
 
 
 def make_config(device: torch.device, *, quick: bool = False, seq_lens: Optional[Sequence[int]] = None,
-                max_seconds: Optional[float] = None, sections: Sequence[str] = DEFAULT_SECTIONS) -> BenchConfig:
+                max_seconds: Optional[float] = None, sections: Sequence[str] = DEFAULT_SECTIONS,
+                index_order: str = "ascending") -> BenchConfig:
     """The run's configuration for `device` (cuda: PERF.md's standard shape; cpu: tiny sizes)."""
     on_cuda = device.type == "cuda"
     if seq_lens is None:
@@ -110,6 +112,7 @@ def make_config(device: torch.device, *, quick: bool = False, seq_lens: Optional
         unfused_max_t=65536 if on_cuda else 1 << 30,
         unfused_chunk_bytes=2 * GIB if on_cuda else 64 * MIB,
         standard_shape=on_cuda,
+        index_order=index_order,
     )
 
 

@@ -52,13 +52,24 @@ def dsa_inputs(cfg: BenchConfig, t: int, *, requires_grad: bool = False) -> DsaI
                      dout=_randn(cfg, t, s.heads, s.d_v))
 
 
-def causal_topk_indices(t: int, topk: int, device: torch.device, rows_per_chunk: int = 16384) -> torch.Tensor:
+INDEX_ORDERS = ("ascending", "shuffled")
+
+
+def causal_topk_indices(t: int, topk: int, device: torch.device, rows_per_chunk: int = 16384,
+                        order: str = "ascending") -> torch.Tensor:
     """Distinct random visible keys per query, as the indexer would pick them (int32 [T, K]).
 
     Row r sees keys [0, r + 1). Rows with r + 1 <= K take all of them, then -1. Longer rows cut
     [0, r + 1) into K disjoint integer strata and take one key at random from each: distinct keys
     spread over the whole row. Built in row chunks to bound the int64 temporaries.
+
+    order: "ascending" keeps a full row's keys in stratum order (ascending key index);
+    "shuffled" permutes each full row's slots at random — the order a top-k selection returns keys
+    in (our indexer_topk's rows are in no particular order), which changes how the backward's dkv
+    reductions walk the key range. Rows with r + 1 <= K stay ascending with the -1 padding last.
     """
+    if order not in INDEX_ORDERS:
+        raise ValueError(f"order must be one of {INDEX_ORDERS}, got {order!r}")
     indices = torch.empty(t, topk, dtype=torch.int32, device=device)
     slots = torch.arange(topk, device=device).unsqueeze(0)  # [1, K] int64
     for first in range(0, t, rows_per_chunk):
@@ -66,6 +77,8 @@ def causal_topk_indices(t: int, topk: int, device: torch.device, rows_per_chunk:
         lo = slots * visible // topk  # stratum j = [lo_j, hi_j), non-empty when visible >= K
         hi = (slots + 1) * visible // topk
         sampled = lo + (torch.rand(lo.shape, device=device) * (hi - lo)).long().clamp_max(hi - lo - 1)
+        if order == "shuffled":
+            sampled = sampled.gather(1, torch.rand(sampled.shape, device=device).argsort(dim=1))
         short = torch.where(slots < visible, slots, torch.full_like(slots, -1))
         indices[first:first + visible.shape[0]] = torch.where(visible > topk, sampled, short).to(torch.int32)
     return indices

@@ -228,7 +228,7 @@ def render_markdown(cfg: BenchConfig, meta: dict, records: List[dict], summary: 
         f"- torch {meta['torch']}, CUDA {meta['cuda']}; flashdsa: {meta['flashdsa']}",
         f"- Mode: {meta['mode']}; wall time {meta['wall_s']:.0f} s of a {cfg.max_seconds:.0f} s budget",
         f"- DSA shape: H={s.heads}, D_qk={s.d_qk}, D_v={s.d_v}, K={s.topk}, H_I={s.index_heads}, D_I={s.index_dim}, "
-        f"{cfg.dtype_name}, one causal sequence of T tokens",
+        f"{cfg.dtype_name}, one causal sequence of T tokens; sparse-attention index rows: {cfg.index_order}",
         "",
         "## Summary",
         "",

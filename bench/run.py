@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from bench.cases import build_cases  # noqa: E402
 from bench.config import DEFAULT_SECTIONS, SECTIONS, BenchConfig, make_config  # noqa: E402
+from bench.inputs import INDEX_ORDERS  # noqa: E402
 from bench.plots import write_plots  # noqa: E402
 from bench.report import fmt_t, write_outputs  # noqa: E402
 from bench.runner import Runner  # noqa: E402
@@ -57,6 +58,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--peers-max-seconds", type=float, default=None,
                    help="time budget of the peers section (default: --max-seconds' default)")
     p.add_argument("--seq-lens", nargs="+", type=int, default=None, help="override the sequence lengths T")
+    p.add_argument("--index-order", choices=INDEX_ORDERS, default="ascending",
+                   help="order of each row's sparse-attention indices: ascending key index (default) or "
+                        "shuffled, the order a top-k selection returns them in (bench/inputs.py)")
     return p.parse_args(argv)
 
 
@@ -105,6 +109,7 @@ def run_meta(cfg: BenchConfig, fd_description: str, policy: RepPolicy) -> dict:
     meta = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit, "torch": torch.__version__, "cuda": torch.version.cuda or "none",
+        "index_order": cfg.index_order,
         "flashdsa": fd_description, "mode": f"{cfg.device.type}{' (quick)' if cfg.quick else ''}",
         "python": platform.python_version(),
     }
@@ -140,7 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bench.peers import PEER_SEQ_LENS
         seq_lens = PEER_SEQ_LENS  # the peers' standard T (4K ... 128K)
     cfg = make_config(device, quick=args.quick, seq_lens=seq_lens, max_seconds=args.max_seconds,
-                      sections=sections)
+                      sections=sections, index_order=args.index_order)
     out_dir = args.out or REPO / "bench" / "results" / _dt.date.today().isoformat()
     torch.manual_seed(0)
     fd, fd_error, fd_description = import_flashdsa(cfg.on_cuda)

@@ -130,7 +130,7 @@ def attention_inputs(ctx: Context, with_forward: bool, with_dout: bool = False) 
     our forward's out and lse, and an upstream gradient dout [T, H, D_v]."""
     s, t = ctx.shape, ctx.t
     a = {"q": ctx.randn(t, s.heads, s.d_qk), "kv": ctx.randn(t, s.d_qk),
-         "idx": causal_topk_indices(t, s.topk, ctx.cfg.device)}
+         "idx": causal_topk_indices(t, s.topk, ctx.cfg.device, order=ctx.cfg.index_order)}
     if with_forward:
         a["out"], a["lse"] = ctx.ops.sparse_mla_fwd(a["q"], a["kv"], a["idx"], s.scale)
     if with_dout:

@@ -196,6 +196,26 @@ def test_causal_topk_indices_are_distinct_and_visible():
         assert bool((row[len(valid):] == -1).all())
 
 
+def test_causal_topk_indices_shuffled_is_a_permutation_of_the_strata():
+    """order="shuffled": each full row holds one key per stratum, in a random slot order; short rows
+    keep every visible key in order, padded with -1 last."""
+    t, k = 300, 32
+    idx = causal_topk_indices(t, k, CPU, rows_per_chunk=41, order="shuffled")
+    unsorted_rows = 0
+    for r in range(t):
+        row = idx[r]
+        if r + 1 <= k:
+            assert row[: r + 1].tolist() == list(range(r + 1)) and bool((row[r + 1:] == -1).all())
+            continue
+        keys = sorted(row.tolist())
+        strata = [(j * (r + 1) // k, (j + 1) * (r + 1) // k) for j in range(k)]
+        assert all(lo <= key < hi for key, (lo, hi) in zip(keys, strata)), r
+        unsorted_rows += int(row.tolist() != keys)
+    assert unsorted_rows > 0.9 * (t - k)  # a random order is almost never ascending
+    with pytest.raises(ValueError, match="order"):
+        causal_topk_indices(4, 2, CPU, order="descending")
+
+
 # ---------------------------------------------------------------------- the unfused baseline's math
 
 @pytest.fixture(autouse=True, scope="module")
