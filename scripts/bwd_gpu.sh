@@ -19,7 +19,7 @@
 #   nodkv    only with NO_REDS=1: -DFLASHDSA_BWD_NO_DKV=1, no dkv writes at all (wrong dkv by design): the
 #            compute-path floor, benched at 4K and 32K;
 #   ab       only with AB_FLAGS="-D..." (or a prebuilt bwd_ab): sparse_mla_bwd.cu with those nvcc flags, the
-#            A/B of a compile-time variant (e.g. AB_FLAGS=-DFLASHDSA_BWD_DESC_IMM=1, the descriptor diet).
+#            A/B of a compile-time variant (e.g. AB_FLAGS=-DFLASHDSA_BWD_SWEEP_MIN_KEYS=24576).
 # Steps (each under its own timeout; logs in $OUT, default /tmp/bwd_gpu):
 #   1. (unless PREBUILT=1) the builds;
 #   2. main: the 38 correctness cases (fast, deterministic 3 runs bitwise, mass) and the scale check;

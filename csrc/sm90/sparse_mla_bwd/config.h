@@ -17,7 +17,6 @@
 
 #include "flashdsa/ops.h"
 #include "sm90/common/constants.h"
-#include "sm90/sparse_mla_bwd/desc_imm.h"
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 
@@ -76,15 +75,5 @@ static_assert(kThreads == 3 * hw::kWarpgroup, "front, back and producer warpgrou
 static_assert(kHeadsPerCta == 64 && kBlockKeys == 64, "wgmma shapes (m64, n64 tiles) and the 64-thread index loads");
 static_assert(kQkCols % kColsPerBlock == 0 && kVCols % kColsPerBlock == 0, "whole SW128 blocks");
 static_assert(hw::kSw128RowBytes == 128, "the copies address SW128 rows as 128 bytes (8 pieces of 16)");
-
-// The operand tiles where desc_imm.h (the FLASHDSA_BWD_DESC_IMM=1 descriptors) places them.
-static_assert(offsetof(SmemPlan, q) == desc_imm::kOffQ && offsetof(SmemPlan, dout) == desc_imm::kOffDout &&
-                  offsetof(SmemPlan, kv) == desc_imm::kOffKv && offsetof(SmemPlan, p) == desc_imm::kOffP &&
-                  offsetof(SmemPlan, ds) == desc_imm::kOffDs,
-              "desc_imm.h tile offsets");
-static_assert(desc_imm::kRows == kHeadsPerCta && desc_imm::kRows == kBlockKeys &&
-                  desc_imm::kRowBytes == hw::kSw128RowBytes && desc_imm::kAtomBytes == hw::kSw128AtomBytes,
-              "desc_imm.h tile shape");
-static_assert(kSmemBytes <= desc_imm::kSharedWindowBytes - 1024, "the plan lies in the window desc_imm.h assumes");
 
 }  // namespace flashdsa::sm90::sparse_mla_bwd_impl

@@ -12,7 +12,6 @@
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
-#include "sm90/sparse_mla_bwd/desc_imm.h"
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 
@@ -71,69 +70,6 @@ namespace detail {
 
 using hw::desc_k_major;
 using hw::desc_mn_major;
-
-// ---- wgmma operand tiles -------------------------------------------------------------------------
-// The GEMM sequences take their operand tiles as TileRef. Default: the tile's address; hw::desc_k_major
-// / desc_mn_major form each descriptor in full where it is used (the realigned plan base is a run-time
-// value, so ptxas emits ≈ 5 uniform instructions per descriptor, ≈ 11 per SS wgmma).
-// FLASHDSA_BWD_DESC_IMM=1 (A/B variant; docs/kernels/sparse_mla_bwd.md, "Descriptor diet"): TileDesc,
-// the tile's descriptor at offset 0, formed from the plan's shared address once per use site; every
-// k-step / column-chunk descriptor is that value plus a compile-time immediate (desc_imm.h, which
-// proves the two forms bit-identical): one UIADD3.64 per descriptor.
-struct TileDesc {
-  uint64_t base;  // desc_imm::kHi << 32 | (shared address of the tile) >> 4
-};
-__device__ __forceinline__ uint64_t desc_k_major(TileDesc t, int rows, int ks) {
-  return t.base + desc_imm::k_major_imm(rows, ks);
-}
-__device__ __forceinline__ uint64_t desc_mn_major(TileDesc t, int rows, int ks, int n_block0) {
-  return t.base + desc_imm::mn_major_imm(rows, ks, n_block0);
-}
-
-// The A operand of a dKV chunk (the P / dS tile read transposed): the same as desc_mn_major, but for a
-// TileDesc the immediate goes to the low word only, which is re-paired with the constant high word.
-// With the 64-bit add ptxas re-forms these eight descriptors (the same in every chunk) in chunks 2..8
-// as two 32-bit halves with a carry (≈ 3.5 instructions each); this way it keeps the low words in
-// uniform registers (2 each: back 1287 -> 1224 per key block).
-__device__ __forceinline__ uint64_t desc_dkv_a(const void* tile, int rows, int ks) {
-  return desc_mn_major(tile, rows, ks, 0);
-}
-__device__ __forceinline__ uint64_t desc_dkv_a(TileDesc t, int rows, int ks) {
-  return hw::pack_b64(static_cast<uint32_t>(t.base) + desc_imm::mn_major_imm(rows, ks, 0), desc_imm::kHi);
-}
-
-#if FLASHDSA_BWD_DESC_IMM
-using TileRef = TileDesc;
-#else
-using TileRef = const void*;
-#endif
-
-// The five operand tiles of the plan.
-struct OperandTiles {
-  TileRef q, dout, kv, p, ds;
-};
-__device__ __forceinline__ OperandTiles operand_tiles(const SmemPlan& sm) {
-#if FLASHDSA_BWD_DESC_IMM
-  // The plan is 1024-byte aligned and below 2^18 (desc_imm.h): its address >> 4 is the address field.
-  const uint64_t plan = hw::pack_b64(hw::smem_u32(&sm) >> 4, desc_imm::kHi);
-  return {TileDesc{plan + (desc_imm::kOffQ >> 4)}, TileDesc{plan + (desc_imm::kOffDout >> 4)},
-          TileDesc{plan + (desc_imm::kOffKv >> 4)}, TileDesc{plan + (desc_imm::kOffP >> 4)},
-          TileDesc{plan + (desc_imm::kOffDs >> 4)}};
-#else
-  return {sm.q, sm.dout, sm.kv, sm.p, sm.ds};
-#endif
-}
-
-// Hides a tile from the compiler's common-subexpression elimination, so that the descriptors formed
-// from it are recomputed instead of kept alive from an earlier GEMM (the front's dP: else S's 36 kv
-// descriptors stay live across the softmax). For a TileDesc only the low word is hidden (the high word
-// stays a known constant: laundering all 64 bits costs ≈ 4 more instructions per dP descriptor).
-__device__ __forceinline__ void launder(const void*& tile) { asm volatile("" : "+l"(tile)); }
-__device__ __forceinline__ void launder(TileDesc& tile) {
-  uint32_t lo = static_cast<uint32_t>(tile.base);
-  asm volatile("" : "+r"(lo));
-  tile.base = hw::pack_b64(lo, desc_imm::kHi);
-}
 
 __device__ __forceinline__ bool key_valid(int32_t idx, int64_t t_kv) { return idx >= 0 && idx < t_kv; }
 
@@ -316,18 +252,6 @@ __device__ __forceinline__ uint32_t tile_pair_offset(int row, int n, int q4) {
 }
 
 // s <- P = exp(scale S - lse) on valid keys, 0 elsewhere; idx: the keys of the block (smem).
-// A/B switch -DFLASHDSA_BWD_EX2_APPROX=1: the SFU's ex2.approx.ftz (as the forward computes P and lse)
-// instead of exp2f's accurate sequence (compare, two predicated multiplies, MUFU per element).
-#ifndef FLASHDSA_BWD_EX2_APPROX
-#define FLASHDSA_BWD_EX2_APPROX 0
-#endif
-__device__ __forceinline__ float bwd_exp2(float x) {
-#if FLASHDSA_BWD_EX2_APPROX
-  return hw::ex2_approx(x);
-#else
-  return exp2f(x);
-#endif
-}
 __device__ __forceinline__ void exp_scores(float (&s)[32], const int32_t* idx, const MainParams& p, float lse2_lo,
                                            float lse2_hi, int q4) {
 #pragma unroll
@@ -336,7 +260,7 @@ __device__ __forceinline__ void exp_scores(float (&s)[32], const int32_t* idx, c
     const bool valid[2] = {key_valid(keys.x, p.T_kv), key_valid(keys.y, p.T_kv)};
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      s[4 * n + e] = valid[e & 1] ? bwd_exp2(fmaf(s[4 * n + e], p.scale_log2, -(e < 2 ? lse2_lo : lse2_hi))) : 0.f;
+      s[4 * n + e] = valid[e & 1] ? exp2f(fmaf(s[4 * n + e], p.scale_log2, -(e < 2 ? lse2_lo : lse2_hi))) : 0.f;
   }
 }
 
@@ -418,7 +342,7 @@ __device__ __forceinline__ void store_dq_blocks(const MainParams& p, const float
 // acc (+)= A . KV^T over kBlocks column blocks: A = Q (S) or dO (dP), [64 heads x 64 keys] (no fence,
 // no commit).
 template <int kBlocks>
-__device__ __forceinline__ void mma_heads_keys(float (&acc)[32], TileRef a_tile, TileRef kv_tile) {
+__device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_tile, const void* kv_tile) {
 #pragma unroll
   for (int ks = 0; ks < 4 * kBlocks; ++ks)
     hw::wgmma_ss_m64n64k16<0, 0>(acc, desc_k_major(a_tile, kHeadsPerCta, ks), desc_k_major(kv_tile, kBlockKeys, ks),
@@ -428,17 +352,16 @@ __device__ __forceinline__ void mma_heads_keys(float (&acc)[32], TileRef a_tile,
 // dKV chunk c = dS^T . Q[:, c] (+ P^T . dO[:, c] for value chunks) into acc, A read transposed from
 // the tiles; one commit group.
 __device__ __forceinline__ void issue_dkv_chunk(const SmemPlan& sm, float (&acc)[32], int c) {
-  const OperandTiles t = operand_tiles(sm);
   hw::wgmma_fence();
 #pragma unroll
   for (int hk = 0; hk < 4; ++hk)
-    hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_dkv_a(t.ds, kHeadsPerCta, hk), desc_mn_major(t.q, kHeadsPerCta, hk, c),
-                                 hk > 0);
+    hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.ds, kHeadsPerCta, hk, 0),
+                                 desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
   if (c < kVBlocks) {
 #pragma unroll
     for (int hk = 0; hk < 4; ++hk)
-      hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_dkv_a(t.p, kHeadsPerCta, hk),
-                                   desc_mn_major(t.dout, kHeadsPerCta, hk, c), true);
+      hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.p, kHeadsPerCta, hk, 0),
+                                   desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
   }
   hw::wgmma_commit();
 }

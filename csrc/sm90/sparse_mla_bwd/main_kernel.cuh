@@ -119,7 +119,7 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
 // dQ[:, 0:320) += dS . KV, A straight from the dS accumulator (converted before the fence); one commit
 // group.
 __device__ __forceinline__ void mma_dq_front(float (&dq_a)[4 * 32], float (&dq_b)[32], const float (&ds)[32],
-                                             TileRef kv_tile) {
+                                             const void* kv_tile) {
   uint32_t a[4][4];
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) hw::acc_to_a_frag(ds, kk, a[kk]);
@@ -158,7 +158,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     {
       float s[32];
       hw::wgmma_fence();
-      mma_heads_keys<kQkBlocks>(s, operand_tiles(sm).q, operand_tiles(sm).kv);
+      mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
       hw::wgmma_commit();
       scores_to_p<0>(s, sm.idx[st], p, fc, q4);
       // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
@@ -173,11 +173,11 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     // dP = dO . V^T; dS = scale P (dP - Delta) with the bf16 P.
     // The kv operand address is laundered: else the compiler keeps S's 36 kv descriptors (64-bit
     // each) alive for dP's 32 across exp / pack, and spills them.
-    TileRef kv_for_dp = operand_tiles(sm).kv;
-    launder(kv_for_dp);
+    const void* kv_for_dp = sm.kv;
+    asm volatile("" : "+l"(kv_for_dp));
     float dp[32];
     hw::wgmma_fence();
-    mma_heads_keys<kVBlocks>(dp, operand_tiles(sm).dout, kv_for_dp);
+    mma_heads_keys<kVBlocks>(dp, sm.dout, kv_for_dp);
     hw::wgmma_commit();
     hw::wgmma_wait<0>();
     hw::fence_regs(dp);
@@ -200,7 +200,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     hw::mbar_arrive(&sm.pds_full);
 
     // dQ[:, 0:320) += dS . KV, A straight from the dS registers.
-    mma_dq_front(dq_a, dq_b, dp, operand_tiles(sm).kv);
+    mma_dq_front(dq_a, dq_b, dp, sm.kv);
     hw::wgmma_wait<0>();
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
@@ -216,12 +216,11 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
 
 // dQ[:, 320:576) += dS . KV, A = dS tile (K-major), B = kv blocks 5..8 (MN-major); one commit group.
 __device__ __forceinline__ void mma_dq_back(float (&dq)[4 * 32], const SmemPlan& sm) {
-  const OperandTiles t = operand_tiles(sm);
   hw::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    hw::wgmma_ss_m64n256k16<0, 1>(dq, desc_k_major(t.ds, kHeadsPerCta, kk),
-                                  desc_mn_major(t.kv, kBlockKeys, kk, kFrontDqBlocks), true);
+    hw::wgmma_ss_m64n256k16<0, 1>(dq, desc_k_major(sm.ds, kHeadsPerCta, kk),
+                                  desc_mn_major(sm.kv, kBlockKeys, kk, kFrontDqBlocks), true);
   hw::wgmma_commit();
 }
 
