@@ -12,7 +12,7 @@
 # variant, in parallel):
 #   main     the library's kernel as shipped (default flags);
 #   sweepab  only with SWEEP_AB=1: -DFLASHDSA_BWD_SWEEP_MIN_KEYS=$SWEEP_AB_KEYS, the A/B of the sorted
-#            sweep's threshold (the library's: T_kv >= 16384, tuning::kBwdSweepMinKeys). Default
+#            sweep's threshold (the library's: T_kv >= 20480, tuning::kBwdSweepMinKeys). Default
 #            0x7fffffffffff: never sweep, so that T_SWEEP_AB (default 8K, 16K, 24K, 32K; 8K is a control,
 #            no sweep in either build) shows from which T_kv on the sweep pays; SWEEP_AB_KEYS=24576 tries
 #            a threshold directly;
@@ -178,7 +178,7 @@ if [ "${SAN_ONLY:-0}" != 1 ] && [ $MAIN_STEPS = 1 ]; then
   if [ "${SWEEP_AB:-0}" = 1 ]; then
     echo
     thr="from T_kv >= $((SWEEP_AB_KEYS))"; [ $((SWEEP_AB_KEYS)) -ge $((1 << 40)) ] && thr="never"
-    echo "sweep threshold A/B: main (sweep from T_kv >= 16384) vs sweepab (sweep $thr), fast ms (r1 / r2)"
+    echo "sweep threshold A/B: main (sweep from T_kv >= 20480) vs sweepab (sweep $thr), fast ms (r1 / r2)"
     printf "%8s | %-21s | %-21s | %s\n" "T" "main" "sweepab" "main / sweepab (> 1: sweepab faster)"
     IFS=, read -ra Ts <<< "$T_SWEEP_AB"
     for T in "${Ts[@]}"; do

@@ -8,6 +8,7 @@
 // Run:
 //   indexer_topk_fp8_check [--small] [--no-bench] [--bench-only] [--bench-T 8192,32768,131072]
 //                          [--bench-H 32] [--bench-data spread|uniform] [--seed N] [--tol8 R]
+//                          [--bench-candidates 2304,2048]   (extra C values: speed and recall on the same inputs)
 // Exit code: 0 all cases pass, 1 a case failed, 77 no CUDA device.
 //
 // Every call goes through the public entry points (flashdsa::run_quantize_fp8, run_indexer_topk with
@@ -462,7 +463,10 @@ __global__ void fill_weights(float* x, int64_t n, uint64_t seed) {
     x[i] = 0.25f * (hash_uniform(i, seed * 7 + 1) + 0.6f);
 }
 
-bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs, bool spread) {
+// cands: extra candidate counts C (fp8_candidates) timed on the same inputs after the default, each with
+// its recall (the speed / recall trade-off of the C - K slack).
+bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs, bool spread,
+               const std::vector<int64_t>& cands) {
   const int D = 128, K = 2048;
   std::printf("\nBenchmark: one causal sequence, D_I = %d, K = %d, relu, %s data, median of 10 (CUDA events)\n", D, K,
               spread ? "spread" : "uniform");
@@ -512,25 +516,46 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
       const double ms_sel = flashdsa_check::median_ms([&] { (void)flashdsa::run_indexer_topk(f8); }, 0, 10);
       const double ms_all = ms_q + ms_sel;
 
-      // Recall of the bf16 top K over sampled rows (every `step`-th, plus the last).
+      // Recall of the bf16 top K over sampled rows (every `step`-th, plus the last): mean and min row.
       const int64_t step = std::max<int64_t>(1, T / 2048);
       std::vector<int64_t> rows;
       for (int64_t t = 0; t < T; t += step) rows.push_back(t);
       rows.push_back(T - 1);
-      double sum = 0, mn = 1;
-      for (int64_t t : rows) {
-        auto a = download<int32_t>(idx.as<int32_t>() + t * K, K);
-        auto b = download<int32_t>(idx8.as<int32_t>() + t * K, K);
-        const int64_t n = std::min<int64_t>(K, t + 1);
-        std::sort(a.begin(), a.begin() + n);
-        std::sort(b.begin(), b.begin() + n);
-        std::vector<int32_t> common;
-        std::set_intersection(a.begin(), a.begin() + n, b.begin(), b.begin() + n, std::back_inserter(common));
-        const double rc = double(common.size()) / double(n);
-        sum += rc, mn = std::min(mn, rc);
-      }
+      auto recall = [&](double& mean, double& mn) {
+        double sum = 0;
+        mn = 1;
+        for (int64_t t : rows) {
+          auto a = download<int32_t>(idx.as<int32_t>() + t * K, K);
+          auto b = download<int32_t>(idx8.as<int32_t>() + t * K, K);
+          const int64_t n = std::min<int64_t>(K, t + 1);
+          std::sort(a.begin(), a.begin() + n);
+          std::sort(b.begin(), b.begin() + n);
+          std::vector<int32_t> common;
+          std::set_intersection(a.begin(), a.begin() + n, b.begin(), b.begin() + n, std::back_inserter(common));
+          const double rc = double(common.size()) / double(n);
+          sum += rc, mn = std::min(mn, rc);
+        }
+        mean = sum / rows.size();
+      };
+      double rmean = 1, rmin = 1;
+      recall(rmean, rmin);
       std::printf("  %-3d %7lld %10.3f %12.3f %12.3f %9.3f %8.2fx %12.5f %12.4f %10zu\n", H, (long long)T, ms_bf, ms_all,
-                  ms_sel, ms_q, ms_bf / ms_all, sum / rows.size(), mn, rows.size());
+                  ms_sel, ms_q, ms_bf / ms_all, rmean, rmin, rows.size());
+      for (int64_t c : cands) {  // same inputs and workspace layout rules; C changes only the cut and re-score
+        flashdsa::IndexerTopkParams fc = f8;
+        fc.candidates = static_cast<int>(c);
+        DeviceBuffer ws_c(flashdsa::indexer_topk_workspace_size(fc));
+        fc.workspace = ws_c.ptr, fc.workspace_bytes = ws_c.bytes;
+        check_status(flashdsa::run_indexer_topk(fc), "fp8 indexer_topk (candidates)");
+        FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+        const double ms_c = flashdsa_check::median_ms([&] { (void)flashdsa::run_indexer_topk(fc); }, 0, 10);
+        const double ms_d = flashdsa_check::median_ms([&] { (void)flashdsa::run_indexer_topk(f8); }, 0, 10);
+        check_status(flashdsa::run_indexer_topk(fc), "fp8 indexer_topk (candidates)");  // idx8 of this C
+        FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+        recall(rmean, rmin);
+        std::printf("  %-3d %7lld   candidates %5lld: fp8 sel ms %.3f (default again %.3f: %.3fx) "
+                    "recall mean %.5f min %.4f\n", H, (long long)T, (long long)c, ms_c, ms_d, ms_d / ms_c, rmean, rmin);
+      }
     }
   }
   return true;
@@ -544,6 +569,7 @@ int main(int argc, char** argv) {
   uint64_t seed = std::random_device{}();
   std::vector<int64_t> bench_T = {8192, 32768, 131072};
   std::vector<int> bench_H = {32};
+  std::vector<int64_t> bench_cands;  // --bench-candidates: extra C values (speed / recall trade-off)
   auto parse_list = [](const char* text) {
     std::vector<int64_t> v;
     for (const char* c = text; *c;) {
@@ -561,6 +587,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--tol8") && i + 1 < argc) g_tol8_rel = std::strtod(argv[++i], nullptr);
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--bench-T") && i + 1 < argc) bench_T = parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--bench-candidates") && i + 1 < argc) bench_cands = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-data") && i + 1 < argc) spread = std::strcmp(argv[++i], "uniform") != 0;
     else if (!std::strcmp(argv[i], "--bench-H") && i + 1 < argc) {
       bench_H.clear();
@@ -582,7 +609,7 @@ int main(int argc, char** argv) {
     std::printf("  %-34s %s\n", "T = 0", pass ? "PASS" : "FAIL");
     ok = ok && pass;
   }
-  if (bench) ok = benchmark(seed, bench_T, bench_H, spread) && ok;
+  if (bench) ok = benchmark(seed, bench_T, bench_H, spread, bench_cands) && ok;
   std::printf("%s\n", ok ? "ALL PASS" : "SOME FAILED");
   return ok ? 0 : 1;
 }
