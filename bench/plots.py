@@ -199,12 +199,17 @@ def write_plots(out_dir: Path, cfg: BenchConfig, records: Sequence[dict], summar
 
 def merge_peer_rows(paths: Sequence[Path]) -> List[dict]:
     """The vs-peers rows of several results.json files; a later file's row replaces an earlier one with the
-    same (kernel, peer, T, heads) when it has a ratio."""
+    same (kernel, peer, T, heads) when it has a ratio. Rows of a run on shuffled index rows (meta
+    index_order, bench/run.py --index-order) keep their own line: the peer is named "<peer>, shuffled rows"."""
     merged: Dict[tuple, dict] = {}
     for path in paths:
         import json
         with open(path) as f:
-            rows = ((json.load(f).get("summary") or {}).get("peers") or {}).get("rows") or []
+            data = json.load(f)
+        rows = ((data.get("summary") or {}).get("peers") or {}).get("rows") or []
+        order = (data.get("meta") or {}).get("index_order", "ascending")
+        if order != "ascending":
+            rows = [dict(r, peer=f"{r['peer']}, {order} rows") for r in rows]
         for r in rows:
             key = (r["kernel"], r["peer"], r["t"], r["heads"])
             if key not in merged or r.get("ratio"):

@@ -431,3 +431,10 @@ def test_peer_ratio_plot_merges_runs_and_draws(tmp_path):
     assert len(merged) == 3
     out = plots.plot_peer_ratios(list(merged.values()), tmp_path / "peers.png")
     assert out.stat().st_size > 10_000
+    # A run on shuffled index rows keeps its own line instead of replacing the ascending rows.
+    shuffled = tmp_path / "shuffled.json"
+    shuffled.write_text(json.dumps({"meta": {"index_order": "shuffled"},
+                                    "summary": {"peers": {"rows": [row("sparse_mla_bwd", "cuDNN", 8192, 64, 1.2)]}}}))
+    both = {(r["kernel"], r["peer"]): r for r in plots.merge_peer_rows(paths + [shuffled])}
+    assert both[("sparse_mla_bwd", "cuDNN")]["ratio"] == 1.06
+    assert both[("sparse_mla_bwd", "cuDNN, shuffled rows")]["ratio"] == 1.2
