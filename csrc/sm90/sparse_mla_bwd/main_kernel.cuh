@@ -29,6 +29,10 @@
 #include "sm90/sparse_mla_bwd/config.h"
 #include "sm90/sparse_mla_bwd/kernel_common.cuh"
 
+#ifndef FLASHDSA_BWD_DKV_PREFETCH_ALWAYS  // A/B builds: -DFLASHDSA_BWD_DKV_PREFETCH_ALWAYS=1
+#define FLASHDSA_BWD_DKV_PREFETCH_ALWAYS 0
+#endif
+
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 namespace detail {
 
@@ -103,10 +107,15 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     hw::mbar_arrive(&sm.kv_full);      // and one for its idx stores
     // Sweep mode: count the block, fetch into L2 the dkv rows its atomics will update. Every mode:
     // fetch into L2 the kv rows of the next block (gathered about one block from now).
+#if FLASHDSA_BWD_DKV_PREFETCH_ALWAYS  // A/B builds only: the dkv prefetch without the sweep too
+    if (sweep && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
+    prefetch_dkv_row(p, warp_key(sm, idx_row, i, warp, lane), lane);
+#else
     if (sweep) {
       if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
       prefetch_dkv_row(p, warp_key(sm, idx_row, i, warp, lane), lane);
     }
+#endif
     if (i + 1 < num_blocks) {
       prefetch_kv_row(p, warp_key(sm, idx_row, i + 1, warp, lane), lane);
       load_keys(i + 1, keys);
