@@ -43,6 +43,19 @@ __all__ = [
 _FORMULATIONS = ("sparse", "dense")
 
 
+def _check_fp8_candidates(selection: str, fp8_candidates: Optional[int], topk: int) -> None:
+    """Checks the selection pass and the FP8 candidate count (None, or an int in [topk, 16384] with fp8)."""
+    _ops.check_selection(selection)
+    if fp8_candidates is None:
+        return
+    if selection != "fp8":
+        raise ValueError(f"fp8_candidates is only read with selection='fp8' (selection={selection!r})")
+    if isinstance(fp8_candidates, bool) or not isinstance(fp8_candidates, int):
+        raise ValueError(f"fp8_candidates must be an int or None, got {fp8_candidates!r}")
+    if not topk <= fp8_candidates <= 16384:
+        raise ValueError(f"fp8_candidates must be in [topk={topk}, 16384], got {fp8_candidates}")
+
+
 class DSAAttentionOutput(NamedTuple):
     """Result of :func:`dsa_attention` / :class:`DSAAttention`.
 
@@ -182,6 +195,7 @@ def dsa_attention(
     cp_group: Optional[dist.ProcessGroup] = None,
     indexer_loss_in_backward: Optional[bool] = None,
     selection: str = "bf16",
+    fp8_candidates: Optional[int] = None,
 ) -> DSAAttentionOutput:
     """DSA attention core on a packed (THD) batch, optionally context-parallel.
 
@@ -221,6 +235,9 @@ def dsa_attention(
         selection: the indexer's selection pass, ``"bf16"`` (exact, default) or ``"fp8"`` (e4m3
             scores, then the exact re-score of ``flashdsa.fp8_selection_candidates(topk)`` candidates; see
             :func:`flashdsa.indexer_topk`). The KL loss always uses the unquantized inputs.
+        fp8_candidates: with ``selection="fp8"``, the candidates re-scored per row (in [topk, 16384];
+            None = ``flashdsa.fp8_selection_candidates(topk)``). Fewer is faster and recalls less of
+            the exact top-k (measured trade-off: docs/kernels/indexer_topk.md). Must be None with bf16.
 
     Returns:
         :class:`DSAAttentionOutput` ``(out [T, H, D_v], indices [T, K] int32, indexer_loss)``.
@@ -236,7 +253,7 @@ def dsa_attention(
     """
     if loss_formulation not in _FORMULATIONS:
         raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
-    _ops.check_selection(selection)
+    _check_fp8_candidates(selection, fp8_candidates, topk)
     needs_indexer_inputs = indices is None or loss_coeff is not None
     if needs_indexer_inputs and (q_idx is None or k_idx is None or weights is None):
         why = "indices is None (the indexer must run)" if indices is None else "loss_coeff is set"
@@ -260,7 +277,7 @@ def dsa_attention(
     if indices is None:
         with torch.no_grad():
             indices, _ = _ops.indexer_topk(q_idx, k_idx_all, weights, geo.k_start, geo.k_end, topk, relu,
-                                           selection=selection)
+                                           selection=selection, fp8_candidates=fp8_candidates)
     elif indices.dim() != 2 or indices.shape[0] != q.shape[0] or indices.dtype != torch.int32:
         raise ValueError(
             f"indices must be int32 [T={q.shape[0]}, K], got {indices.dtype} {tuple(indices.shape)}"
@@ -359,8 +376,8 @@ class DSAAttention(torch.nn.Module):
         scale: softmax scale of the main attention.
         index_share: ``"full"`` or ``"shared"``.
         relu, loss_coeff, loss_formulation, deterministic, cp_group, indexer_loss_in_backward,
-            selection: as in :func:`dsa_attention` (``loss_coeff`` must be None for a shared layer;
-            ``selection`` is ``"bf16"`` or ``"fp8"``, the indexer's selection pass).
+            selection, fp8_candidates: as in :func:`dsa_attention` (``loss_coeff`` must be None for a
+            shared layer; ``selection`` is ``"bf16"`` or ``"fp8"``, the indexer's selection pass).
         layer_id: name used in error messages (e.g. the layer number).
 
     Attributes:
@@ -384,9 +401,10 @@ class DSAAttention(torch.nn.Module):
         layer_id: Optional[object] = None,
         indexer_loss_in_backward: Optional[bool] = None,
         selection: str = "bf16",
+        fp8_candidates: Optional[int] = None,
     ) -> None:
         super().__init__()
-        _ops.check_selection(selection)
+        _check_fp8_candidates(selection, fp8_candidates, topk)
         if index_share not in (FULL, SHARED):
             raise ValueError(f"index_share must be 'full' or 'shared', got {index_share!r}")
         if index_share == SHARED and loss_coeff is not None:
@@ -407,6 +425,7 @@ class DSAAttention(torch.nn.Module):
         self.layer_id = layer_id
         self.indexer_loss_in_backward = indexer_loss_in_backward
         self.selection = selection
+        self.fp8_candidates = fp8_candidates
         self.last_indexer_loss: Optional[torch.Tensor] = None
 
     def forward(
@@ -437,6 +456,7 @@ class DSAAttention(torch.nn.Module):
             relu=self.relu, loss_coeff=self.loss_coeff, loss_formulation=self.loss_formulation,
             indices=indices, deterministic=self.deterministic, cp_group=self.cp_group,
             indexer_loss_in_backward=self.indexer_loss_in_backward, selection=self.selection,
+            fp8_candidates=self.fp8_candidates,
         )
         if self.index_share == FULL and index_share_ctx is not None:
             index_share_ctx.publish(result.indices, layer=self.layer_id)
@@ -450,5 +470,6 @@ class DSAAttention(torch.nn.Module):
         return (
             f"topk={self.topk}, scale={self.scale:g}, index_share={self.index_share!r}, relu={self.relu}, "
             f"loss_coeff={self.loss_coeff}, loss_formulation={self.loss_formulation!r}, selection={self.selection!r}, "
+            + (f"fp8_candidates={self.fp8_candidates}, " if self.fp8_candidates is not None else "") +
             f"cp={'off' if self.cp_group is None else dist.get_world_size(self.cp_group)}"
         )

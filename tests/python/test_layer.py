@@ -98,6 +98,28 @@ def test_layer_with_fp8_selection(device, formulation):
         DSAAttention(TOPK, 0.1, selection="int8")
 
 
+@pytest.mark.kernels("indexer_topk_fp8", "quantize_fp8", "sparse_mla_fwd")
+def test_layer_fp8_candidates(device):
+    """fp8_candidates reaches the selection (the layer's indices are the op's for that count) and is
+    checked up front: fp8 only, an int in [topk, 16384]."""
+    inputs = ref.make_inputs([700, 150], dtype=torch.bfloat16, device=device, seed=6)
+    k_start, k_end = flashdsa.build_key_ranges(inputs.cu_seqlens, device=device)
+    with torch.no_grad():
+        for c in (TOPK, 128):
+            res = dsa_attention(inputs.q, inputs.kv, inputs.q_idx, inputs.k_idx, inputs.weights, inputs.cu_seqlens,
+                                TOPK, 0.1, selection="fp8", fp8_candidates=c)
+            want, _ = flashdsa.indexer_topk(inputs.q_idx, inputs.k_idx, inputs.weights, k_start, k_end, TOPK,
+                                            selection="fp8", fp8_candidates=c)
+            assert torch.equal(res.indices.sort(dim=1).values, want.sort(dim=1).values), c
+    layer = DSAAttention(TOPK, 0.1, selection="fp8", fp8_candidates=128)
+    assert "fp8_candidates=128" in repr(layer)
+    for bad, match in (({"fp8_candidates": 128}, "only read with selection='fp8'"),
+                       ({"selection": "fp8", "fp8_candidates": TOPK - 1}, r"\[topk=64, 16384\]"),
+                       ({"selection": "fp8", "fp8_candidates": 128.0}, "must be an int")):
+        with pytest.raises(ValueError, match=match):
+            DSAAttention(TOPK, 0.1, **bad)
+
+
 @pytest.mark.kernels(*LAYER_OPS)
 def test_layer_full_width_shapes(device):
     """The production widths (D_qk = 576, D_v = 512) at tiny T, short sequences (< K visible keys)."""

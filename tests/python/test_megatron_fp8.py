@@ -51,3 +51,35 @@ def test_qk_topk_hook_follows_the_variable(monkeypatch):
         got, _ = hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
         assert torch.equal(got[0], want), selection
         assert seen[-1] == selection
+
+
+def test_fp8_candidates_variable(monkeypatch):
+    """$FLASHDSA_FP8_CANDIDATES reaches flashdsa.indexer_topk with the fp8 selection only; a bad value is a
+    ValueError at the call; fewer candidates give the op's own result for that count."""
+    q, k, w, starts, ends = megatron_indexer_inputs()
+    topk = 64
+    want = {c: flashdsa.indexer_topk(q[:, 0], k[:, 0], w[:, 0], starts, ends, topk, selection="fp8",
+                                     fp8_candidates=c)[0] for c in (64, 128)}
+    seen = []
+    real = hooks._ops.indexer_topk
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("selection"), kwargs.get("fp8_candidates")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hooks._ops, "indexer_topk", spy)
+    monkeypatch.setenv(hooks.SELECTION_ENV, "fp8")
+    for c in (64, 128):
+        monkeypatch.setenv(hooks.FP8_CANDIDATES_ENV, str(c))
+        got, _ = hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+        assert torch.equal(got[0], want[c]) and seen[-1] == ("fp8", c)
+    monkeypatch.setenv(hooks.SELECTION_ENV, "bf16")  # ignored with bf16 (not an error)
+    hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+    assert seen[-1] == ("bf16", None)
+    monkeypatch.delenv(hooks.FP8_CANDIDATES_ENV)
+    monkeypatch.setenv(hooks.SELECTION_ENV, "fp8")
+    hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+    assert seen[-1] == ("fp8", None)
+    monkeypatch.setenv(hooks.FP8_CANDIDATES_ENV, "many")
+    with pytest.raises(ValueError, match="FLASHDSA_FP8_CANDIDATES"):
+        hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)

@@ -60,6 +60,34 @@ def indexer_selection() -> str:
     return _ops.check_selection(os.environ.get(SELECTION_ENV, "bf16").strip().lower() or "bf16")
 
 
+#: Environment variable read with ``FLASHDSA_INDEXER_SELECTION=fp8``: the candidates re-scored per row
+#: (an integer in [topk, 16384]; CUDA: a multiple of 64). Unset or empty: the library's default,
+#: ``flashdsa.fp8_selection_candidates(topk)``. Read at each call; ignored with the bf16 selection.
+FP8_CANDIDATES_ENV = "FLASHDSA_FP8_CANDIDATES"
+
+
+def fp8_candidates() -> Optional[int]:
+    """The FP8 candidate count the hooks pass on: ``$FLASHDSA_FP8_CANDIDATES`` as an int, None when unset.
+
+    Raises:
+        ValueError: the variable is set to something that is not an integer (the range is checked by
+            :func:`flashdsa.indexer_topk` against the call's topk).
+    """
+    text = os.environ.get(FP8_CANDIDATES_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"${FP8_CANDIDATES_ENV} must be an integer, got {text!r}") from None
+
+
+def _selection_kwargs() -> dict:
+    """selection= and fp8_candidates= for flashdsa.indexer_topk, from the two environment variables."""
+    selection = indexer_selection()
+    return {"selection": selection, "fp8_candidates": fp8_candidates() if selection == "fp8" else None}
+
+
 def reset_stats() -> None:
     """Zeroes :data:`stats` (and lets every decline reason warn again)."""
     stats.clear()
@@ -335,7 +363,7 @@ def run_fused_qk_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, i
     skv = k.shape[0]
     k_start, k_end = _flat_ranges(starts, ends, b, skv)
     indices, _ = _ops.indexer_topk(_rows(q), _rows(k), _rows(weights), k_start, k_end, index_topk, relu=use_relu,
-                                   selection=indexer_selection())
+                                   **_selection_kwargs())
     stats["run_fused_qk_topk"] += 1
     return _indices_to_megatron(indices, b, sq, skv), None
 
@@ -377,7 +405,7 @@ def run_fused_qk_topk_with_loss(q: torch.Tensor, k: torch.Tensor, weights: torch
     k_start, k_end = _flat_ranges(starts, ends, b, skv)
     q_i, k_i, w_i = _rows(q), _rows(k), _rows(weights)
     indices, _ = _ops.indexer_topk(q_i, k_i, w_i, k_start, k_end, index_topk, relu=use_relu,
-                                   selection=indexer_selection())
+                                   **_selection_kwargs())
     loss = _indexer_loss(q_i=q_i, k_i=k_i, w_i=w_i, indices=indices, q_main=_rows(query).detach(),
                          kv_main=_rows(key.squeeze(2)).detach(), lse=None, scale=float(softmax_scale),
                          coeff=float(loss_coeff), sparse=True, relu=use_relu,
@@ -474,7 +502,7 @@ def run_fused_dsa_attention(*, config: Any, query: torch.Tensor, key: torch.Tens
     k_start, k_end = _flat_ranges(varlen_starts, varlen_ends, b, skv)
     q_i, k_i, w_i = _rows(q_indexer), _rows(k_indexer), _rows(indexer_weights)
     indices, _ = _ops.indexer_topk(q_i, k_i, w_i, k_start, k_end, indexer_topk, relu=use_relu,
-                                   selection=indexer_selection())
+                                   **_selection_kwargs())
     if options is not None and options.topk_holder is not None:
         options.topk_holder[options.layer_number] = _indices_to_megatron(indices, b, sq, skv)
 
