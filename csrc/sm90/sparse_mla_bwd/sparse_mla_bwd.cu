@@ -89,6 +89,69 @@ __global__ void keys_kernel(const int32_t* __restrict__ indices, int64_t stride_
   if (segment_offsets != nullptr && blockIdx.x == 0 && threadIdx.x == 0) segment_offsets[tokens] = static_cast<int32_t>(n);
 }
 
+// Sweep mode: one CTA of kSortThreads per index row sorts the row's keys into keys_out[l * K ..) (invalid
+// entries -> T_kv, last) and, when pair_ids is not null, writes each sorted entry's chunk pair id
+// (l * K + original slot). Rows that are already ascending (the peers' benchmark rows; rows after a
+// sort-by-index) are copied without sorting: one CTA-wide vote decides. Otherwise a block radix sort
+// over the key_bits(T_kv) low bits (stable, so the result is the same on every run). Entry j of a row
+// sits at thread j / kItems, item j % kItems (blocked); positions >= K hold the largest key and sort last.
+constexpr int kSortThreads = 256;
+template <int kItems>
+__global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* __restrict__ indices,
+                                                                 int64_t stride_t, int K, int64_t t_kv, int bits,
+                                                                 int32_t* __restrict__ keys_out,
+                                                                 int32_t* __restrict__ pair_ids) {
+  using Sort = cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t>;
+  __shared__ union {
+    typename Sort::TempStorage sort;
+    uint32_t first[kSortThreads];
+  } smem;
+  const int tid = threadIdx.x;
+  const int64_t l = blockIdx.x;
+  const int32_t* row = indices + l * stride_t;
+  const uint32_t pad = (bits >= 32) ? 0xffffffffu : ((1u << bits) - 1u);
+  const int j0 = tid * kItems;
+  uint32_t key[kItems];
+  int32_t slot[kItems];
+  const bool vec = ((reinterpret_cast<uintptr_t>(row) & 15) == 0);
+#pragma unroll
+  for (int i = 0; i < kItems; i += 4) {
+    int4 v = make_int4(-1, -1, -1, -1);
+    const bool in = j0 + i < K;  // K % 4 == 0 and j0 % 4 == 0: a group of 4 is all in or all out
+    if (in) {
+      if (vec) {
+        v = *reinterpret_cast<const int4*>(row + j0 + i);
+      } else {
+        v = make_int4(row[j0 + i], row[j0 + i + 1], row[j0 + i + 2], row[j0 + i + 3]);
+      }
+    }
+    const int32_t e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      key[i + u] = !in ? pad : ((e[u] >= 0 && e[u] < t_kv) ? static_cast<uint32_t>(e[u]) : static_cast<uint32_t>(t_kv));
+      slot[i + u] = j0 + i + u;
+    }
+  }
+  smem.first[tid] = key[0];
+  __syncthreads();
+  bool sorted = tid + 1 == kSortThreads || key[kItems - 1] <= smem.first[tid + 1];
+#pragma unroll
+  for (int i = 1; i < kItems; ++i) sorted = sorted && key[i - 1] <= key[i];
+  sorted = __syncthreads_and(sorted) != 0;  // also the last read of `first` before the sort reuses smem
+  if (!sorted) Sort(smem.sort).Sort(key, slot, 0, bits);
+  const int64_t out0 = l * int64_t(K);
+#pragma unroll
+  for (int i = 0; i < kItems; i += 4) {
+    if (j0 + i >= K) break;
+    *reinterpret_cast<int4*>(keys_out + out0 + j0 + i) =
+        make_int4(int(key[i]), int(key[i + 1]), int(key[i + 2]), int(key[i + 3]));
+    if (pair_ids != nullptr) {
+      *reinterpret_cast<int4*>(pair_ids + out0 + j0 + i) =
+          make_int4(int(out0 + slot[i]), int(out0 + slot[i + 1]), int(out0 + slot[i + 2]), int(out0 + slot[i + 3]));
+    }
+  }
+}
+
 // Deterministic dkv update of one token chunk: for every key s with count[s] > 0, sums the
 // partials of its pairs (sorted order = ascending pair id, then head group) and adds the sum to
 // dkv[s]. One CTA owns a key row at a time; thread i owns columns 4i..4i+3.
@@ -217,12 +280,14 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
     pl.sweep = true;
     pl.chunk_tokens = std::min<int64_t>(std::max<int64_t>(1, kSortChunkEntries / p.topk.K), T);
     const int64_t entries = pl.chunk_tokens * p.topk.K;
-    pl.keys_in = carve(&cur, size_t(entries) * 4);
     pl.keys_out = carve(&cur, size_t(entries) * 4);
+    // the mass of a sorted entry goes to its original slot: the sorted entries' pair ids too
+    if (p.mass != nullptr) pl.pair_ids_out = carve(&cur, size_t(entries) * 4);
+#if FLASHDSA_BWD_CUB_SORT  // A/B builds only: the segmented sort of cub that sort_rows_kernel replaced
+    pl.keys_in = carve(&cur, size_t(entries) * 4);
     pl.segment_offsets = carve(&cur, size_t(pl.chunk_tokens + 1) * 4);
-    if (p.mass != nullptr) {  // the mass of a sorted entry goes to its original slot: sort pair ids too
+    if (p.mass != nullptr) {
       pl.pair_ids_in = carve(&cur, size_t(entries) * 4);
-      pl.pair_ids_out = carve(&cur, size_t(entries) * 4);
       FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortPairs(
           nullptr, pl.cub_temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
           static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), entries, pl.chunk_tokens,
@@ -233,6 +298,7 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
           pl.chunk_tokens, static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
     }
     pl.cub_temp = carve(&cur, pl.cub_temp_bytes);
+#endif
   } else {
     pl.chunk_tokens = T;
   }
@@ -249,6 +315,24 @@ Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, cu
 
 unsigned grid_for(int64_t n, int threads) {
   return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, int64_t(1) << 20));
+}
+
+// sort_rows_kernel over `tokens` rows (one CTA each), with the item count that holds K (<= 8192).
+Status launch_sort_rows(const int32_t* indices, int64_t stride_t, int64_t tokens, int K, int64_t t_kv,
+                        int32_t* keys_out, int32_t* pair_ids, cudaStream_t stream) {
+  const int bits = key_bits(t_kv);
+  const dim3 grid(static_cast<unsigned>(tokens));
+  if (K <= 8 * kSortThreads) {
+    sort_rows_kernel<8><<<grid, kSortThreads, 0, stream>>>(indices, stride_t, K, t_kv, bits, keys_out, pair_ids);
+  } else if (K <= 16 * kSortThreads) {
+    sort_rows_kernel<16><<<grid, kSortThreads, 0, stream>>>(indices, stride_t, K, t_kv, bits, keys_out, pair_ids);
+  } else if (K <= 32 * kSortThreads) {
+    sort_rows_kernel<32><<<grid, kSortThreads, 0, stream>>>(indices, stride_t, K, t_kv, bits, keys_out, pair_ids);
+  } else {
+    return Status::InvalidArgument("sm90 sparse_mla_bwd: sorted sweep supports K <= 8192, got " + std::to_string(K));
+  }
+  FLASHDSA_CHECK_LAUNCH("sort_rows_kernel");
+  return Status::OK();
 }
 
 }  // namespace
@@ -316,12 +400,15 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
     int sms = 132;
     FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
+#if FLASHDSA_BWD_CUB_SORT
     int32_t* offsets = reinterpret_cast<int32_t*>(ws + pl.segment_offsets);
+#endif
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
       const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
+      int32_t* pair_ids_out = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
+#if FLASHDSA_BWD_CUB_SORT
       const int64_t entries = tokens * p.topk.K;
       int32_t* pair_ids_in = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_in) : nullptr;
-      int32_t* pair_ids_out = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
       keys_kernel<<<grid_for(entries, kMapThreads), kMapThreads, 0, stream>>>(
           p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t, tokens, p.topk.K, p.T_kv, keys_in, pair_ids_in, nullptr,
           offsets);
@@ -335,6 +422,10 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
         FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(cub_temp, temp_bytes, keys_in, keys_out, entries,
                                                              tokens, offsets, offsets + 1, stream));
       }
+#else
+      FLASHDSA_RETURN_IF_ERROR(launch_sort_rows(p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t, tokens,
+                                                p.topk.K, p.T_kv, keys_out, pair_ids_out, stream));
+#endif
       mp.indices = keys_out;
       mp.indices_stride_t = p.topk.K;
       mp.mass_slots = pair_ids_out;
