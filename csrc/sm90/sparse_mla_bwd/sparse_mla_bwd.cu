@@ -37,7 +37,11 @@ constexpr int64_t kSweepMinKeys = FLASHDSA_BWD_SWEEP_MIN_KEYS;
 #else
 constexpr int64_t kSweepMinKeys = tuning::kBwdSweepMinKeys;
 #endif
+#if defined(FLASHDSA_BWD_SORT_CHUNK_ENTRIES)  // A/B builds only
+constexpr int64_t kSortChunkEntries = FLASHDSA_BWD_SORT_CHUNK_ENTRIES;
+#else
 constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
+#endif
 constexpr int64_t kDetChunkBytes = tuning::kBwdDetChunkBytes;
 constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per thread
 
