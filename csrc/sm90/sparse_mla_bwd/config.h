@@ -34,9 +34,21 @@ constexpr int kFrontDqBlocks = 5;                          // dQ columns [0, 320
 constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64n256
 
 // Register budgets after setmaxnreg (the kernel is compiled at 168 = 65536 / 384, rounded down to 8).
-constexpr int kFrontRegs = 232;
-constexpr int kBackRegs = 232;
-constexpr int kProducerRegs = 40;
+// The three budgets can be overridden for A/B builds (-DFLASHDSA_BWD_{FRONT,BACK,PRODUCER}_REGS=N). Measured
+// 2026-12-02: the front needs 256 (back 224, producer 24) to issue S and dP back to back, and that variant
+// was 3-7% slower at 8K-32K (docs/perf-notes.md, sixth session).
+#ifndef FLASHDSA_BWD_FRONT_REGS  // A/B builds only
+#define FLASHDSA_BWD_FRONT_REGS 232
+#endif
+constexpr int kFrontRegs = FLASHDSA_BWD_FRONT_REGS;
+#ifndef FLASHDSA_BWD_PRODUCER_REGS  // A/B builds only
+#define FLASHDSA_BWD_PRODUCER_REGS 40
+#endif
+constexpr int kProducerRegs = FLASHDSA_BWD_PRODUCER_REGS;
+#ifndef FLASHDSA_BWD_BACK_REGS  // A/B builds only
+#define FLASHDSA_BWD_BACK_REGS (504 - FLASHDSA_BWD_FRONT_REGS - FLASHDSA_BWD_PRODUCER_REGS)
+#endif
+constexpr int kBackRegs = FLASHDSA_BWD_BACK_REGS;
 static_assert(128 * (kFrontRegs + kBackRegs + kProducerRegs) <= 65536, "register file");
 static_assert(kBackDqBlocks == 4, "the back's dQ is one m64n256 accumulator");
 
