@@ -10,6 +10,8 @@ import torch
 SECTIONS = ("kernels", "layer", "baselines", "peers")
 # Run when --only is not given; "peers" (bench/peers: public peers A/B) is opt-in (--peers / --only peers).
 DEFAULT_SECTIONS = ("kernels", "layer", "baselines")
+# Selection pass of FlashDSA's indexer_topk in the peers A/B (flashdsa.indexer_topk's `selection`).
+INDEXER_SELECTIONS = ("bf16", "fp8")
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -59,6 +61,7 @@ class BenchConfig:
     unfused_chunk_bytes: int  # temporaries budget of one query chunk of the unfused baseline
     standard_shape: bool  # PERF.md targets apply (GLM-5 shape on CUDA)
     index_order: str = "ascending"  # order of each row's sparse-attention indices (bench/inputs.py INDEX_ORDERS)
+    indexer_selection: str = "bf16"  # our indexer_topk's selection pass in the peers A/B (INDEXER_SELECTIONS)
 
     @property
     def on_cuda(self) -> bool:
@@ -85,7 +88,7 @@ CPU_QUICK_SEQ_LENS = (64, 128)
 
 def make_config(device: torch.device, *, quick: bool = False, seq_lens: Optional[Sequence[int]] = None,
                 max_seconds: Optional[float] = None, sections: Sequence[str] = DEFAULT_SECTIONS,
-                index_order: str = "ascending") -> BenchConfig:
+                index_order: str = "ascending", indexer_selection: str = "bf16") -> BenchConfig:
     """The run's configuration for `device` (cuda: PERF.md's standard shape; cpu: tiny sizes)."""
     on_cuda = device.type == "cuda"
     if seq_lens is None:
@@ -96,6 +99,8 @@ def make_config(device: torch.device, *, quick: bool = False, seq_lens: Optional
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    if indexer_selection not in INDEXER_SELECTIONS:
+        raise ValueError(f"unknown indexer selection {indexer_selection!r}; known: {', '.join(INDEXER_SELECTIONS)}")
     return BenchConfig(
         device=device,
         # fp32 on the CPU: its bf16 matmuls are emulated and slow, and CPU mode only checks the script.
@@ -113,6 +118,7 @@ def make_config(device: torch.device, *, quick: bool = False, seq_lens: Optional
         unfused_chunk_bytes=2 * GIB if on_cuda else 64 * MIB,
         standard_shape=on_cuda,
         index_order=index_order,
+        indexer_selection=indexer_selection,
     )
 
 

@@ -193,23 +193,33 @@ def write_plots(out_dir: Path, cfg: BenchConfig, records: Sequence[dict], summar
     }
     peers = (summary.get("peers") or {}).get("rows")
     if peers:
-        plots["vs_peers"] = plot_peer_ratios(peers, out_dir / "vs_peers.png")
+        title = "FlashDSA vs public peers"
+        if cfg.indexer_selection != "bf16":
+            title += f" (ours: indexer_topk selection={cfg.indexer_selection})"
+        plots["vs_peers"] = plot_peer_ratios(peers, out_dir / "vs_peers.png", title)
     return plots
 
 
 def merge_peer_rows(paths: Sequence[Path]) -> List[dict]:
     """The vs-peers rows of several results.json files; a later file's row replaces an earlier one with the
     same (kernel, peer, T, heads) when it has a ratio. Rows of a run on shuffled index rows (meta
-    index_order, bench/run.py --index-order) keep their own line: the peer is named "<peer>, shuffled rows"."""
+    index_order, bench/run.py --index-order) keep their own line: the peer is named "<peer>, shuffled rows";
+    so do the indexer_topk rows of a run whose indexer used the fp8 selection (meta indexer_selection,
+    bench/run.py --indexer-selection): "<peer>, ours fp8"."""
     merged: Dict[tuple, dict] = {}
     for path in paths:
         import json
         with open(path) as f:
             data = json.load(f)
-        rows = ((data.get("summary") or {}).get("peers") or {}).get("rows") or []
+        peers = (data.get("summary") or {}).get("peers") or {}
+        rows = peers.get("rows") or []
         order = (data.get("meta") or {}).get("index_order", "ascending")
         if order != "ascending":
             rows = [dict(r, peer=f"{r['peer']}, {order} rows") for r in rows]
+        selection = (data.get("meta") or {}).get("indexer_selection") or peers.get("indexer_selection") or "bf16"
+        if selection != "bf16":
+            rows = [dict(r, peer=f"{r['peer']}, ours {selection}") if r["kernel"] == "indexer_topk" else r
+                    for r in rows]
         for r in rows:
             key = (r["kernel"], r["peer"], r["t"], r["heads"])
             if key not in merged or r.get("ratio"):

@@ -218,6 +218,13 @@ def _peers_lines(summary: dict) -> List[str]:
     return render_peers_section(summary["peers"], summary.get("gemm_tflops"))
 
 
+def _peers_header_lines(cfg: BenchConfig) -> List[str]:
+    """The header line naming our indexer's selection pass in the peers A/B (runs with the peers section)."""
+    if "peers" not in cfg.sections:
+        return []
+    return [f"- Peers A/B, ours: indexer_topk selection={cfg.indexer_selection}"]
+
+
 def render_markdown(cfg: BenchConfig, meta: dict, records: List[dict], summary: dict) -> str:
     s = cfg.dsa
     lines = [
@@ -229,6 +236,7 @@ def render_markdown(cfg: BenchConfig, meta: dict, records: List[dict], summary: 
         f"- Mode: {meta['mode']}; wall time {meta['wall_s']:.0f} s of a {cfg.max_seconds:.0f} s budget",
         f"- DSA shape: H={s.heads}, D_qk={s.d_qk}, D_v={s.d_v}, K={s.topk}, H_I={s.index_heads}, D_I={s.index_dim}, "
         f"{cfg.dtype_name}, one causal sequence of T tokens; sparse-attention index rows: {cfg.index_order}",
+        *_peers_header_lines(cfg),
         "",
         "## Summary",
         "",

@@ -5,6 +5,7 @@
     python bench/run.py --device cpu --quick     # the same code paths at tiny sizes (CI smoke test)
     python bench/run.py --only kernels --seq-lens 4096 16384
     python bench/run.py --only peers             # FlashDSA vs the public peers, A/B (bench/peers)
+    python bench/run.py --only peers --peer-kernels indexer_topk --indexer-selection fp8   # ours: FP8 selection
 
 Writes results.json, report.md and three PNG plots to --out (default bench/results/<date>);
 prints one progress line per case. See docs/benchmarks.md for how to read the report.
@@ -29,7 +30,7 @@ if str(REPO) not in sys.path:  # run as a script: make the `bench` package impor
 import torch  # noqa: E402
 
 from bench.cases import build_cases  # noqa: E402
-from bench.config import DEFAULT_SECTIONS, SECTIONS, BenchConfig, make_config  # noqa: E402
+from bench.config import DEFAULT_SECTIONS, INDEXER_SELECTIONS, SECTIONS, BenchConfig, make_config  # noqa: E402
 from bench.inputs import INDEX_ORDERS  # noqa: E402
 from bench.plots import write_plots  # noqa: E402
 from bench.report import fmt_t, write_outputs  # noqa: E402
@@ -61,6 +62,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--index-order", choices=INDEX_ORDERS, default="ascending",
                    help="order of each row's sparse-attention indices: ascending key index (default) or "
                         "shuffled, the order a top-k selection returns them in (bench/inputs.py)")
+    p.add_argument("--indexer-selection", choices=INDEXER_SELECTIONS, default="bf16",
+                   help="selection pass of FlashDSA's indexer_topk in the peers A/B: bf16 (exact, default) or "
+                        "fp8 (flashdsa.indexer_topk(..., selection='fp8'), the per-row e4m3 quantization "
+                        "included in the timed call)")
     return p.parse_args(argv)
 
 
@@ -110,6 +115,7 @@ def run_meta(cfg: BenchConfig, fd_description: str, policy: RepPolicy) -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit, "torch": torch.__version__, "cuda": torch.version.cuda or "none",
         "index_order": cfg.index_order,
+        "indexer_selection": cfg.indexer_selection,
         "flashdsa": fd_description, "mode": f"{cfg.device.type}{' (quick)' if cfg.quick else ''}",
         "python": platform.python_version(),
     }
@@ -145,7 +151,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bench.peers import PEER_SEQ_LENS
         seq_lens = PEER_SEQ_LENS  # the peers' standard T (4K ... 128K)
     cfg = make_config(device, quick=args.quick, seq_lens=seq_lens, max_seconds=args.max_seconds,
-                      sections=sections, index_order=args.index_order)
+                      sections=sections, index_order=args.index_order,
+                      indexer_selection=args.indexer_selection)
     out_dir = args.out or REPO / "bench" / "results" / _dt.date.today().isoformat()
     torch.manual_seed(0)
     fd, fd_error, fd_description = import_flashdsa(cfg.on_cuda)

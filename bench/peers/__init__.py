@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 from ..config import BenchConfig
 from ..timing import RepPolicy
 from .ab import ABPrepared, ABResult, ABTimer, Side, rel_err, topk_recall
-from .cases import KERNELS, PATHS, PEER_SEQ_LENS, PeerCase, PeerPath, PeerPlan, build_peer_cases, make_plan
+from .cases import INDEXER, KERNELS, PATHS, PEER_SEQ_LENS, PeerCase, PeerPath, PeerPlan, build_peer_cases, make_plan
 from .registry import PeerStatus, discover
 from .report import peers_table, render_peers_section
 from .runner import PeerRunner
@@ -32,14 +32,17 @@ def run_peers(cfg: BenchConfig, ops: Any, policy: RepPolicy, out: TextIO, *, max
     """Probes the peers (unless given), runs every A/B case of the plan, returns summary['peers'].
 
     ops: FlashDSA's raw ops (torch.ops.flashdsa); plan: default make_plan(cfg); peers: default
-    discover(device=cfg.device). Returns {"status": [peer status dicts], "rows": [one record per case]}.
+    discover(device=cfg.device). Returns {"status": [peer status dicts], "rows": [one record per case],
+    "indexer_selection": our indexer_topk's selection pass ("bf16" or "fp8", cfg.indexer_selection)}.
     """
     peers = discover(device=cfg.device) if peers is None else peers
     for status in peers.values():
         state = f"present: {status.detail}" if status.present else f"absent: {status.detail}"
         print(f"peer {status.key:<9} {state}", file=out, flush=True)
     plan = plan or make_plan(cfg)
+    if INDEXER in plan.kernels:
+        print(f"ours: indexer_topk selection={cfg.indexer_selection}", file=out, flush=True)
     cases = build_peer_cases(cfg, plan, peers, ops, paths)
     runner = PeerRunner(cfg.device, policy, peers, out, max_seconds)
     rows = runner.run_all(cases)
-    return {"status": [s.as_dict() for s in peers.values()], "rows": rows}
+    return {"status": [s.as_dict() for s in peers.values()], "rows": rows, "indexer_selection": cfg.indexer_selection}

@@ -16,6 +16,12 @@ empty slots), and cross-checks the peer's outputs against ours:
 | indexer_topk | megatron-core TileLang indexer + `torch.topk` in 8192-row blocks | recall of our exact top-k |
 | indexer_topk | megatron-core TileLang indexer logits alone (8192-row blocks) | logits at our selected keys (first block) |
 
+Our indexer side runs the exact bf16 selection (the raw op) by default; with cfg.indexer_selection ==
+"fp8" (bench/run.py --indexer-selection fp8) it is the public flashdsa.indexer_topk(..., selection="fp8"),
+whose per-row e4m3 quantization is part of the timed call. The cross-checks of the indexer paths then
+still compare the peer with our exact bf16 top-k (computed once, on the checked input set, outside the
+timing), and add the fp8 selection's recall of it (fp8_recall_mean, fp8_recall_min).
+
 FLOPs are those of bench/flops.py (docs/spec.md §9) for both sides, so TFLOP/s compare like for like
 (a peer that recomputes more is charged for it in time, not in FLOPs).
 """
@@ -160,8 +166,15 @@ def ours_bwd(ctx: Context) -> Callable:
 
 
 def ours_indexer(ctx: Context) -> Callable:
-    """FlashDSA's fused indexer_topk (bf16 scores, exact top-k, ReLU)."""
+    """FlashDSA's fused indexer_topk (ReLU): the raw op's exact bf16 selection, or with
+    cfg.indexer_selection == "fp8" the public flashdsa.indexer_topk(..., selection="fp8") (e4m3 selection
+    of the default candidate count, exact re-score; the quantization of q_idx / k_idx is in the call)."""
     k = ctx.shape.topk
+    if ctx.cfg.indexer_selection == "fp8":
+        from flashdsa import ops as flashdsa_ops  # the public function, as a user calls it
+        indexer_topk = flashdsa_ops.indexer_topk
+        return lambda a: indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True,
+                                      selection="fp8")
     return lambda a: ctx.ops.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True)
 
 
@@ -185,6 +198,26 @@ def bwd_check(ours, peer, _set) -> Dict[str, float]:
 def recall_check(ours, peer, _set) -> Dict[str, float]:
     """Recall of our exact top-k by the peer's indices ([T, K] or [1, T, K])."""
     return topk_recall(peer.reshape(ours[0].shape[0], -1), ours[0])
+
+
+def indexer_check(ctx: Context, ours_sets: List[dict], check: Callable) -> Callable:
+    """The cross-check of an indexer path: `check` itself with the bf16 selection. With the fp8 one
+    (cfg.indexer_selection), our exact bf16 top-k (the raw op) is computed on the checked input set,
+    outside the timing; `check` compares the peer with it, as in a bf16 run, and the fp8 selection's
+    recall of it is added: fp8_recall_mean (over rows) and fp8_recall_min (the worst row)."""
+    if ctx.cfg.indexer_selection != "fp8":
+        return check
+    k = ctx.shape.topk
+
+    def checked(ours, peer, set_index: int) -> Dict[str, float]:
+        a = ours_sets[set_index]
+        exact = ctx.ops.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True)
+        result = dict(check(exact, peer, set_index))
+        fp8 = topk_recall(ours[0], exact[0])
+        del exact
+        result.update(fp8_recall_mean=fp8["recall_mean"], fp8_recall_min=fp8["recall_min"])
+        return result
+    return checked
 
 
 def selected_scores_check(rows: Optional[int] = None):
@@ -276,7 +309,7 @@ def cudnn_indexer(scores_only: bool):
             del scores
             return selected
         check = selected_scores_check() if scores_only else recall_check
-        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args), check)
+        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args), indexer_check(ctx, ours_sets, check))
     return adapter
 
 
@@ -296,7 +329,7 @@ def tilelang_indexer(logits_only: bool):
                     first = logits if first is None else first
                 return first
             return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args),
-                              selected_scores_check(rows=min(block, t)))
+                              indexer_check(ctx, ours_sets, selected_scores_check(rows=min(block, t))))
         args = [(a["q_idx"].unsqueeze(1), a["k_idx"].unsqueeze(1), a["weights"].unsqueeze(1), a["k_start"],
                  a["k_end"]) for a in ours_sets]
         def call(p):
@@ -304,7 +337,8 @@ def tilelang_indexer(logits_only: bool):
             if selected is None:  # megatron-core's hook returns None for inputs it does not take
                 raise RuntimeError("megatron-core's fused_qk_topk_lighting declined the inputs (returned None)")
             return selected
-        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args), recall_check)
+        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args),
+                          indexer_check(ctx, ours_sets, recall_check))
     return adapter
 
 

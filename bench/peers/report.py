@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from ..report import fmt_ms, fmt_num, fmt_rate, fmt_t, table
+from .cases import INDEXER
 
 CHECK_LABELS = (
     ("out_rel_err", "out rel {:.1e}"),
@@ -14,6 +15,8 @@ CHECK_LABELS = (
     ("scores_rel_err", "scores rel {:.1e}"),
     ("recall_mean", "recall {:.5f}"),
     ("recall_min", "min row {:.4f}"),
+    ("fp8_recall_mean", "fp8 recall {:.5f}"),
+    ("fp8_recall_min", "fp8 min row {:.4f}"),
 )
 
 
@@ -30,19 +33,38 @@ def _status_text(r: dict) -> str:
     return f"{r['status']}: {reason}" if reason else r["status"]
 
 
-def peers_table(rows: Sequence[dict], gemm_tflops: Optional[float]) -> List[str]:
-    """Markdown table: kernel, T, heads, peer, peer ms, ours ms, ratio, TFLOP/s of each, GEMM ceiling, check."""
+def kernel_label(kernel: str, indexer_selection: str = "bf16") -> str:
+    """The kernel cell of a row: 'indexer_topk (ours fp8)' when our indexer ran the fp8 selection."""
+    return f"{kernel} (ours {indexer_selection})" if kernel == INDEXER and indexer_selection != "bf16" else kernel
+
+
+def peers_table(rows: Sequence[dict], gemm_tflops: Optional[float], indexer_selection: str = "bf16") -> List[str]:
+    """Markdown table: kernel, T, heads, peer, peer ms, ours ms, ratio, TFLOP/s of each, GEMM ceiling, check.
+
+    indexer_selection: our indexer_topk's selection pass; other than "bf16", the indexer rows' kernel
+    cell names it (kernel_label)."""
     gemm = fmt_rate(gemm_tflops)
     body = []
     for r in rows:
         ok = r["status"] == "ok"
-        body.append([r["kernel"], fmt_t(r["t"]), str(r["heads"]), r["peer"],
+        body.append([kernel_label(r["kernel"], indexer_selection), fmt_t(r["t"]), str(r["heads"]), r["peer"],
                      fmt_ms(r["peer_ms"]) if ok else "—", fmt_ms(r["ours_ms"]) if ok else "—",
                      fmt_num(r["ratio"], 2, "×") if ok else "—",
                      fmt_rate(r["peer_tflops"]) if ok else "—", fmt_rate(r["ours_tflops"]) if ok else "—",
                      gemm, check_text(r.get("checks") or {}) if ok else "—", _status_text(r)])
     return table(["kernel", "T", "H", "peer", "peer ms", "ours ms", "ratio (peer / ours)", "peer TFLOP/s",
                   "ours TFLOP/s", "GEMM TFLOP/s (this run)", "cross-check vs ours", "status"], body)
+
+
+def selection_text(indexer_selection: str) -> str:
+    """The report line saying which selection pass our indexer_topk ran, and what its checks compare."""
+    if indexer_selection == "bf16":
+        return "ours: indexer_topk selection=bf16 (the raw op, exact top-k)."
+    return (f"ours: indexer_topk selection={indexer_selection} (flashdsa.indexer_topk(..., "
+            f"selection=\"{indexer_selection}\"), default candidate count; the per-row e4m3 quantization of q_idx / "
+            "k_idx is inside the timed call). The indexer cross-checks compare the peer with our exact bf16 "
+            "top-k, computed on the same inputs outside the timing; fp8 recall = the fp8 selection's recall "
+            "of that exact top-k (mean over rows, worst row).")
 
 
 def render_peers_section(peers: dict, gemm_tflops: Optional[float]) -> List[str]:
@@ -54,7 +76,11 @@ def render_peers_section(peers: dict, gemm_tflops: Optional[float]) -> List[str]
              "indexer_topk). TFLOP/s of both sides by docs/spec.md §9 (bench/flops.py). Cross-check: relative "
              "Frobenius error of the peer's output vs ours, max abs error of the natural-log lse, recall of "
              "our exact top-k (mean over rows, worst row).", ""]
+    rows = peers.get("rows", [])
+    selection = peers.get("indexer_selection", "bf16")
+    if any(r["kernel"] == INDEXER for r in rows):
+        lines += [selection_text(selection), ""]
     for s in peers.get("status", []):
         lines.append(f"- {s['package']}: {'present, ' + s['detail'] if s['present'] else 'absent (' + s['detail'] + ')'}")
-    lines += ["", *peers_table(peers.get("rows", []), gemm_tflops), ""]
+    lines += ["", *peers_table(rows, gemm_tflops, selection), ""]
     return lines

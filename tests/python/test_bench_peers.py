@@ -438,3 +438,244 @@ def test_peer_ratio_plot_merges_runs_and_draws(tmp_path):
     both = {(r["kernel"], r["peer"]): r for r in plots.merge_peer_rows(paths + [shuffled])}
     assert both[("sparse_mla_bwd", "cuDNN")]["ratio"] == 1.06
     assert both[("sparse_mla_bwd", "cuDNN, shuffled rows")]["ratio"] == 1.2
+
+
+# ---------------------------------------------------------------------- our indexer on the fp8 selection
+
+class CountingOps:
+    """A stand-in for torch.ops.flashdsa: the real ops, counting the calls of the raw (bf16) indexer_topk."""
+
+    def __init__(self):
+        self.indexer_calls = 0
+
+    def indexer_topk(self, *args):
+        self.indexer_calls += 1
+        return torch.ops.flashdsa.indexer_topk(*args)
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.flashdsa, name)
+
+
+class FakeCudnnIndexer:
+    """cuDNN frontend's indexer wrappers in plain PyTorch: dense ReLU scores [1, T, T] (-inf above the
+    causal diagonal), then torch.topk (-1 for empty slots)."""
+
+    def indexer_forward_wrapper(self, q, k, weights, ratio, sm_scale):
+        assert ratio == 1 and sm_scale == 1.0
+        logits = torch.einsum("thd,sd->ths", q[0].float(), k[0, :, 0].float()).relu()
+        scores = torch.einsum("th,ths->ts", weights[0].float(), logits)
+        t = scores.shape[0]
+        causal = torch.arange(t)[None, :] <= torch.arange(t)[:, None]
+        return {"scores": scores.masked_fill(~causal, -math.inf).unsqueeze(0)}
+
+    def indexer_top_k_wrapper(self, scores, k_end, topk):
+        values, indices = scores.topk(topk, dim=1)
+        return {"indices": torch.where(torch.isfinite(values), indices, -1).to(torch.int32)}
+
+
+CUDNN_INDEXER_PATHS = tuple(p for p in PATHS if p.kernel == INDEXER and p.peer_key == "cudnn")
+FAKE_CUDNN = {"cudnn": PeerStatus("cudnn", "torch", True, "plain torch functions", module=FakeCudnnIndexer())}
+
+
+def _index_set(cfg, t):
+    from bench.peers.cases import Context, index_inputs
+    ctx = Context(cfg, cfg.dsa, t, CountingOps(), None, 1)
+    return ctx, index_inputs(ctx)
+
+
+def test_indexer_selection_option_reaches_config_meta_and_report():
+    from bench import run as bench_run
+    from bench.report import render_markdown
+    from bench.config import INDEXER_SELECTIONS
+    assert INDEXER_SELECTIONS == ("bf16", "fp8")
+    assert bench_run.parse_args([]).indexer_selection == "bf16"
+    args = bench_run.parse_args(["--only", "peers", "--indexer-selection", "fp8"])
+    assert args.indexer_selection == "fp8"
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--indexer-selection", "fp4"])
+    assert make_config(CPU).indexer_selection == "bf16"
+    with pytest.raises(ValueError, match="indexer selection"):
+        make_config(CPU, indexer_selection="fp4")
+    cfg = make_config(CPU, quick=True, sections=["peers"], indexer_selection="fp8")
+    assert cfg.indexer_selection == "fp8"
+    meta = bench_run.run_meta(cfg, "imported", CPU_POLICY)
+    assert meta["indexer_selection"] == "fp8"
+    summary = {"headline": {"dense_reference": "dense 256", "crossover_dsa": {"kind": "none"},
+                            "crossover_index_share": {"kind": "none"}, "speedup_t": None, "speedup": None,
+                            "speedup_index_share_t": None, "speedup_index_share": None, "index_share_gain": {},
+                            "vs_unfused_t": None, "vs_unfused": None, "extra_memory_128k": None},
+               "kernels": [], "layer": [], "memory": [], "gemm_tflops": None}
+    report = render_markdown(cfg, dict(meta, wall_s=1.0), [], summary)
+    assert "- Peers A/B, ours: indexer_topk selection=fp8" in report
+    without_peers = dataclasses.replace(cfg, sections=("kernels",))
+    assert "Peers A/B" not in render_markdown(without_peers, dict(meta, wall_s=1.0), [], summary)
+
+
+def test_ours_indexer_routes_to_the_fp8_path(monkeypatch):
+    """fp8: ours_indexer calls the public flashdsa.indexer_topk(..., selection="fp8") (not the raw bf16
+    op of ctx.ops); bf16 (default): the raw op, exactly as before."""
+    from flashdsa import ops as flashdsa_ops
+    from bench.peers.cases import ours_indexer
+    cfg = make_config(CPU, quick=True, seq_lens=(128,), indexer_selection="fp8")
+    ctx, a = _index_set(cfg, 128)
+    args = (a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], cfg.dsa.topk, True)
+    idx, scores = ours_indexer(ctx)(a)
+    assert ctx.ops.indexer_calls == 0
+    want_idx, want_scores = flashdsa_ops.indexer_topk(*args, selection="fp8")
+    assert torch.equal(idx, want_idx) and torch.equal(scores, want_scores)
+
+    seen = []
+    real = flashdsa_ops.indexer_topk
+
+    def spy(*call_args, **kwargs):
+        seen.append(kwargs)
+        return real(*call_args, **kwargs)
+    monkeypatch.setattr(flashdsa_ops, "indexer_topk", spy)
+    ours_indexer(ctx)(a)
+    assert seen == [{"selection": "fp8"}] and ctx.ops.indexer_calls == 0
+
+    bf16_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, indexer_selection="bf16"))
+    idx, scores = ours_indexer(bf16_ctx)(a)
+    assert len(seen) == 1 and bf16_ctx.ops.indexer_calls == 1  # the raw op, not the public function
+    exact_idx, exact_scores = torch.ops.flashdsa.indexer_topk(*args)
+    assert torch.equal(idx, exact_idx) and torch.equal(scores, exact_scores)
+
+
+def test_fp8_peers_ab_checks_against_the_exact_top_k(cfg, monkeypatch):
+    """The cuDNN indexer paths (fake module) A/B with our fp8 selection: the check computes our exact
+    bf16 top-k once (outside the timing), compares the peer with it, and adds the fp8 recall of it."""
+    fp8_cfg = dataclasses.replace(cfg, indexer_selection="fp8")
+    ops = CountingOps()
+    plan = PeerPlan((64, 128), (INDEXER,), heads={INDEXER: (cfg.dsa.index_heads,)})
+    out = io.StringIO()
+    result = run_peers(fp8_cfg, ops, CPU_POLICY, out, max_seconds=120, plan=plan, peers=FAKE_CUDNN,
+                       paths=CUDNN_INDEXER_PATHS)
+    assert result["indexer_selection"] == "fp8"
+    assert "ours: indexer_topk selection=fp8" in out.getvalue()
+    rows = result["rows"]
+    assert len(rows) == 2 * len(CUDNN_INDEXER_PATHS) and all(r["status"] == "ok" for r in rows)
+    assert ops.indexer_calls == len(rows)  # the exact top-k of the checked set only, never timed
+    for r in rows:
+        checks = r["checks"]
+        assert checks["fp8_recall_mean"] == 1.0 and checks["fp8_recall_min"] == 1.0  # T < candidates: exact
+        if r["peer"] == "cuDNN bf16 scores + top-k":  # fp32 rounding may swap a key at the K-th place
+            assert checks["recall_mean"] > 0.99 and checks["recall_rows"] == r["t"]
+        else:
+            assert checks["scores_rel_err"] < 1e-5
+    section = "\n".join(render_peers_section(result, None))
+    assert "ours: indexer_topk selection=fp8 (flashdsa.indexer_topk" in section
+    assert "| indexer_topk (ours fp8) | 64 |" in section and "fp8 recall 1.00000, fp8 min row 1.0000" in section
+
+    # A worse fp8 selection (each row's last slot dropped) lowers the fp8 recall only: the peer's recall
+    # is still that of our exact top-k.
+    from flashdsa import ops as flashdsa_ops
+    real = flashdsa_ops.indexer_topk
+
+    def drop_last(*args, **kwargs):
+        idx, scores = real(*args, **kwargs)
+        return idx[:, :-1], scores[:, :-1]
+    monkeypatch.setattr(flashdsa_ops, "indexer_topk", drop_last)
+    plan = PeerPlan((128,), (INDEXER,), heads={INDEXER: (cfg.dsa.index_heads,)})
+    result = run_peers(fp8_cfg, CountingOps(), CPU_POLICY, io.StringIO(), max_seconds=120, plan=plan,
+                       peers=FAKE_CUDNN, paths=CUDNN_INDEXER_PATHS[:1])
+    checks = result["rows"][0]["checks"]
+    assert checks["recall_mean"] > 0.99
+    k = cfg.dsa.topk
+    assert checks["fp8_recall_min"] == pytest.approx((k - 1) / k)
+    assert (k - 1) / k < checks["fp8_recall_mean"] < 1.0
+
+
+def test_indexer_check_compares_the_peer_with_the_exact_top_k(cfg):
+    """indexer_check (fp8): `check` gets our exact bf16 result, whatever the fp8 side returned; the fp8
+    recall is that of the exact top-k. bf16: `check` itself."""
+    from bench.peers.cases import indexer_check
+    ctx, a = _index_set(dataclasses.replace(cfg, indexer_selection="fp8"), 128)
+    exact_idx, exact_scores = torch.ops.flashdsa.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"],
+                                                              a["k_end"], cfg.dsa.topk, True)
+    wrong = exact_idx.roll(1, dims=0)  # each row holds the previous row's selection
+    seen = []
+
+    def check(ours, peer, set_index):
+        seen.append(ours)
+        return recall_check(ours, peer, set_index)
+    checks = indexer_check(ctx, [a], check)((wrong, exact_scores), exact_idx, 0)
+    assert torch.equal(seen[0][0], exact_idx) and torch.equal(seen[0][1], exact_scores)
+    assert checks["recall_mean"] == 1.0 and checks["recall_min"] == 1.0 and ctx.ops.indexer_calls == 1
+    assert checks["fp8_recall_mean"] == pytest.approx(topk_recall(wrong, exact_idx)["recall_mean"])
+    assert checks["fp8_recall_mean"] < 0.9 and checks["fp8_recall_min"] < checks["fp8_recall_mean"]
+    bf16_ctx = dataclasses.replace(ctx, cfg=cfg)
+    assert indexer_check(bf16_ctx, [a], check) is check
+
+
+def test_bf16_peers_ab_checks_are_unchanged(cfg):
+    """Default selection: no extra bf16 call, no fp8 keys, the table and section as before."""
+    ops = CountingOps()
+    plan = PeerPlan((64,), (INDEXER,), heads={INDEXER: (cfg.dsa.index_heads,)})
+    out = io.StringIO()
+    result = run_peers(cfg, ops, CPU_POLICY, out, max_seconds=120, plan=plan, peers=FAKE_CUDNN,
+                       paths=CUDNN_INDEXER_PATHS)
+    assert result["indexer_selection"] == "bf16" and "ours: indexer_topk selection=bf16" in out.getvalue()
+    rounds = sum(r["rounds"] + 2 for r in result["rows"])  # warm-ups + timed calls of ours
+    assert ops.indexer_calls == rounds
+    assert all(not any(key.startswith("fp8") for key in r["checks"]) for r in result["rows"])
+    assert result["rows"][0]["checks"]["recall_mean"] == 1.0
+    table = "\n".join(peers_table(result["rows"], None))
+    assert "| indexer_topk | 64 |" in table and "ours bf16" not in table
+    assert "ours: indexer_topk selection=bf16 (the raw op, exact top-k)." in render_peers_section(result, None)
+
+
+def test_peer_ratio_merge_keeps_fp8_and_bf16_runs_apart(tmp_path):
+    """The indexer rows of a run on the fp8 selection get their own line ("<peer>, ours fp8"); its
+    attention rows (the same measurement in either run) merge as before."""
+    from bench import plots
+
+    def row(kernel, peer, t, heads, ratio):
+        return dict(kernel=kernel, peer=peer, t=t, heads=heads, ratio=ratio, status="ok")
+
+    def write(name, rows, meta=None, selection=None):
+        peers = {"rows": rows} if selection is None else {"rows": rows, "indexer_selection": selection}
+        path = tmp_path / name
+        path.write_text(json.dumps({"meta": meta or {}, "summary": {"peers": peers}}))
+        return path
+
+    bf16 = write("bf16.json", [row(INDEXER, "cuDNN", 32768, 32, 0.84), row(FWD, "FlashMLA", 8192, 64, 1.03)],
+                 meta={"indexer_selection": "bf16"})
+    fp8 = write("fp8.json", [row(INDEXER, "cuDNN", 32768, 32, 1.31), row(FWD, "FlashMLA", 8192, 64, 1.05)],
+                meta={"indexer_selection": "fp8"})
+    merged = {(r["kernel"], r["peer"]): r for r in plots.merge_peer_rows([bf16, fp8])}
+    assert merged[(INDEXER, "cuDNN")]["ratio"] == 0.84
+    assert merged[(INDEXER, "cuDNN, ours fp8")]["ratio"] == 1.31
+    assert merged[(FWD, "FlashMLA")]["ratio"] == 1.05 and len(merged) == 3
+    # the fp8 run first: the bf16 run does not overwrite it either
+    merged = {(r["kernel"], r["peer"]): r["ratio"] for r in plots.merge_peer_rows([fp8, bf16])}
+    assert merged[(INDEXER, "cuDNN")] == 0.84 and merged[(INDEXER, "cuDNN, ours fp8")] == 1.31
+    # without the meta, summary.peers.indexer_selection says it; older results (neither) are bf16
+    bare = write("bare.json", [row(INDEXER, "cuDNN", 32768, 32, 1.4)], selection="fp8")
+    old = write("old.json", [row(INDEXER, "cuDNN", 65536, 32, 0.9)])
+    peers = {(r["peer"], r["t"]) for r in plots.merge_peer_rows([bare, old])}
+    assert peers == {("cuDNN, ours fp8", 32768), ("cuDNN", 65536)}
+    # shuffled rows and the fp8 selection together
+    both = write("both.json", [row(INDEXER, "cuDNN", 32768, 32, 1.2)],
+                 meta={"index_order": "shuffled", "indexer_selection": "fp8"})
+    assert plots.merge_peer_rows([both])[0]["peer"] == "cuDNN, shuffled rows, ours fp8"
+    rows = plots.merge_peer_rows([bf16, fp8])
+    assert plots.plot_peer_ratios(rows, tmp_path / "peers.png").stat().st_size > 10_000
+
+
+def test_run_py_only_peers_with_the_fp8_selection(tmp_path):
+    """bench/run.py --only peers --peer-kernels indexer_topk --indexer-selection fp8 on the CPU: the
+    selection reaches results.json (meta, summary.peers) and the report (header, section, table)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--device", "cpu", "--quick",
+                           "--only", "peers", "--peer-kernels", "indexer_topk", "--indexer-selection", "fp8",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ours: indexer_topk selection=fp8" in proc.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["meta"]["indexer_selection"] == "fp8"
+    assert results["summary"]["peers"]["indexer_selection"] == "fp8"
+    assert {r["kernel"] for r in results["summary"]["peers"]["rows"]} == {INDEXER}
+    report = (tmp_path / "report.md").read_text()
+    assert "- Peers A/B, ours: indexer_topk selection=fp8" in report
+    assert "ours: indexer_topk selection=fp8 (flashdsa.indexer_topk" in report
+    assert "| indexer_topk (ours fp8) |" in report
