@@ -32,6 +32,14 @@
 #ifndef FLASHDSA_BWD_DKV_PREFETCH_ALWAYS  // A/B builds: -DFLASHDSA_BWD_DKV_PREFETCH_ALWAYS=1
 #define FLASHDSA_BWD_DKV_PREFETCH_ALWAYS 0
 #endif
+// A/B builds only: -DFLASHDSA_BWD_DKV_PREFETCH_SWEEP=0 drops the dkv L2 prefetch of the sweep,
+// -DFLASHDSA_BWD_KV_PREFETCH=0 the kv L2 prefetch of the next block (every mode).
+#ifndef FLASHDSA_BWD_DKV_PREFETCH_SWEEP
+#define FLASHDSA_BWD_DKV_PREFETCH_SWEEP 1
+#endif
+#ifndef FLASHDSA_BWD_KV_PREFETCH
+#define FLASHDSA_BWD_KV_PREFETCH 1
+#endif
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 namespace detail {
@@ -113,11 +121,15 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
 #else
     if (sweep) {
       if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
+#if FLASHDSA_BWD_DKV_PREFETCH_SWEEP
       prefetch_dkv_row(p, warp_key(sm, idx_row, i, warp, lane), lane);
+#endif
     }
 #endif
     if (i + 1 < num_blocks) {
+#if FLASHDSA_BWD_KV_PREFETCH
       prefetch_kv_row(p, warp_key(sm, idx_row, i + 1, warp, lane), lane);
+#endif
       load_keys(i + 1, keys);
     }
   }
