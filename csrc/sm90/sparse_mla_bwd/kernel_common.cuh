@@ -504,6 +504,25 @@ __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float
   emit_dkv_chunk<kDeterministic>(acc0, 8, rows, lane);
 }
 
+// FLASHDSA_BWD_FRONT_CHUNK8 (A/B builds only): back_tail without chunk 8, which the front computes; the P
+// and dS tiles are free for the front once chunk 7 completed.
+template <bool kDeterministic>
+__device__ __forceinline__ void back_tail_to7(SmemPlan& sm, float (&acc0)[32], float (&acc1)[32],
+                                              const DkvRows& rows, int lane) {
+  hw::wgmma_wait<1>();  // chunk 1
+  hw::fence_regs(acc1);
+  emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
+  dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
+  hw::wgmma_wait<0>();  // chunk 7: the back's last read of the P and dS tiles
+  hw::fence_regs(acc1);
+  hw::mbar_arrive(&sm.tiles_free);
+  emit_dkv_chunk<kDeterministic>(acc1, 7, rows, lane);
+}
+
 // ---- attention mass ---------------------------------------------------------------------------
 
 // Slots of keys 2 lane, 2 lane + 1 of list block blk (warp 0 of the front, mass output only: the

@@ -40,6 +40,11 @@
 #ifndef FLASHDSA_BWD_KV_PREFETCH
 #define FLASHDSA_BWD_KV_PREFETCH 1
 #endif
+// A/B builds only: -DFLASHDSA_BWD_FRONT_CHUNK8=1 moves dKV chunk 8 (dS^T . Q[:, 512:576), 4 k-steps, one
+// chunk's emission) from the back to the front, issued right behind the front's dQ.
+#ifndef FLASHDSA_BWD_FRONT_CHUNK8
+#define FLASHDSA_BWD_FRONT_CHUNK8 0
+#endif
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 namespace detail {
@@ -222,10 +227,27 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
 
     // dQ[:, 0:320) += dS . KV, A straight from the dS registers.
     mma_dq_front(dq_a, dq_b, dp, sm.kv);
+#if FLASHDSA_BWD_FRONT_CHUNK8
+    // dKV chunk 8 behind the dQ (reads Q and the dS tile only); emitted while the next block is gathered.
+    // The front rewrites the dS tile only after this wait, the producer idx[st] only after kv_empty(i + 1).
+    float acc8[32];
+    issue_dkv_chunk(sm, acc8, 8);
+    hw::wgmma_wait<1>();
+    hw::fence_regs(dq_a);
+    hw::fence_regs(dq_b);
+    hw::mbar_arrive(&sm.kv_empty);
+    {
+      const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[st], sm.block_list[i], warp, lane);
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc8);
+      emit_dkv_chunk<kDeterministic>(acc8, 8, rows, lane);
+    }
+#else
     hw::wgmma_wait<0>();
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
     hw::mbar_arrive(&sm.kv_empty);
+#endif
   }
 
   __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
@@ -275,7 +297,11 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(acc0);
     emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
     issue_dkv_chunk(sm, acc0, 2);
+#if FLASHDSA_BWD_FRONT_CHUNK8
+    back_tail_to7<kDeterministic>(sm, acc0, acc1, rows, lane);
+#else
     back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
+#endif
   }
 
   store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
