@@ -227,26 +227,22 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
 
     // dQ[:, 0:320) += dS . KV, A straight from the dS registers.
     mma_dq_front(dq_a, dq_b, dp, sm.kv);
-#if FLASHDSA_BWD_FRONT_CHUNK8
-    // dKV chunk 8 behind the dQ (reads Q and the dS tile only); emitted while the next block is gathered.
-    // The front rewrites the dS tile only after this wait, the producer idx[st] only after kv_empty(i + 1).
-    float acc8[32];
-    issue_dkv_chunk(sm, acc8, 8);
-    hw::wgmma_wait<1>();
+    hw::wgmma_wait<0>();
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
     hw::mbar_arrive(&sm.kv_empty);
+#if FLASHDSA_BWD_FRONT_CHUNK8
+    // dKV chunk 8 after the dQ (reads Q and the dS tile only; issued once the dQ's A fragments are dead, so
+    // that 232 registers hold it), emitted while the next block is gathered. The front rewrites the dS
+    // tile only after this wait; the producer rewrites idx[st] only after kv_empty(i + 1).
     {
+      float acc8[32];
+      issue_dkv_chunk(sm, acc8, 8);
       const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[st], sm.block_list[i], warp, lane);
       hw::wgmma_wait<0>();
       hw::fence_regs(acc8);
       emit_dkv_chunk<kDeterministic>(acc8, 8, rows, lane);
     }
-#else
-    hw::wgmma_wait<0>();
-    hw::fence_regs(dq_a);
-    hw::fence_regs(dq_b);
-    hw::mbar_arrive(&sm.kv_empty);
 #endif
   }
 
@@ -298,7 +294,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
     issue_dkv_chunk(sm, acc0, 2);
 #if FLASHDSA_BWD_FRONT_CHUNK8
-    back_tail_to7<kDeterministic>(sm, acc0, acc1, rows, lane);
+    back_tail<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
 #else
     back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
 #endif
