@@ -56,6 +56,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "to --only)")
     p.add_argument("--peer-kernels", nargs="+", choices=("sparse_mla_fwd", "sparse_mla_bwd", "indexer_topk"),
                    default=None, help="the kernels the peers section measures (default: all three)")
+    p.add_argument("--peer-keys", nargs="+", default=None,
+                   choices=("flashmla", "cudnn", "tilelang", "tilelang_fp8_example"),
+                   help="only these peers (default: all; tilelang_fp8_example = TileLang's example FP8 indexer "
+                        "+ top-k)")
     p.add_argument("--peers-max-seconds", type=float, default=None,
                    help="time budget of the peers section (default: --max-seconds' default)")
     p.add_argument("--seq-lens", nargs="+", type=int, default=None, help="override the sequence lengths T")
@@ -139,7 +143,7 @@ def run_peers_section(args: argparse.Namespace, cfg: BenchConfig, fd: Optional[M
     print(f"peers: T = {', '.join(fmt_t(t) for t in seq_lens)}; budget {budget:.0f} s", flush=True)
     ops = torch.ops.flashdsa if fd is not None else None
     plan = make_plan(cfg, seq_lens, kernels=args.peer_kernels or KERNELS)
-    return run_peers(cfg, ops, policy, sys.stdout, max_seconds=budget, plan=plan)
+    return run_peers(cfg, ops, policy, sys.stdout, max_seconds=budget, plan=plan, keys=args.peer_keys)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -11,7 +11,8 @@
 # once all its parts (listed in .peers/MANIFEST with their sha256) are there; what is already unpacked
 # or built is skipped. Right after unpacking, an import check of each unpacked set (cudnn: tvm_ffi,
 # cutlass, cudnn, the three cudnn.deepseek_sparse_attention wrappers; tilelang: z3, tvm_ffi, tilelang,
-# megatron.core and its five TileLang DSA kernel modules, the CUTLASS and template include roots)
+# megatron.core and its five TileLang DSA kernel modules, the CUTLASS and template include roots, and
+# TileLang's example FP8 indexer + top-k in tilelang_examples/ as bench/peers/registry.py loads them)
 # prints one line per module (version, folder) or FAILED with the error; PEERS_CHECK_TIMEOUT (240 s)
 # bounds each set's check. FlashMLA's SM90 sparse prefill kernel and our op around it
 # (bench/peers/flashmla_binding.cpp) are built into /tmp/peers/flashmla/build. Writes
@@ -81,6 +82,7 @@ _peers_main() {
     for s in cudnn tilelang; do
         if [ ! -e "$peers/$s/.unpacked" ]; then echo "  $s: not unpacked"; continue; fi
         (cd "$root" && PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" TILELANG_CACHE_DIR="$peers/tilelang_cache" \
+            FLASHDSA_PEERS_DIR="$peers" \
             timeout "${PEERS_CHECK_TIMEOUT:-240}" python3 - "$s" <<'PYEOF'
 import importlib, os, sys, time
 from importlib.metadata import version
@@ -119,6 +121,22 @@ if key == "tilelang" and not failed:
         ok = bool(folder) and os.path.isfile(os.path.join(folder, probe))
         failed += not ok
         print(f"  {key}: {'ok    ' if ok else 'FAILED'} {what} {folder} ({probe} {'found' if ok else 'missing'})")
+if key == "tilelang":  # TileLang's example FP8 indexer + top-k (peer tilelang_fp8_example), loaded by path
+    start = time.time()
+    try:
+        from bench.peers import registry
+        folder = registry.tilelang_examples_dir()
+        if not os.path.isdir(folder):
+            print(f"  {key}: absent TileLang examples: no {folder} (staged without them?)")
+        else:
+            registry.TileLangFp8Example(folder)
+            commit = (open(os.path.join(os.path.dirname(folder), "PEERS_COMMITS")).read().split() + ["?", "?"])[1]
+            print(f"  {key}: ok     TileLang examples fp8_lighting_indexer, topk_selector, utils "
+                  f"(tile-ai/tilelang {commit[:9]}; {folder}; {time.time() - start:.1f} s)")
+    except Exception as error:  # noqa: BLE001
+        failed += 1
+        line = (str(error).strip().splitlines() or [""])[0][:200]
+        print(f"  {key}: FAILED TileLang examples: {type(error).__name__}: {line}")
 sys.exit(1 if failed else 0)
 PYEOF
         ) || echo "  $s: import check FAILED (see above; 124: PEERS_CHECK_TIMEOUT)"

@@ -2,18 +2,23 @@
 # Prepares the public peers for the GPU machine (which has no network) in the git-ignored folder
 # .peers/ of the repository root: one compressed archive per set, to be carried in the device calls
 # and unpacked there by scripts/peers_gpu.sh. Run HERE (a machine with PyPI access and the `fetch`
-# mirrors of deepseek-ai/FlashMLA and NVIDIA/cutlass). Nothing is vendored: .peers/ is ignored by
-# git and only travels to the GPU machine.
+# mirrors of deepseek-ai/FlashMLA, NVIDIA/cutlass and tile-ai/tilelang). Nothing is vendored: .peers/
+# is ignored by git and only travels to the GPU machine.
 #
 #   bash scripts/peers_stage.sh              # all sets, slim (default)
 #   bash scripts/peers_stage.sh cudnn        # only some: cudnn tilelang flashmla
 #   bash scripts/peers_stage.sh --full ...   # the packages as pip installs them, xz -6, 40 MiB parts
+#   bash scripts/peers_stage.sh --examples-into DIR   # only the TileLang example step, into DIR/tilelang_examples
 #
 # Sets (each one tar.xz; split into NAME.tar.xz.partNN only when larger than PEERS_PART_MIB):
 #   cudnn    : site-packages (Python 3.12, x86_64) of nvidia-cudnn-frontend 1.32.0, nvidia-cutlass-dsl
 #              4.8.1 (+ -libs-base, -libs-core, -libs-cu13), apache-tvm-ffi 0.1.12
 #   tilelang : site-packages of tilelang 0.1.15, apache-tvm-ffi 0.1.12, torch-c-dlpack-ext 0.1.5,
-#              z3-solver 4.15.4.0 and megatron-core 0.19.2 (its TileLang DSA kernels)
+#              z3-solver 4.15.4.0 and megatron-core 0.19.2 (its TileLang DSA kernels); and, in its folder
+#              tilelang_examples/, TileLang's examples/deepseek_v32 FP8 lightning indexer, top-k selector
+#              and utils (+ README, LICENSE) at TILELANG_EXAMPLES_REF of the tile-ai/tilelang mirror, the
+#              commit in tilelang_examples/PEERS_COMMITS (the PyPI wheel has no examples; bench/peers
+#              loads them by path: peer tilelang_fp8_example). PEERS_TL_EXAMPLES=0 leaves them out.
 #   flashmla : deepseek-ai/FlashMLA source (git archive of the mirror) + CUTLASS include/ and
 #              tools/util/include/ at the commit FlashMLA's csrc/cutlass submodule pins
 #
@@ -40,16 +45,26 @@ PY=${PYTHON:-python3}
 FLASHMLA_MIRROR=${FLASHMLA_MIRROR:-/work/.mirror/deepseek-ai+FlashMLA/repo}
 CUTLASS_MIRROR=${CUTLASS_MIRROR:-/work/.mirror/NVIDIA+cutlass/repo}
 FLASHMLA_REF=${FLASHMLA_REF:-HEAD}
+TILELANG_MIRROR=${TILELANG_MIRROR:-/work/.mirror/tile-ai+tilelang/repo}
+# The newest main of the tile-ai/tilelang snapshot (2026-08-21; the mirror has no v0.1.14 / v0.1.15
+# tag: it predates those releases). The three example files are byte-identical from c4c5ec595
+# (2026-07-21) through the v0.1.13 tag to this commit; every TileLang name they use is in tilelang
+# 0.1.15's language module (docs/benchmarks.md, "Peers").
+TILELANG_EXAMPLES_REF=${TILELANG_EXAMPLES_REF:-a35008a42531c62b976ae4cec3855d4383db0f3c}
+TILELANG_EXAMPLE_FILES=(fp8_lighting_indexer.py topk_selector.py utils.py README.md)
 
 SLIM=1
 SETS=()
-for a in "$@"; do
-    case $a in
+EXAMPLES_INTO=""
+while [ $# -gt 0 ]; do
+    case $1 in
         --full) SLIM=0 ;;
         --slim) SLIM=1 ;;
+        --examples-into) EXAMPLES_INTO=${2:?--examples-into needs a folder}; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-        *) SETS+=("$a") ;;
+        *) SETS+=("$1") ;;
     esac
+    shift
 done
 [ ${#SETS[@]} -eq 0 ] && SETS=(cudnn tilelang flashmla)
 if [ "$SLIM" = 1 ]; then
@@ -64,8 +79,6 @@ CUDNN_PKGS=(nvidia-cudnn-frontend==1.32.0 nvidia-cutlass-dsl==4.8.1 nvidia-cutla
             nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.12)
 TILELANG_PKGS=(tilelang==0.1.15 apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
                megatron-core==0.19.2)
-
-mkdir -p "$STAGE" "$WORK"
 
 mib() { echo "$1" | awk '{printf "%.1f MiB", $1 / 1048576}'; }
 
@@ -281,6 +294,44 @@ sys.exit(1 if problems else 0)
 PYEOF
 }
 
+# TileLang's example DeepSeek V3.2 indexer files (not in the wheel) at TILELANG_EXAMPLES_REF of the
+# mirror, into DIR/tilelang_examples: deepseek_v32/{fp8_lighting_indexer,topk_selector,utils}.py and
+# README.md, the repository's LICENSE, and PEERS_COMMITS ("tilelang <commit>", then the blob of each
+# file). bench/peers/registry.py loads deepseek_v32/ by path (fp8_lighting_indexer.py imports its
+# sibling `utils`).
+tilelang_examples() {  # tilelang_examples DIR
+    local dir=$1/tilelang_examples commit f paths=()
+    if [ "${PEERS_TL_EXAMPLES:-1}" = 0 ]; then
+        echo "tilelang: TileLang examples left out (PEERS_TL_EXAMPLES=0): peer tilelang_fp8_example will be absent"
+        return 0
+    fi
+    [ -d "$TILELANG_MIRROR" ] || { echo "tilelang: no mirror at $TILELANG_MIRROR (use the fetch tool on github:tile-ai/tilelang; PEERS_TL_EXAMPLES=0 stages the set without the examples)"; return 1; }
+    commit=$(git --git-dir="$TILELANG_MIRROR" rev-parse --verify -q "$TILELANG_EXAMPLES_REF^{commit}") \
+        || { echo "tilelang: $TILELANG_EXAMPLES_REF is not a commit of $TILELANG_MIRROR"; return 1; }
+    for f in "${TILELANG_EXAMPLE_FILES[@]}"; do paths+=("examples/deepseek_v32/$f"); done
+    rm -rf "$dir"; mkdir -p "$dir"
+    git --git-dir="$TILELANG_MIRROR" archive "$commit" LICENSE "${paths[@]}" | tar -x -C "$dir"
+    mv "$dir/examples/deepseek_v32" "$dir/deepseek_v32"
+    rmdir "$dir/examples"
+    {
+        echo "tilelang $commit"
+        git --git-dir="$TILELANG_MIRROR" ls-tree "$commit" LICENSE "${paths[@]}" | awk '{print "blob", $3, $4}'
+    } > "$dir/PEERS_COMMITS"
+    # The Python files must at least parse (they are imported on the GPU machine only).
+    "$PY" -c 'import ast, sys
+for f in sys.argv[1:]:
+    ast.parse(open(f, encoding="utf-8").read(), f)' "$dir"/deepseek_v32/*.py
+    echo "tilelang: examples/deepseek_v32 of tile-ai/tilelang $commit: ${TILELANG_EXAMPLE_FILES[*]}," \
+         "LICENSE ($(du -sh "$dir" | cut -f1)) in ${dir#"$1"/}"
+}
+
+if [ -n "$EXAMPLES_INTO" ]; then
+    mkdir -p "$EXAMPLES_INTO"
+    tilelang_examples "$EXAMPLES_INTO"
+    exit 0
+fi
+mkdir -p "$STAGE" "$WORK"
+
 site() {  # site NAME PACKAGES...: pip install for CPython 3.12 x86_64 into a --target folder, then pack
     local name=$1; shift
     local dir=$WORK/site-$name tree
@@ -311,6 +362,9 @@ site() {  # site NAME PACKAGES...: pip install for CPython 3.12 x86_64 into a --
         esac
         echo "$name: $(du -sh "$tree" | cut -f1) after slimming"
     fi
+    if [ "$name" = tilelang ]; then
+        tilelang_examples "$tree"
+    fi
     pack "$name" "$tree"
 }
 
@@ -329,6 +383,14 @@ flashmla() {
     pack flashmla "$dir"
 }
 
+# The TileLang example step needs the mirror: find out now, not after 20 minutes of installing and slimming.
+for s in "${SETS[@]}"; do
+    if [ "$s" = tilelang ] && [ "${PEERS_TL_EXAMPLES:-1}" != 0 ]; then
+        mkdir -p "$WORK/examples-check"; tilelang_examples "$WORK/examples-check"
+        rm -rf "$WORK/examples-check"
+    fi
+done
+
 for s in "${SETS[@]}"; do
     case $s in
         cudnn) site cudnn "${CUDNN_PKGS[@]}" ;;
@@ -339,8 +401,10 @@ for s in "${SETS[@]}"; do
 done
 
 # MANIFEST: name, bytes and sha256 of every part, so that scripts/peers_gpu.sh knows when a set is complete.
+# (`|| continue`, not `&&`: an unmatched glob must not end the loop with status 1 under set -e.)
 (cd "$STAGE" && for f in *.tar.xz *.tar.xz.part*; do
-    [ -e "$f" ] && echo "$f $(stat -c %s "$f") $(sha256sum "$f" | cut -d' ' -f1)"
+    [ -e "$f" ] || continue
+    echo "$f $(stat -c %s "$f") $(sha256sum "$f" | cut -d' ' -f1)"
 done) > "$STAGE/MANIFEST"
 
 echo "parts in $STAGE (each <= $PART_MIB MiB; carry MANIFEST with every device call):"

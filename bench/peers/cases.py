@@ -15,6 +15,8 @@ empty slots), and cross-checks the peer's outputs against ours:
 | indexer_topk | cuDNN `indexer_forward_wrapper` alone (scores only) | scores at our selected keys |
 | indexer_topk | megatron-core TileLang indexer + `torch.topk` in 8192-row blocks | recall of our exact top-k |
 | indexer_topk | megatron-core TileLang indexer logits alone (8192-row blocks) | logits at our selected keys (first block) |
+| indexer_topk | TileLang's example FP8 indexer (no clean pass) + its radix top-k (row blocks of <= 16 GiB) | recall of our exact top-k |
+| indexer_topk | TileLang's example FP8 indexer logits alone, as its entry point (row blocks of <= 16 GiB) | logits at our selected keys (first block) |
 
 Our indexer side runs the exact bf16 selection (the raw op) by default; with cfg.indexer_selection ==
 "fp8" (bench/run.py --indexer-selection fp8) it is the public flashdsa.indexer_topk(..., selection="fp8"),
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -46,6 +49,10 @@ FWD, BWD, INDEXER = "sparse_mla_fwd", "sparse_mla_bwd", "indexer_topk"
 KERNELS = (FWD, BWD, INDEXER)
 # megatron-core's TileLang indexer runs in blocks of query rows of this size (its default).
 TILELANG_INDEXER_BLOCK = 8192
+# TileLang's example FP8 indexer writes an fp32 logits matrix [rows, T]: the adapter calls it on blocks of
+# query rows of at most this many GiB (FLASHDSA_TL_FP8_LOGITS_GIB overrides): one call up to T = 64K,
+# four 32768-row blocks at 128K (whose T×T matrix is 64 GiB).
+TILELANG_FP8_LOGITS_GIB = 16.0
 LN2 = math.log(2.0)
 
 
@@ -342,6 +349,71 @@ def tilelang_indexer(logits_only: bool):
     return adapter
 
 
+def tilelang_fp8_rows(t: int) -> int:
+    """Query rows per call of TileLang's example FP8 indexer at T = t: all t while the fp32 logits [t, t]
+    fit in FLASHDSA_TL_FP8_LOGITS_GIB (default TILELANG_FP8_LOGITS_GIB), else the most rows, a multiple of
+    128 (the kernel's block_Q * H_I), whose [rows, t] logits do."""
+    gib = float(os.environ.get("FLASHDSA_TL_FP8_LOGITS_GIB", TILELANG_FP8_LOGITS_GIB))
+    rows = int(gib * 2 ** 30) // (4 * t)
+    return t if rows >= t else max(128, rows // 128 * 128)
+
+
+def tilelang_fp8_indexer(logits_only: bool):
+    """TileLang's example FP8 lightning indexer (fp8_lighting_indexer.mqa_attn_return_logits_interface),
+    + its radix top-k selector (topk_selector.tl_topk) unless logits_only.
+
+    The example's own quantization of our bf16 q_idx / k_idx (q cast to e4m3 as it is, k per token with an
+    fp32 scale; its utils.per_custom_dims_cast_to_fp8) is a separate step in the example, not part of its
+    entry point: it is done here, outside the timing. Timed: the entry point, on blocks of query rows of
+    tilelang_fp8_rows(T) (one call while the fp32 logits fit the budget); logits alone: as the example calls
+    it (clean_logits=True: the range kernel, then -inf outside [k_start, k_end)), the first block is
+    returned for the check; + top-k: clean_logits=False (the selector reads only [k_start, k_end) of each
+    row), then tl_topk on each block, into one [T, K] int32 result. Key ranges: our k_start / k_end are the
+    example's cu_seqlen_ks / cu_seqlen_ke (start inclusive, end exclusive, int32 [T])."""
+    def adapter(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
+        ex, s, t = ctx.peer, ctx.shape, ctx.t
+        rows = tilelang_fp8_rows(t)
+        args = []
+        for a in ours_sets:  # the peer's quantization, outside the timed region
+            q_fp8, k_fp8, k_scales = ex.quantize(a["q_idx"], a["k_idx"])
+            args.append((q_fp8.contiguous(), k_fp8.contiguous(), k_scales, a["weights"].float().contiguous(),
+                         a["k_start"].int().contiguous(), a["k_end"].int().contiguous()))
+        if logits_only:
+            def call(p):
+                q, k, scales, w, ks, ke = p
+                first = None
+                for start in range(0, t, rows):
+                    end = min(start + rows, t)
+                    logits = ex.logits(q[start:end], k, scales, w[start:end], ks[start:end], ke[start:end])
+                    if first is None:
+                        first = logits
+                    del logits  # at most two blocks alive: the first and the current one
+                return first
+            return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args),
+                              indexer_check(ctx, ours_sets, selected_scores_check(rows=rows)))
+
+        def call(p):
+            q, k, scales, w, ks, ke = p
+            if rows >= t:
+                logits = ex.logits(q, k, scales, w, ks, ke, clean_logits=False)
+                return ex.topk(logits, ks, ke, s.topk)
+            selected = torch.empty(t, s.topk, dtype=torch.int32, device=q.device)
+            for start in range(0, t, rows):
+                end = min(start + rows, t)
+                logits = ex.logits(q[start:end], k, scales, w[start:end], ks[start:end], ke[start:end],
+                                   clean_logits=False)
+                selected[start:end] = ex.topk(logits, ks[start:end], ke[start:end], s.topk)
+                del logits
+            return selected
+        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args),
+                          indexer_check(ctx, ours_sets, recall_check))
+    return adapter
+
+
+def _divides_128(h: int) -> bool:
+    return 1 <= h <= 128 and 128 % h == 0
+
+
 @dataclass(frozen=True)
 class PeerPath:
     """One way a peer computes one of our kernels."""
@@ -378,6 +450,12 @@ PATHS: Tuple[PeerPath, ...] = (
              note=f"{TILELANG_INDEXER_BLOCK}-row blocks"),
     PeerPath(INDEXER, "tilelang", "TileLang logits only (megatron-core)", tilelang_indexer(True),
              note=f"{TILELANG_INDEXER_BLOCK}-row blocks, no selection"),
+    PeerPath(INDEXER, "tilelang_fp8_example", "TileLang FP8 example logits + top-k", tilelang_fp8_indexer(False),
+             note="its e4m3 quantization untimed; no clean pass; its radix top-k; fp32 logits in row blocks of "
+                  "<= 16 GiB (4 at 128K)", heads_ok=_divides_128, heads_rule="H_I dividing 128 (block_Q = 128 / H_I)"),
+    PeerPath(INDEXER, "tilelang_fp8_example", "TileLang FP8 example logits alone", tilelang_fp8_indexer(True),
+             note="its entry point with clean_logits; e4m3 quantization untimed; fp32 logits in row blocks of "
+                  "<= 16 GiB (4 at 128K)", heads_ok=_divides_128, heads_rule="H_I dividing 128 (block_Q = 128 / H_I)"),
 )
 
 INPUT_MAKERS = {

@@ -53,7 +53,7 @@ def ops():
 
 def test_registry_reports_every_peer_absent_without_cuda():
     found = discover()
-    assert set(found) == {"flashmla", "cudnn", "tilelang"}
+    assert set(found) == {"flashmla", "cudnn", "tilelang", "tilelang_fp8_example"}
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: the peers' presence depends on the installed packages")
     for status in found.values():
@@ -78,6 +78,7 @@ def test_registry_reports_missing_packages_cleanly(monkeypatch, tmp_path):
         assert status.detail, key
     assert "not importable" in found["cudnn"].detail and "No module named" in found["cudnn"].detail
     assert "not importable" in found["tilelang"].detail
+    assert "no example folder" in found["tilelang_fp8_example"].detail  # none under tmp_path/tilelang
     assert str(tmp_path) in found["flashmla"].detail and "flash_mla not importable" in found["flashmla"].detail
     assert all(s.as_dict()["present"] is False for s in found.values())
     with pytest.raises(ValueError, match="unknown peer"):
@@ -299,7 +300,7 @@ def test_run_py_only_peers_writes_the_vs_peers_table(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     peers = results["summary"]["peers"]
-    assert {s["key"] for s in peers["status"]} == {"flashmla", "cudnn", "tilelang"}
+    assert {s["key"] for s in peers["status"]} == {"flashmla", "cudnn", "tilelang", "tilelang_fp8_example"}
     assert peers["rows"] and all(r["status"] in ("absent", "n/a") for r in peers["rows"])
     assert {r["section"] for r in results["records"]} == {"ceiling"}
     report = (tmp_path / "report.md").read_text()
@@ -679,3 +680,290 @@ def test_run_py_only_peers_with_the_fp8_selection(tmp_path):
     assert "- Peers A/B, ours: indexer_topk selection=fp8" in report
     assert "ours: indexer_topk selection=fp8 (flashdsa.indexer_topk" in report
     assert "| indexer_topk (ours fp8) |" in report
+
+
+# ---------------------------------------------------------------------- TileLang's example FP8 indexer (fake)
+
+# Stand-ins for tile-ai/tilelang's examples/deepseek_v32 files, in plain PyTorch: the same file names,
+# entry points and argument conventions (fp32 logits [S, S_kv] from e4m3 q [S, H, D], e4m3 k [S_kv, D] with
+# per-token fp32 scales, fp32 weights [S, H], int32 ranges [ks, ke); -inf outside with clean_logits; the
+# top-k reads only [starts, ends) and pads short rows with 0), and the indexer file imports its sibling
+# `utils` as the real one does. Uncleaned entries are +1e30, so a selector fed wrong ranges would pick them.
+FAKE_TL_UTILS = '''
+import torch
+
+
+def per_custom_dims_cast_to_fp8(x, dims, use_ue8m0):
+    assert tuple(dims) == (0,) and not use_ue8m0
+    scale = x.float().abs().amax(dim=1).clamp_min(1e-4) / 448.0
+    return (x.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+'''
+FAKE_TL_INDEXER = '''
+import math
+
+import torch
+from utils import per_custom_dims_cast_to_fp8  # noqa: F401 - as the example imports its sibling
+
+CALLS = []
+
+
+def _meta(x):
+    return (tuple(x.shape), x.dtype, x.is_contiguous())
+
+
+def mqa_attn_return_logits_interface(q, kv, kv_scales, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits=True):
+    CALLS.append(dict(q=_meta(q), kv=_meta(kv), scales=_meta(kv_scales), weights=_meta(weights),
+                      ks=_meta(cu_seqlen_ks), ke=_meta(cu_seqlen_ke), clean=clean_logits))
+    score = torch.einsum("shd,nd->shn", q.float(), kv.float() * kv_scales[:, None])
+    logits = (score.relu() * weights[:, :, None]).sum(dim=1)
+    cols = torch.arange(kv.shape[0])[None, :]
+    inside = (cols >= cu_seqlen_ks[:, None].long()) & (cols < cu_seqlen_ke[:, None].long())
+    return logits.masked_fill(~inside, -math.inf if clean_logits else 1e30)
+'''
+FAKE_TL_TOPK = '''
+import math
+
+import torch
+
+CALLS = []
+
+
+def tl_topk(input, starts, ends, topk):
+    CALLS.append(dict(input=(tuple(input.shape), input.dtype), starts=tuple(starts.shape), topk=topk))
+    cols = torch.arange(input.shape[1])[None, :]
+    inside = (cols >= starts[:, None].long()) & (cols < ends[:, None].long())
+    values, idx = input.masked_fill(~inside, -math.inf).topk(topk, dim=1)
+    return torch.where(torch.isfinite(values), idx, 0).to(torch.int32)
+'''
+FAKE_TL_FILES = {"fp8_lighting_indexer.py": FAKE_TL_INDEXER, "topk_selector.py": FAKE_TL_TOPK,
+                 "utils.py": FAKE_TL_UTILS, "README.md": "fake\n"}
+TL_FP8_PATHS = tuple(p for p in PATHS if p.peer_key == "tilelang_fp8_example")
+
+
+def _fake_tl_examples(root: Path, commit: str = "0123456789abcdef") -> Path:
+    """The staged layout (<root>/tilelang_examples/{PEERS_COMMITS, deepseek_v32/...}) with the fakes."""
+    folder = root / "tilelang_examples" / "deepseek_v32"
+    folder.mkdir(parents=True)
+    for name, text in FAKE_TL_FILES.items():
+        (folder / name).write_text(text)
+    (folder.parent / "PEERS_COMMITS").write_text(f"tilelang {commit}\n")
+    return folder
+
+
+@pytest.fixture
+def tl_example(monkeypatch, tmp_path):
+    """Probes the tilelang_fp8_example peer on the fake files, with CUDA and `tilelang` pretended present."""
+    monkeypatch.setattr(registry, "_cuda_required", lambda: None)
+    monkeypatch.setenv("FLASHDSA_PEERS_DIR", str(tmp_path / "peers"))
+    monkeypatch.delenv("FLASHDSA_TL_EXAMPLES_DIR", raising=False)
+    real_import = registry.importlib.import_module
+
+    def fake_tilelang(name, *args):
+        if name == "tilelang":
+            return sys.modules.setdefault("flashdsa_test_fake_tilelang", type(sys)("tilelang"))
+        return real_import(name, *args)
+    monkeypatch.setattr(registry.importlib, "import_module", fake_tilelang)
+    _fake_tl_examples(tmp_path / "peers" / "tilelang")
+    sentinel = type(sys)("utils")  # some other `utils` module of the process: must stay in place
+    monkeypatch.setitem(sys.modules, "utils", sentinel)
+    status = discover(["tilelang_fp8_example"])["tilelang_fp8_example"]
+    assert sys.modules["utils"] is sentinel
+    return status
+
+
+def test_tilelang_fp8_example_is_found_where_the_tilelang_set_puts_it(tl_example, tmp_path, monkeypatch):
+    assert tl_example.present, tl_example.detail
+    assert "tile-ai/tilelang 012345678" in tl_example.detail
+    assert str(tmp_path / "peers" / "tilelang" / "tilelang_examples" / "deepseek_v32") in tl_example.detail
+    ex = tl_example.module
+    assert ex.indexer.per_custom_dims_cast_to_fp8 is ex.cast_to_fp8  # its `utils` was the sibling file
+    assert ex.indexer.__name__ in sys.modules  # TileLang's JIT reads the function source through it
+    # FLASHDSA_TL_EXAMPLES_DIR points elsewhere (e.g. a tilelang checkout): no commit file there
+    other = _fake_tl_examples(tmp_path / "checkout")
+    (other.parent / "PEERS_COMMITS").unlink()
+    monkeypatch.setenv("FLASHDSA_TL_EXAMPLES_DIR", str(other))
+    status = discover(["tilelang_fp8_example"])["tilelang_fp8_example"]
+    assert status.present and "commit unknown" in status.detail and str(other) in status.detail
+
+
+def test_tilelang_fp8_example_absent_reasons(tl_example, tmp_path, monkeypatch):
+    folder = tmp_path / "peers" / "tilelang" / "tilelang_examples" / "deepseek_v32"
+    (folder / "topk_selector.py").write_text("def other():\n    pass\n")  # the entry point renamed upstream
+    status = discover(["tilelang_fp8_example"])["tilelang_fp8_example"]
+    assert not status.present and "not importable" in status.detail and "no callable tl_topk" in status.detail
+    (folder / "utils.py").unlink()
+    status = discover(["tilelang_fp8_example"])["tilelang_fp8_example"]
+    assert not status.present and "utils.py not in" in status.detail
+    monkeypatch.setenv("FLASHDSA_TL_EXAMPLES_DIR", str(tmp_path / "nowhere"))
+    status = discover(["tilelang_fp8_example"])["tilelang_fp8_example"]
+    assert not status.present and "no example folder" in status.detail
+    monkeypatch.setattr(registry, "_cuda_required", lambda: "needs a CUDA device (none here)")
+    assert "CUDA" in discover(["tilelang_fp8_example"])["tilelang_fp8_example"].detail
+
+
+def test_tilelang_fp8_rows_keep_the_logits_within_the_budget(monkeypatch):
+    from bench.peers.cases import tilelang_fp8_rows
+    monkeypatch.delenv("FLASHDSA_TL_FP8_LOGITS_GIB", raising=False)
+    assert [tilelang_fp8_rows(t) for t in (8192, 32768, 65536, 131072)] == [8192, 32768, 65536, 32768]
+    monkeypatch.setenv("FLASHDSA_TL_FP8_LOGITS_GIB", "64")
+    assert tilelang_fp8_rows(131072) == 131072
+    monkeypatch.setenv("FLASHDSA_TL_FP8_LOGITS_GIB", "0.000001")
+    assert tilelang_fp8_rows(4096) == 128  # never below one 128-row tile
+    assert all(p.heads_ok(32) and p.heads_ok(64) and not p.heads_ok(256) and not p.heads_ok(48)
+               for p in TL_FP8_PATHS)
+    assert {p.label for p in TL_FP8_PATHS} == {"TileLang FP8 example logits + top-k",
+                                               "TileLang FP8 example logits alone"}
+
+
+@pytest.mark.parametrize("selection", ["bf16", "fp8"])
+def test_tilelang_fp8_example_adapters_call_shapes_and_checks(tl_example, cfg, monkeypatch, selection):
+    """Both paths through the real loader on the fake files: the example's e4m3 inputs (quantized outside
+    the timing), its entry point on row blocks (one call at T = 128, two 128-row blocks at T = 256 with
+    the budget set to 128 KiB), clean_logits as documented, the top-k per block, and the checks."""
+    ex = tl_example.module
+    monkeypatch.setenv("FLASHDSA_TL_FP8_LOGITS_GIB", str(128 * 256 * 4 / 2 ** 30))
+    run_cfg = dataclasses.replace(cfg, indexer_selection=selection)
+    s = run_cfg.dsa
+    plan = PeerPlan((128, 256), (INDEXER,), heads={INDEXER: (s.index_heads,)})
+    out = io.StringIO()
+    result = run_peers(run_cfg, torch.ops.flashdsa, CPU_POLICY, out, max_seconds=120, plan=plan,
+                       peers={"tilelang_fp8_example": tl_example}, paths=TL_FP8_PATHS)
+    rows = {(r["peer"], r["t"]): r for r in result["rows"]}
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values()), result["rows"]
+    for t in (128, 256):
+        picked = rows[("TileLang FP8 example logits + top-k", t)]["checks"]
+        assert picked["recall_rows"] == t and picked["recall_mean"] > 0.9, picked
+        alone = rows[("TileLang FP8 example logits alone", t)]["checks"]
+        assert 0 < alone["scores_rel_err"] < 0.1, alone  # e4m3 q and k vs our exact bf16 scores
+        if selection == "fp8":
+            assert "fp8_recall_mean" in picked and "fp8_recall_mean" in alone
+    calls = ex.indexer.CALLS
+    h, d = s.index_heads, s.index_dim
+    for c in calls:
+        n = c["q"][0][0]
+        assert n in (128,) and c["q"][1:] == (torch.float8_e4m3fn, True) and c["q"][0] == (n, h, d)
+        t = c["kv"][0][0]
+        assert c["kv"] == ((t, d), torch.float8_e4m3fn, True) and c["scales"] == ((t,), torch.float32, True)
+        assert c["weights"] == ((n, h), torch.float32, True)
+        assert c["ks"] == c["ke"] == ((n,), torch.int32, True)
+    assert {c["kv"][0][0] for c in calls} == {128, 256}
+    assert {c["clean"] for c in calls} == {True, False}  # alone: the entry point as is; + top-k: no clean pass
+    topk_calls = ex.topk_module.CALLS
+    assert topk_calls and all(c["topk"] == s.topk and c["input"][1] == torch.float32 for c in topk_calls)
+    assert {c["input"][0] for c in topk_calls} == {(128, 128), (128, 256)}  # T = 256 in two row blocks
+    table = "\n".join(peers_table(result["rows"], None, selection))
+    assert "TileLang FP8 example logits + top-k" in table and "recall " in table
+    assert "peer tilelang_fp8_example present" in out.getvalue()
+
+
+def test_tilelang_fp8_example_quantization_is_outside_the_timed_call(tl_example, cfg):
+    """prepare() quantizes each input set once; a timed call only runs the entry point (+ top-k)."""
+    from bench.peers.cases import Context, index_inputs, tilelang_fp8_indexer
+    ex = tl_example.module
+    quantized = []
+    real = ex.cast_to_fp8
+    ex.cast_to_fp8 = lambda *a: quantized.append(1) or real(*a)
+    ctx = Context(cfg, cfg.dsa, 128, torch.ops.flashdsa, ex, 2)
+    sets = [index_inputs(ctx) for _ in range(2)]
+    prepared = tilelang_fp8_indexer(False)(ctx, sets)
+    assert len(quantized) == 2
+    q8, k8, scales, w, ks, ke = prepared.peer.args[0]
+    assert q8.dtype == k8.dtype == torch.float8_e4m3fn and scales.dtype == w.dtype == torch.float32
+    assert torch.equal(ks, sets[0]["k_start"]) and torch.equal(ke, sets[0]["k_end"])
+    assert torch.equal(q8.float(), sets[0]["q_idx"].to(torch.float8_e4m3fn).float())  # cast as it is
+    selected = prepared.peer.fn(prepared.peer.args[1])
+    assert selected.shape == (128, cfg.dsa.topk) and selected.dtype == torch.int32 and len(quantized) == 2
+
+
+def test_peer_keys_limit_the_peers_probed_and_run(cfg, ops):
+    from bench import run as bench_run
+    assert set(bench_run.parse_args(["--peer-keys", "tilelang_fp8_example"]).peer_keys) == {"tilelang_fp8_example"}
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--peer-keys", "nope"])
+    src = (ROOT / "bench" / "run.py").read_text()
+    assert all(f'"{key}"' in src for key in registry.PROBES)  # every registry key is a --peer-keys choice
+    plan = PeerPlan((64,), (FWD,), heads={FWD: (cfg.dsa.heads,)})
+    result = run_peers(cfg, ops, CPU_POLICY, io.StringIO(), max_seconds=60, plan=plan, peers=FAKE_PEERS,
+                       paths=FAKE_PATHS, keys=["fake"])
+    assert {r["peer_key"] for r in result["rows"]} == {"fake"}
+    assert [s["key"] for s in result["status"]] == ["fake"]
+    plan = PeerPlan((64,), (FWD, INDEXER), heads={FWD: (cfg.dsa.heads,), INDEXER: (cfg.dsa.index_heads,)})
+    on_cpu = run_peers(cfg, ops, CPU_POLICY, io.StringIO(), max_seconds=60, plan=plan, keys=["tilelang_fp8_example"])
+    assert [s["key"] for s in on_cpu["status"]] == ["tilelang_fp8_example"]
+    assert {r["peer"] for r in on_cpu["rows"]} == {p.label for p in TL_FP8_PATHS}
+    assert all(r["status"] == "absent" for r in on_cpu["rows"])
+
+
+def test_peers_stage_puts_the_pinned_examples_where_the_registry_looks(tmp_path, monkeypatch):
+    """scripts/peers_stage.sh --examples-into (the tilelang set's example step) on a fake tile-ai/tilelang
+    mirror: the files at the pinned commit, PEERS_COMMITS, and the registry loads the result."""
+    mirror = tmp_path / "mirror"
+    (mirror / "examples" / "deepseek_v32").mkdir(parents=True)
+    for name, text in FAKE_TL_FILES.items():
+        (mirror / "examples" / "deepseek_v32" / name).write_text(text)
+    (mirror / "examples" / "deepseek_v32" / "sparse_mla_fwd.py").write_text("# not staged\n")
+    (mirror / "LICENSE").write_text("MIT\n")
+    git = ["git", "-C", str(mirror), "-c", "user.name=t", "-c", "user.email=t@t"]
+    _sh(["git", "init", "-q", str(mirror)])
+    _sh(git + ["add", "-A"])
+    _sh(git + ["commit", "-q", "-m", "examples"])
+    commit = _sh(git + ["rev-parse", "HEAD"]).stdout.strip()
+    (mirror / "examples" / "deepseek_v32" / "utils.py").write_text("raise SystemExit('a later commit')\n")
+    _sh(git + ["commit", "-q", "-am", "later"])
+    env = dict(os.environ, TILELANG_MIRROR=str(mirror / ".git"), TILELANG_EXAMPLES_REF=commit)
+    script = str(ROOT / "scripts" / "peers_stage.sh")
+    dest = tmp_path / "set"
+    out = _sh(["bash", script, "--examples-into", str(dest)], env=env).stdout
+    assert f"examples/deepseek_v32 of tile-ai/tilelang {commit}" in out
+    staged = dest / "tilelang_examples"
+    assert sorted(p.name for p in (staged / "deepseek_v32").iterdir()) == sorted(FAKE_TL_FILES)
+    assert (staged / "deepseek_v32" / "utils.py").read_text() == FAKE_TL_UTILS  # the pinned commit's
+    assert (staged / "LICENSE").read_text() == "MIT\n"
+    lines = (staged / "PEERS_COMMITS").read_text().splitlines()
+    assert lines[0] == f"tilelang {commit}" and len(lines) == 1 + 1 + len(FAKE_TL_FILES)
+    assert all(line.startswith("blob ") for line in lines[1:])
+    # where scripts/peers_gpu.sh unpacks the set, the registry finds and loads it
+    monkeypatch.setattr(registry, "_cuda_required", lambda: None)
+    monkeypatch.setenv("FLASHDSA_PEERS_DIR", str(tmp_path))
+    monkeypatch.delenv("FLASHDSA_TL_EXAMPLES_DIR", raising=False)
+    dest.rename(tmp_path / "tilelang")
+    real_import = registry.importlib.import_module
+    monkeypatch.setattr(registry.importlib, "import_module",
+                        lambda name, *a: type(sys)("tilelang") if name == "tilelang" else real_import(name, *a))
+    status = discover(["tilelang_fp8_example"])["tilelang_fp8_example"]
+    assert status.present and f"tile-ai/tilelang {commit[:9]}" in status.detail, status.detail
+    # an unknown ref, a missing mirror, and the opt-out
+    bad = subprocess.run(["bash", script, "--examples-into", str(tmp_path / "x")], capture_output=True, text=True,
+                         timeout=60, env=dict(env, TILELANG_EXAMPLES_REF="f" * 40))
+    assert bad.returncode != 0 and "is not a commit of" in bad.stdout
+    bad = subprocess.run(["bash", script, "--examples-into", str(tmp_path / "y")], capture_output=True, text=True,
+                         timeout=60, env=dict(env, TILELANG_MIRROR=str(tmp_path / "none")))
+    assert bad.returncode != 0 and "no mirror at" in bad.stdout
+    skipped = _sh(["bash", script, "--examples-into", str(tmp_path / "z")], env=dict(env, PEERS_TL_EXAMPLES="0"))
+    assert "left out (PEERS_TL_EXAMPLES=0)" in skipped.stdout and not (tmp_path / "z" / "tilelang_examples").exists()
+
+
+def test_tilelang_fp8_example_utils_loads_without_triton(tmp_path, monkeypatch):
+    """utils.py imports triton and packaging without using them: when they are not installed, empty
+    stand-ins serve its load only (sys.modules is as before afterwards), and the status says so."""
+    folder = _fake_tl_examples(tmp_path)
+    utils = folder / "utils.py"
+    utils.write_text("import triton\nimport triton.language as tl\nfrom packaging import version\n" + FAKE_TL_UTILS)
+    real_find = sys.meta_path
+
+    class NoTriton:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] in ("triton", "packaging"):
+                raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+            return None
+    monkeypatch.setattr(sys, "meta_path", [NoTriton()] + list(real_find))
+    for name in ("triton", "triton.language", "packaging", "packaging.version"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    ex = registry.TileLangFp8Example(str(folder))
+    assert ex.stand_ins == ["triton", "triton.language", "packaging", "packaging.version"]
+    assert not any(n in sys.modules for n in ("triton", "triton.language", "packaging", "packaging.version"))
+    assert ex.utils.tl is ex.utils.triton.language
+    (folder / "utils.py").write_text("import nosuchmodule_xyz\n" + FAKE_TL_UTILS)
+    with pytest.raises(ModuleNotFoundError, match="nosuchmodule_xyz"):
+        registry.TileLangFp8Example(str(folder))
