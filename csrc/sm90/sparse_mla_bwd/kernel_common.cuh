@@ -507,7 +507,6 @@ __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float
   emit_dkv_chunk<kDeterministic>(last, kLastChunk, rows, lane);
 }
 
-
 // ---- attention mass ---------------------------------------------------------------------------
 
 // Slots of keys 2 lane, 2 lane + 1 of list block blk (warp 0 of the front, mass output only: the

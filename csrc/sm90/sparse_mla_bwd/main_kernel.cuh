@@ -41,7 +41,8 @@
 #define FLASHDSA_BWD_KV_PREFETCH 1
 #endif
 // A/B builds only: -DFLASHDSA_BWD_FRONT_CHUNK8=1 moves dKV chunk 8 (dS^T . Q[:, 512:576), 4 k-steps, one
-// chunk's emission) from the back to the front, issued right behind the front's dQ.
+// chunk's emission) from the back to the front, issued once the front's dQ completed (needs
+// -DFLASHDSA_BWD_FRONT_REGS=240: at 232 the fast kernel spills).
 #ifndef FLASHDSA_BWD_FRONT_CHUNK8
 #define FLASHDSA_BWD_FRONT_CHUNK8 0
 #endif
@@ -232,8 +233,8 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(dq_b);
     hw::mbar_arrive(&sm.kv_empty);
 #if FLASHDSA_BWD_FRONT_CHUNK8
-    // dKV chunk 8 after the dQ (reads Q and the dS tile only; issued once the dQ's A fragments are dead, so
-    // that 232 registers hold it), emitted while the next block is gathered. The front rewrites the dS
+    // dKV chunk 8 after the dQ (reads Q and the dS tile only; issued once the dQ's A fragments are dead),
+    // emitted while the next block is gathered. The front rewrites the dS
     // tile only after this wait; the producer rewrites idx[st] only after kv_empty(i + 1).
     {
       float acc8[32];
