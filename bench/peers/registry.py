@@ -246,26 +246,23 @@ class TileLangFp8Example:
 
     def _load_utils(self, path: str):
         """(utils module, names of the stand-ins its load needed)."""
-        stand_ins: List[str] = []
-        while True:
-            added = {}
-            for name in stand_ins:
-                if name not in sys.modules:
-                    added[name] = sys.modules[name] = type(sys)(name)
-            for name, module in added.items():
-                parent, _, child = name.rpartition(".")
-                if parent in added:
-                    setattr(added[parent], child, module)
+        def absent(name: str) -> bool:
             try:
-                return _load_by_path(self.PREFIX + "utils", path), stand_ins
-            except ModuleNotFoundError as error:
-                missing = [n for n in self.UNUSED_IMPORTS if n == error.name or n.startswith(f"{error.name}.")]
-                if not missing or error.name in stand_ins:
-                    raise
-                stand_ins += missing
-            finally:
-                for name in added:
-                    sys.modules.pop(name, None)
+                return importlib.util.find_spec(name) is None
+            except ModuleNotFoundError:  # its parent package is not installed
+                return True
+        stand_ins = [n for n in self.UNUSED_IMPORTS if n not in sys.modules and absent(n)]
+        added = {name: type(sys)(name) for name in stand_ins}
+        for name, module in added.items():
+            parent, _, child = name.rpartition(".")
+            if parent in added:
+                setattr(added[parent], child, module)
+        sys.modules.update(added)
+        try:
+            return _load_by_path(self.PREFIX + "utils", path), stand_ins
+        finally:
+            for name in added:
+                sys.modules.pop(name, None)
 
     @staticmethod
     def _need(module, name: str):

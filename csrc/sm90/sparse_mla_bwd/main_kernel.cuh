@@ -29,9 +29,6 @@
 #include "sm90/sparse_mla_bwd/config.h"
 #include "sm90/sparse_mla_bwd/kernel_common.cuh"
 
-#ifndef FLASHDSA_BWD_DKV_PREFETCH_ALWAYS  // A/B builds: -DFLASHDSA_BWD_DKV_PREFETCH_ALWAYS=1
-#define FLASHDSA_BWD_DKV_PREFETCH_ALWAYS 0
-#endif
 // A/B builds only: -DFLASHDSA_BWD_DKV_PREFETCH_SWEEP=0 drops the dkv L2 prefetch of the sweep,
 // -DFLASHDSA_BWD_KV_PREFETCH=0 the kv L2 prefetch of the next block (every mode).
 #ifndef FLASHDSA_BWD_DKV_PREFETCH_SWEEP
@@ -121,17 +118,12 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     hw::mbar_arrive(&sm.kv_full);      // and one for its idx stores
     // Sweep mode: count the block, fetch into L2 the dkv rows its atomics will update. Every mode:
     // fetch into L2 the kv rows of the next block (gathered about one block from now).
-#if FLASHDSA_BWD_DKV_PREFETCH_ALWAYS  // A/B builds only: the dkv prefetch without the sweep too
-    if (sweep && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
-    prefetch_dkv_row(p, warp_key(sm, idx_row, i, warp, lane), lane);
-#else
     if (sweep) {
       if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
 #if FLASHDSA_BWD_DKV_PREFETCH_SWEEP
       prefetch_dkv_row(p, warp_key(sm, idx_row, i, warp, lane), lane);
 #endif
     }
-#endif
     if (i + 1 < num_blocks) {
 #if FLASHDSA_BWD_KV_PREFETCH
       prefetch_kv_row(p, warp_key(sm, idx_row, i + 1, warp, lane), lane);

@@ -37,11 +37,7 @@ constexpr int64_t kSweepMinKeys = FLASHDSA_BWD_SWEEP_MIN_KEYS;
 #else
 constexpr int64_t kSweepMinKeys = tuning::kBwdSweepMinKeys;
 #endif
-#if defined(FLASHDSA_BWD_SORT_CHUNK_ENTRIES)  // A/B builds only
-constexpr int64_t kSortChunkEntries = FLASHDSA_BWD_SORT_CHUNK_ENTRIES;
-#else
 constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
-#endif
 constexpr int64_t kDetChunkBytes = tuning::kBwdDetChunkBytes;
 constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per thread
 
@@ -74,23 +70,20 @@ __global__ void delta_kernel(const __nv_bfloat16* __restrict__ out, const __nv_b
   }
 }
 
-// Copies `tokens` index rows into a dense [tokens, K] key array; invalid entries become T_kv (sorts
-// last, still invalid for the main kernel). Optionally also: pair ids and a histogram of valid keys
-// (deterministic mode), segment offsets l*K (sorted-row mode).
+// Deterministic mode: copies `tokens` index rows into a dense [tokens, K] key array (invalid entries become
+// T_kv: they sort last and stay invalid for the main kernel), their pair ids and a histogram of valid keys.
 __global__ void keys_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
                             int64_t t_kv, int32_t* __restrict__ keys, int32_t* __restrict__ pair_ids,
-                            int32_t* __restrict__ key_count, int32_t* __restrict__ segment_offsets) {
+                            int32_t* __restrict__ key_count) {
   const int64_t n = tokens * K;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t l = i / K;
     const int32_t idx = indices[l * stride_t + (i - l * K)];
     const bool valid = idx >= 0 && idx < t_kv;
     keys[i] = valid ? idx : static_cast<int32_t>(t_kv);
-    if (pair_ids != nullptr) pair_ids[i] = static_cast<int32_t>(i);
-    if (key_count != nullptr && valid) atomicAdd(&key_count[idx], 1);  // integer: order-independent
-    if (segment_offsets != nullptr && i - l * K == 0) segment_offsets[l] = static_cast<int32_t>(i);
+    pair_ids[i] = static_cast<int32_t>(i);
+    if (valid) atomicAdd(&key_count[idx], 1);  // integer: order-independent
   }
-  if (segment_offsets != nullptr && blockIdx.x == 0 && threadIdx.x == 0) segment_offsets[tokens] = static_cast<int32_t>(n);
 }
 
 // Sweep mode: one CTA of kSortThreads per index row sorts the row's keys into keys_out[l * K ..) (invalid
@@ -229,7 +222,7 @@ struct Plan {
   int64_t chunk_tokens = 0;    // tokens per main-kernel launch
   // byte offsets into the workspace (only those of the chosen mode are used)
   size_t delta = 0, sweep_counter = 0;
-  size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0, segment_offsets = 0;
+  size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0;
   size_t partial = 0, key_count = 0, key_offset = 0, cub_temp = 0;
   size_t cub_temp_bytes = 0;
   size_t total = 0;
@@ -287,22 +280,6 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
     pl.keys_out = carve(&cur, size_t(entries) * 4);
     // the mass of a sorted entry goes to its original slot: the sorted entries' pair ids too
     if (p.mass != nullptr) pl.pair_ids_out = carve(&cur, size_t(entries) * 4);
-#if FLASHDSA_BWD_CUB_SORT  // A/B builds only: the segmented sort of cub that sort_rows_kernel replaced
-    pl.keys_in = carve(&cur, size_t(entries) * 4);
-    pl.segment_offsets = carve(&cur, size_t(pl.chunk_tokens + 1) * 4);
-    if (p.mass != nullptr) {
-      pl.pair_ids_in = carve(&cur, size_t(entries) * 4);
-      FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortPairs(
-          nullptr, pl.cub_temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-          static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), entries, pl.chunk_tokens,
-          static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
-    } else {
-      FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(
-          nullptr, pl.cub_temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), entries,
-          pl.chunk_tokens, static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
-    }
-    pl.cub_temp = carve(&cur, pl.cub_temp_bytes);
-#endif
   } else {
     pl.chunk_tokens = T;
   }
@@ -404,32 +381,11 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
     int sms = 132;
     FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
-#if FLASHDSA_BWD_CUB_SORT
-    int32_t* offsets = reinterpret_cast<int32_t*>(ws + pl.segment_offsets);
-#endif
+    int32_t* const pair_ids_out = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
       const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
-      int32_t* pair_ids_out = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
-#if FLASHDSA_BWD_CUB_SORT
-      const int64_t entries = tokens * p.topk.K;
-      int32_t* pair_ids_in = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_in) : nullptr;
-      keys_kernel<<<grid_for(entries, kMapThreads), kMapThreads, 0, stream>>>(
-          p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t, tokens, p.topk.K, p.T_kv, keys_in, pair_ids_in, nullptr,
-          offsets);
-      FLASHDSA_CHECK_LAUNCH("keys_kernel");
-      size_t temp_bytes = pl.cub_temp_bytes;
-      if (p.mass != nullptr) {
-        FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortPairs(cub_temp, temp_bytes, keys_in, keys_out, pair_ids_in,
-                                                              pair_ids_out, entries, tokens, offsets, offsets + 1,
-                                                              stream));
-      } else {
-        FLASHDSA_CUDA_TRY(cub::DeviceSegmentedSort::SortKeys(cub_temp, temp_bytes, keys_in, keys_out, entries,
-                                                             tokens, offsets, offsets + 1, stream));
-      }
-#else
       FLASHDSA_RETURN_IF_ERROR(launch_sort_rows(p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t, tokens,
                                                 p.topk.K, p.T_kv, keys_out, pair_ids_out, stream));
-#endif
       mp.indices = keys_out;
       mp.indices_stride_t = p.topk.K;
       mp.mass_slots = pair_ids_out;
@@ -461,7 +417,7 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     if (!st.ok()) return st;
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(key_count, 0, size_t(p.T_kv + 1) * 4, stream));
     keys_kernel<<<grid_for(pairs, kMapThreads), kMapThreads, 0, stream>>>(
-        mp.indices, p.topk.stride_t, tokens, p.topk.K, p.T_kv, keys_in, pair_ids_in, key_count, nullptr);
+        mp.indices, p.topk.stride_t, tokens, p.topk.K, p.T_kv, keys_in, pair_ids_in, key_count);
     FLASHDSA_CHECK_LAUNCH("keys_kernel");
     size_t temp_bytes = pl.cub_temp_bytes;
     FLASHDSA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(cub_temp, temp_bytes, keys_in, keys_out, pair_ids_in,
