@@ -45,6 +45,17 @@
 #include "sm90/indexer_topk/launch.cuh"
 #include "sm90/indexer_topk/select.cuh"
 
+// Attribution builds of the FP8 check program only (docs/kernels/indexer_topk.md, "FP8 selection
+// pass"; never defined in the library build; their outputs are wrong by design): 1 = no exact re-score
+// (the C cut and the final select run on the FP8 scores), 2 = no per-row tail at all (no C cut, no
+// re-score, no final select: the outputs are left unwritten), 3 = as 2 and no appends (the pass test is
+// computed into a sink; no list fills, so no compaction).
+#if defined(FLASHDSA_FP8_ABLATE)
+#define FLASHDSA_FP8V2_ABLATE FLASHDSA_FP8_ABLATE
+#else
+#define FLASHDSA_FP8V2_ABLATE 0
+#endif
+
 namespace flashdsa::sm90::indexer_topk_impl::fp8v2 {
 
 constexpr int kNth = 256;            // two consumer warpgroups
@@ -196,6 +207,9 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * kFp8RowBytes >> 4);
   uint32_t ring = 0;  // tiles consumed by this CTA: tile `it` of a block sits in stage (ring + it) % S
+#if FLASHDSA_FP8V2_ABLATE == 3
+  uint32_t ablate_sink = 0u;
+#endif
 
   for (;;) {
     hw::fence_proxy_async();  // the previous block's generic writes (re-score) before this block's TMA writes
@@ -272,6 +286,10 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         const int key = key0 + 8 * v;
         const float s = sums[v] * ksv[v];
         const bool visible = key >= row_start && key < row_end;
+#if FLASHDSA_FP8V2_ABLATE == 3
+        ablate_sink += visible && score_key(s) > row_thr ? static_cast<uint32_t>(key) : 0u;
+        continue;
+#endif
         if (row_thr == 0u && visible) {  // dense row: every visible key passes (score_key >= 1)
           const int pos = key - row_start;
           my_list_s[pos] = s;
@@ -349,14 +367,22 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
       int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
       int m = sm.count[r];
+#if FLASHDSA_FP8V2_ABLATE >= 2
+      continue;
+#endif
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+#if FLASHDSA_FP8V2_ABLATE != 1
       // Heads in rolled passes of 32 (H_I = 64: two), which keeps the tail within the 128 registers.
       rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
+#endif
       int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
       float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
       write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);
     }
   }
+#if FLASHDSA_FP8V2_ABLATE == 3
+  if (ablate_sink == 0x7f800001u) a.out_idx[0] = static_cast<int32_t>(ablate_sink);  // keeps the sink alive
+#endif
 }
 
 // ---- host side -----------------------------------------------------------------------------------

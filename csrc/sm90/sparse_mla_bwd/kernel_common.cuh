@@ -486,12 +486,9 @@ __device__ __forceinline__ void dkv_step(const SmemPlan& sm, float (&acc0)[32], 
 // The back's dKV chunks of a block from the wait for chunk 1 on (chunks 1 and 2 issued into acc1,
 // acc0, chunk 0 emitted, the dQ group done): chunks 1 .. 8 emitted, chunks 3 .. 8 issued one ahead;
 // arrives on sm.tiles_free once chunk 8 read the P and dS tiles.
-template <bool kDeterministic, int kLastChunk = 8>
+template <bool kDeterministic>
 __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float (&acc1)[32], const DkvRows& rows,
                                           int lane) {
-  // kLastChunk = 7: FLASHDSA_BWD_FRONT_CHUNK8 (A/B builds only), the front computes chunk 8.
-  static_assert(kLastChunk == 7 || kLastChunk == 8, "the back ends at chunk 7 or 8");
-  float(&last)[32] = (kLastChunk % 2 == 0) ? acc0 : acc1;
   hw::wgmma_wait<1>();  // chunk 1
   hw::fence_regs(acc1);
   emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
@@ -500,11 +497,11 @@ __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float
   dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
   dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane);
   dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
-  if constexpr (kLastChunk == 8) dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane);
-  hw::wgmma_wait<0>();  // the last chunk: the back's last read of the P and dS tiles
-  hw::fence_regs(last);
+  dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane);
+  hw::wgmma_wait<0>();  // chunk 8: the back's last read of the P and dS tiles
+  hw::fence_regs(acc0);
   hw::mbar_arrive(&sm.tiles_free);
-  emit_dkv_chunk<kDeterministic>(last, kLastChunk, rows, lane);
+  emit_dkv_chunk<kDeterministic>(acc0, 8, rows, lane);
 }
 
 // ---- attention mass ---------------------------------------------------------------------------

@@ -37,12 +37,6 @@
 #ifndef FLASHDSA_BWD_KV_PREFETCH
 #define FLASHDSA_BWD_KV_PREFETCH 1
 #endif
-// A/B builds only: -DFLASHDSA_BWD_FRONT_CHUNK8=1 moves dKV chunk 8 (dS^T . Q[:, 512:576), 4 k-steps, one
-// chunk's emission) from the back to the front, issued once the front's dQ completed (needs
-// -DFLASHDSA_BWD_FRONT_REGS=240: at 232 the fast kernel spills).
-#ifndef FLASHDSA_BWD_FRONT_CHUNK8
-#define FLASHDSA_BWD_FRONT_CHUNK8 0
-#endif
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 namespace detail {
@@ -224,19 +218,6 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
     hw::mbar_arrive(&sm.kv_empty);
-#if FLASHDSA_BWD_FRONT_CHUNK8
-    // dKV chunk 8 after the dQ (reads Q and the dS tile only; issued once the dQ's A fragments are dead),
-    // emitted while the next block is gathered. The front rewrites the dS
-    // tile only after this wait; the producer rewrites idx[st] only after kv_empty(i + 1).
-    {
-      float acc8[32];
-      issue_dkv_chunk(sm, acc8, 8);
-      const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[st], sm.block_list[i], warp, lane);
-      hw::wgmma_wait<0>();
-      hw::fence_regs(acc8);
-      emit_dkv_chunk<kDeterministic>(acc8, 8, rows, lane);
-    }
-#endif
   }
 
   __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
@@ -286,11 +267,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(acc0);
     emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
     issue_dkv_chunk(sm, acc0, 2);
-#if FLASHDSA_BWD_FRONT_CHUNK8
-    back_tail<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
-#else
     back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
-#endif
   }
 
   store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
