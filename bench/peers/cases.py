@@ -53,6 +53,10 @@ TILELANG_INDEXER_BLOCK = 8192
 # query rows of at most this many GiB (FLASHDSA_TL_FP8_LOGITS_GIB overrides): one call up to T = 64K,
 # four 32768-row blocks at 128K (whose T×T matrix is 64 GiB).
 TILELANG_FP8_LOGITS_GIB = 16.0
+# TileLang's example top-k selector (topk_selector.py at a35008a) collects the threshold bin's entries in a
+# 4096-entry shared buffer without a bound check; on the H200 (2026-12-02) the case at T = 128K ended the
+# process with an illegal memory access, so its "logits + top-k" path runs up to this T only.
+TILELANG_FP8_TOPK_MAX_T = 65536
 LN2 = math.log(2.0)
 
 
@@ -351,10 +355,11 @@ def tilelang_indexer(logits_only: bool):
 
 def tilelang_fp8_rows(t: int) -> int:
     """Query rows per call of TileLang's example FP8 indexer at T = t: all t while the fp32 logits [t, t]
-    fit in FLASHDSA_TL_FP8_LOGITS_GIB (default TILELANG_FP8_LOGITS_GIB), else the most rows, a multiple of
-    128 (the kernel's block_Q * H_I), whose [rows, t] logits do."""
+    fit in FLASHDSA_TL_FP8_LOGITS_GIB (default TILELANG_FP8_LOGITS_GIB) and hold fewer than 2^31 elements
+    (int32 offsets), else the most rows, a multiple of 128 (the kernel's block_Q * H_I), whose [rows, t]
+    logits do."""
     gib = float(os.environ.get("FLASHDSA_TL_FP8_LOGITS_GIB", TILELANG_FP8_LOGITS_GIB))
-    rows = int(gib * 2 ** 30) // (4 * t)
+    rows = min(int(gib * 2 ** 30) // (4 * t), (2 ** 31 - 1) // t)  # and rows * t elements below 2^31
     return t if rows >= t else max(128, rows // 128 * 128)
 
 
@@ -425,6 +430,8 @@ class PeerPath:
     note: str = ""
     heads_ok: Callable[[int], bool] = lambda h: True
     heads_rule: str = ""
+    t_ok: Callable[[int], bool] = lambda t: True
+    t_rule: str = ""
 
 
 def _pow2_at_least_16(h: int) -> bool:
@@ -452,10 +459,13 @@ PATHS: Tuple[PeerPath, ...] = (
              note=f"{TILELANG_INDEXER_BLOCK}-row blocks, no selection"),
     PeerPath(INDEXER, "tilelang_fp8_example", "TileLang FP8 example logits + top-k", tilelang_fp8_indexer(False),
              note="its e4m3 quantization untimed; no clean pass; its radix top-k; fp32 logits in row blocks of "
-                  "<= 16 GiB (4 at 128K)", heads_ok=_divides_128, heads_rule="H_I dividing 128 (block_Q = 128 / H_I)"),
+                  "<= 16 GiB and < 2^31 elements", heads_ok=_divides_128, heads_rule="H_I dividing 128 (block_Q = 128 / H_I)",
+             t_ok=lambda t: t <= TILELANG_FP8_TOPK_MAX_T,
+             t_rule=f"T <= {TILELANG_FP8_TOPK_MAX_T}: its selector keeps the threshold bin in a 4096-entry shared "
+                    "buffer without a bound check; at T = 128K it ended the process with an illegal address"),
     PeerPath(INDEXER, "tilelang_fp8_example", "TileLang FP8 example logits alone", tilelang_fp8_indexer(True),
              note="its entry point with clean_logits; e4m3 quantization untimed; fp32 logits in row blocks of "
-                  "<= 16 GiB (4 at 128K)", heads_ok=_divides_128, heads_rule="H_I dividing 128 (block_Q = 128 / H_I)"),
+                  "<= 16 GiB and < 2^31 elements", heads_ok=_divides_128, heads_rule="H_I dividing 128 (block_Q = 128 / H_I)"),
 )
 
 INPUT_MAKERS = {
@@ -502,7 +512,8 @@ def build_peer_cases(cfg: BenchConfig, plan: PeerPlan, peers: Dict[str, PeerStat
                     ctx = Context(cfg, s, t, ops, status.module if status else None, sets)
                     ours_sets = [INPUT_MAKERS[path.kernel](ctx) for _ in range(sets)]
                     return path.adapter(ctx, ours_sets)
-                unsupported = "" if path.heads_ok(heads) else f"supports {path.heads_rule}"
+                unsupported = ("" if path.heads_ok(heads) else f"supports {path.heads_rule}") or \
+                              ("" if path.t_ok(t) else f"runs only at {path.t_rule}")
                 cases.append(PeerCase(kernel, path.peer_key, path.label, t, heads, kernel_flops(kernel, t, s),
                                       prepare, path.note, unsupported))
     cases.sort(key=lambda c: c.t)  # stable: kernel order kept within a T

@@ -200,6 +200,7 @@ FAKE_PATHS = (
     PeerPath(BWD, "fake", "torch autograd", fake_bwd),
     PeerPath(INDEXER, "fake", "torch scores + topk", fake_indexer),
     PeerPath(FWD, "fake", "fake H=64 only", fake_fwd, heads_ok=lambda h: h == 64, heads_rule="H = 64"),
+    PeerPath(FWD, "fake", "fake short T only", fake_fwd, t_ok=lambda t: t < 0, t_rule="T < 0"),
     PeerPath(FWD, "missing", "an absent peer", fake_fwd),
 )
 FAKE_PEERS = {"fake": PeerStatus("fake", "torch", True, "plain torch functions", module=object()),
@@ -233,6 +234,7 @@ def test_fake_peers_run_ab_with_checks(cfg, ops):
         assert idx["heads"] == s.index_heads
         assert idx["checks"]["recall_mean"] == 1.0 and idx["checks"]["recall_rows"] == t
         assert by[("fake H=64 only", t)]["status"] == "n/a" and "H = 64" in by[("fake H=64 only", t)]["reason"]
+        assert by[("fake short T only", t)]["status"] == "n/a" and "T < 0" in by[("fake short T only", t)]["reason"]
         absent = by[("an absent peer", t)]
         assert absent["status"] == "absent" and "not importable" in absent["reason"]
     lines = out.getvalue().splitlines()
@@ -804,15 +806,24 @@ def test_tilelang_fp8_example_absent_reasons(tl_example, tmp_path, monkeypatch):
 def test_tilelang_fp8_rows_keep_the_logits_within_the_budget(monkeypatch):
     from bench.peers.cases import tilelang_fp8_rows
     monkeypatch.delenv("FLASHDSA_TL_FP8_LOGITS_GIB", raising=False)
-    assert [tilelang_fp8_rows(t) for t in (8192, 32768, 65536, 131072)] == [8192, 32768, 65536, 32768]
+    # 32K: 4 GiB, 2^30 elements, one call; 64K / 128K: blocks of fewer than 2^31 elements (int32 offsets)
+    assert [tilelang_fp8_rows(t) for t in (8192, 32768, 65536, 131072)] == [8192, 32768, 32640, 16256]
+    assert all(tilelang_fp8_rows(t) * t < 2 ** 31 for t in (65536, 131072, 262144))
     monkeypatch.setenv("FLASHDSA_TL_FP8_LOGITS_GIB", "64")
-    assert tilelang_fp8_rows(131072) == 131072
+    assert tilelang_fp8_rows(131072) == 16256  # the element bound holds whatever the byte budget
+    monkeypatch.setenv("FLASHDSA_TL_FP8_LOGITS_GIB", "1")
+    assert tilelang_fp8_rows(32768) == 8192
     monkeypatch.setenv("FLASHDSA_TL_FP8_LOGITS_GIB", "0.000001")
     assert tilelang_fp8_rows(4096) == 128  # never below one 128-row tile
     assert all(p.heads_ok(32) and p.heads_ok(64) and not p.heads_ok(256) and not p.heads_ok(48)
                for p in TL_FP8_PATHS)
     assert {p.label for p in TL_FP8_PATHS} == {"TileLang FP8 example logits + top-k",
                                                "TileLang FP8 example logits alone"}
+    # its top-k overran its selector's shared buffer at 128K on the H200: that path stops at 64K
+    by_label = {p.label: p for p in TL_FP8_PATHS}
+    assert by_label["TileLang FP8 example logits + top-k"].t_ok(65536)
+    assert not by_label["TileLang FP8 example logits + top-k"].t_ok(131072)
+    assert by_label["TileLang FP8 example logits alone"].t_ok(131072)
 
 
 @pytest.mark.parametrize("selection", ["bf16", "fp8"])
