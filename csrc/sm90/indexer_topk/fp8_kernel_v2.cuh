@@ -249,7 +249,8 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     // (kernel.cuh, "sampled threshold"); its rows start at threshold 1 instead of 0 (every real score's
     // key is > 1), so none takes the dense appends, which assume keys in ascending order. A failed cut
     // re-walks the block plainly.
-    const bool sampled = !rewalk && ntiles >= kSampleMinTiles;
+    // (Attribution build 3 appends nothing: a cut would always fail, so it walks plainly.)
+    const bool sampled = FLASHDSA_FP8V2_ABLATE != 3 && !rewalk && ntiles >= kSampleMinTiles;
     const int na = (ntiles + kSampleStride - 1) / kSampleStride;
     if (tid == 0) sm.walk_na = sampled ? na : 0;  // published by the barrier after the query load
     if (tid < NT) {

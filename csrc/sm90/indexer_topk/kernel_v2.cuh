@@ -190,7 +190,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
     // Pass 0 of a long block (D_I = 128 only: at 64, with its 4-stage ring, the two passes spill); a failed
     // cut re-walks the block plainly.
-    const bool sampled = D == 128 && !rewalk && ntiles >= kSampleMinTiles;
+    // (The attribution builds append nothing: a cut would always fail, so they walk plainly.)
+    const bool sampled = FLASHDSA_V2_ABLATE == 0 && D == 128 && !rewalk && ntiles >= kSampleMinTiles;
     const int na = (ntiles + kSampleStride - 1) / kSampleStride;
     const int walk_na = sampled ? na : 0;  // walk_tile's order: 0 = plain
     if (tid < NT) {
