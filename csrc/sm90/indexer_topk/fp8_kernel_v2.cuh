@@ -373,7 +373,8 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       // past the flag, as in kernel.cuh).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it-1 is in the lists and counts
-        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, cut_now ? sm.cut : nullptr);
+        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, it <= sm.walk_na ? sm.cut : nullptr,
+                               cut_now);
       }
     }
     if (ntiles > 0) finish_tile(ntiles - 1, part, ksv);  // its flags need no compaction: the final select follows

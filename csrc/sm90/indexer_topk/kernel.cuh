@@ -267,17 +267,19 @@ __device__ __forceinline__ int compaction_keep(const KernelArgs& a) { return a.K
 // to its top compaction_keep(a), raising the row's threshold. Shared by the bf16 and FP8 kernels;
 // Args: KernelArgs or Fp8KernelArgs, read in place (passing its fields by value moved the FP8 and
 // bf16 kernels' SASS). All NTH threads, right after a barrier (counts are stable until the next epilogue).
-// With `cut` (the sampled walk's end of phase A, kernel.cuh "sampled threshold"), a row with cut[r] > 0
-// keeps its cut[r] best instead, if it holds more (a row that holds fewer keeps all, and its threshold:
-// the re-walk test after the walk then cannot fail for it, since every later key above that threshold
-// is appended).
+// With `cut` (the sampled walk's phase A, kernel.cuh "sampled threshold"), a row with cut[r] > 0 keeps its
+// cut[r] best instead of compaction_keep(a) (phase A needs no more of it), and with `cut_all` (the end of
+// phase A) every such row that holds more than cut[r] entries is cut, full or not. A row with cut[r] > 0
+// that holds fewer keeps all, and its threshold: the re-walk test after the walk cannot fail for it, since
+// every later key above that threshold is appended.
 template <int NT, class Args, int NTH>
 __device__ __forceinline__ void compact_full_lists(const Args& a, float* cand_s, int* cand_i, int* count,
-                                                   uint32_t* thr, Scratch<NTH>& sc, const int* cut = nullptr) {
+                                                   uint32_t* thr, Scratch<NTH>& sc, const int* cut = nullptr,
+                                                   bool cut_all = false) {
   for (int r = 0; r < NT; ++r) {
     const int n = count[r];
     const int c = cut != nullptr ? cut[r] : 0;
-    if (c > 0 ? n <= c : n <= a.cap - kMinCapacitySlack) continue;
+    if (n <= a.cap - kMinCapacitySlack && !(cut_all && c > 0 && n > c)) continue;
     float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
     // n > cap - 128 >= the count kept, or n > the cut

@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // past the flag: kMinCapacitySlack).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it is in the lists and counts
-        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, cut_now ? sm.cut : nullptr);
+        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, it < walk_na ? sm.cut : nullptr, cut_now);
       }
     }
     ring += static_cast<uint32_t>(ntiles);
