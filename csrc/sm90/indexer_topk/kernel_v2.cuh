@@ -84,9 +84,10 @@ struct alignas(1024) Smem {
   uint32_t thr[Cfg::kTokens];  // admission threshold (score key) per row: append iff key > thr
   int k_start[Cfg::kTokens];   // key range per row ([0, 0) for rows past T)
   int k_end[Cfg::kTokens];
+  int block;  // block handed out by the scheduler
+  // (after the members of the kernel without the sampled walk, which keep their offsets)
   int cut[Cfg::kTokens];  // sampled walk: the row's cut size after phase A (0: none)
   int redo_blk;  // a block to walk again without the sampled threshold (-1: none; thread 0 only)
-  int block;  // block handed out by the scheduler
 };
 
 template <int H, int D>
@@ -132,7 +133,9 @@ __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka
   hw::wgmma_commit();
 }
 
-template <int H, int D, bool kRelu>
+// kSampled: the instance for inputs with T_kv >= 256 tiles at D_I = 128 (the host picks it), whose long
+// blocks take the sampled threshold; the other instance has none of its code in the tile loop.
+template <int H, int D, bool kRelu, bool kSampled>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     indexer_topk_v2_kernel(const __grid_constant__ KernelArgsV2 args) {
   using Cfg = Config<H, D>;
@@ -159,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
   if (tid == 0) {
     init_tile_ring<S>(sm.full, sm.done, &args.tmap_k, a.T_kv);
-    sm.redo_blk = -1;
+    if (kSampled) sm.redo_blk = -1;
   }
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
@@ -174,8 +177,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   for (;;) {
     // (its first barrier also publishes the mbarrier init)
     // A block whose sampled walk failed (below) is walked again, plainly, by the same CTA.
-    bool rewalk;
-    const int blk = claim_block_or_rewalk(a, tid, &sm.block, &sm.redo_blk, rewalk);
+    bool rewalk = false;
+    const int blk = kSampled ? claim_block_or_rewalk(a, tid, &sm.block, &sm.redo_blk, rewalk)
+                             : claim_block(a, tid, &sm.block);
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first: they see the most keys
 
@@ -191,10 +195,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     // Pass 0 of a long block (D_I = 128 only: at 64, with its 4-stage ring, the two passes spill); a failed
     // cut re-walks the block plainly.
     // (The attribution builds append nothing: a cut would always fail, so they walk plainly.)
-    const bool sampled = FLASHDSA_V2_ABLATE == 0 && D == 128 && !rewalk && ntiles >= kSampleMinTiles;
+    const bool sampled = kSampled && FLASHDSA_V2_ABLATE == 0 && D == 128 && !rewalk && ntiles >= kSampleMinTiles;
     const int na = (ntiles + kSampleStride - 1) / kSampleStride;
     const int walk_na = sampled ? na : 0;  // walk_tile's order: 0 = plain
-    if (tid < NT) {
+    if (kSampled && tid < NT) {
       const int n = sm.k_end[tid] - sm.k_start[tid];
       sm.cut[tid] = sampled && n > 0 ? sample_cut_size(n, phase_a_keys(sm.k_start[tid], sm.k_end[tid], tile0), a.K) : 0;
     }
@@ -324,7 +328,13 @@ inline Status make_key_tensor_map(const KernelArgs& a, int D, CUtensorMap* map) 
 template <int H, int D, bool kRelu>
 Status launch(const KernelArgsV2& args, int grid, cudaStream_t stream) {
   constexpr int kSmem = static_cast<int>(smem_bytes<H, D>());
-  return launch_with_smem(indexer_topk_v2_kernel<H, D, kRelu>, dim3(grid), kThreads, kSmem, stream,
+  // Only D_I = 128 inputs with enough keys for a long block take the instance with the sampled threshold.
+  if constexpr (D == 128) {
+    if (args.base.T_kv >= kSampleMinTiles * kTileKeys)
+      return launch_with_smem(indexer_topk_v2_kernel<H, D, kRelu, true>, dim3(grid), kThreads, kSmem, stream,
+                              "indexer_topk_v2_kernel", args);
+  }
+  return launch_with_smem(indexer_topk_v2_kernel<H, D, kRelu, false>, dim3(grid), kThreads, kSmem, stream,
                           "indexer_topk_v2_kernel", args);
 }
 
