@@ -101,6 +101,10 @@ struct alignas(1024) Smem {
   int k_start[NT];
   int k_end[NT];
   int block;
+  // (after the members of the kernel without the sampled walk, which keep their offsets)
+  int cut[NT];  // sampled walk (kernel.cuh): the row's cut size after phase A (0: none)
+  int walk_na;  // the block's walk order (kernel.cuh walk_tile; 0 = plain): read from here, not kept in a register
+  int redo_blk;  // a block to walk again without the sampled threshold (-1: none; thread 0 only)
 };
 
 // Dynamic shared memory of a CTA.
@@ -181,7 +185,9 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
 // 256 / H query rows from the scheduler, walks their key tiles (TMA ring, e4m3 wgmma, the packed bf16x2
 // epilogue, dense / counter appends, compactions to the C best), then per row cuts the list to C,
 // re-scores it exactly from bf16 and writes the top K (indices and exact scores, -1 / -inf padding).
-template <int H, int D, bool kRelu>
+// kSampled: the instance for inputs with T_kv >= 256 tiles (the host picks it), whose long blocks take the
+// sampled threshold; the other instance has none of its code in the tile loop.
+template <int H, int D, bool kRelu, bool kSampled>
 __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const __grid_constant__ Fp8V2Args args) {
   static_assert(D == 128, "the v2 FP8 walk takes D_I = 128 (one 128-byte TMA box row per key)");
   using C = Cfg<H>;
@@ -203,7 +209,10 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
   float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
   int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
 
-  if (tid == 0) init_tile_ring<S>(sm.full, sm.done, &args.tmap_k8, a.T_kv);
+  if (tid == 0) {
+    init_tile_ring<S>(sm.full, sm.done, &args.tmap_k8, a.T_kv);
+    if (kSampled) sm.redo_blk = -1;
+  }
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * kFp8RowBytes >> 4);
   uint32_t ring = 0;  // tiles consumed by this CTA: tile `it` of a block sits in stage (ring + it) % S
@@ -213,7 +222,10 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
 
   for (;;) {
     hw::fence_proxy_async();  // the previous block's generic writes (re-score) before this block's TMA writes
-    const int blk = claim_block(a, tid, &sm.block);
+    // A block whose sampled walk failed (below) is walked again, plainly, by the same CTA.
+    bool rewalk = false;
+    const int blk = kSampled ? claim_block_or_rewalk(a, tid, &sm.block, &sm.redo_blk, rewalk)
+                             : claim_block(a, tid, &sm.block);
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first
 
@@ -237,11 +249,24 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
 
     const TileRange tiles = block_tile_range<NT>(sm.k_start, sm.k_end);
     const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
+    // Pass 0 of a long block walks phase A, cuts the long rows to their r best and walks phase B
+    // (kernel.cuh, "sampled threshold"); its rows start at threshold 1 instead of 0 (every real score's
+    // key is > 1), so none takes the dense appends, which assume keys in ascending order. A failed cut
+    // re-walks the block plainly.
+    // (Attribution build 3 appends nothing: a cut would always fail, so it walks plainly.)
+    const bool sampled = kSampled && FLASHDSA_FP8V2_ABLATE != 3 && !rewalk && ntiles >= kSampleMinTiles;
+    const int na = (ntiles + kSampleStride - 1) / kSampleStride;
+    if (kSampled && tid == 0) sm.walk_na = sampled ? na : 0;  // published by the barrier after the query load
+    if (kSampled && tid < NT) {
+      const int n = sm.k_end[tid] - sm.k_start[tid];
+      sm.cut[tid] = sampled && n > 0 ? sample_cut_size(n, phase_a_keys(sm.k_start[tid], sm.k_end[tid], tile0), a.C) : 0;
+      if (sampled) sm.thr[tid] = 1u;
+    }
 
-    auto issue_key_tile = [&](int i) {  // one thread: tile i of the block into stage (ring + i) % S
+    auto issue_key_tile = [&](int i) {  // one thread: step i's tile of the block into stage (ring + i) % S
       const uint32_t slot = (ring + static_cast<uint32_t>(i)) % S;
       hw::mbar_arrive_expect_tx(&sm.full[slot], kTileBytes);
-      hw::tma_load_2d(sm.k[slot], &args.tmap_k8, &sm.full[slot], 0, (tile0 + i) * kTileKeys);
+      hw::tma_load_2d(sm.k[slot], &args.tmap_k8, &sm.full[slot], 0, (tile0 + walk_tile(i, kSampled ? sm.walk_na : 0)) * kTileKeys);
     };
     if (tid == 0) {
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
@@ -262,7 +287,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     };
     // The key scales of this lane's V keys of tile `tile` (0 past T_kv: masked by the ranges anyway).
     auto load_kscales = [&](int tile, float (&ksv)[V]) {
-      const int key0 = (tile0 + tile) * kTileKeys + acc_row + my_key_off;
+      const int key0 = (tile0 + walk_tile(tile, kSampled ? sm.walk_na : 0)) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) ksv[v] = key0 + 8 * v < a.T_kv ? a.k_scale[key0 + 8 * v] : 0.f;
     };
@@ -280,7 +305,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       }
       const uint32_t row_thr = sm.thr[my_row];
       const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
-      const int key0 = (tile0 + tile) * kTileKeys + acc_row + my_key_off;
+      const int key0 = (tile0 + walk_tile(tile, kSampled ? sm.walk_na : 0)) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
@@ -337,7 +362,10 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
         issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
       }
-      const bool compact = __syncthreads_or(list_nearly_full) != 0;
+      // it == walk_na (> 0): phase A's appends (tiles < walk_na) are in after this iteration's, and the
+      // long rows are cut to their r best instead of the usual compaction (kernel.cuh "sampled threshold").
+      const bool cut_now = kSampled && it == sm.walk_na && it != 0;
+      const bool compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
       list_nearly_full = false;
       if (it > 0) finish_tile(it - 1, part, ksv);
       hw::wgmma_wait<0>();
@@ -349,12 +377,22 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       // past the flag, as in kernel.cuh).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it-1 is in the lists and counts
-        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, kSampled && it <= sm.walk_na ? sm.cut : nullptr,
+                               cut_now);
       }
     }
     if (ntiles > 0) finish_tile(ntiles - 1, part, ksv);  // its flags need no compaction: the final select follows
     ring += static_cast<uint32_t>(ntiles);
     __syncthreads();  // every append is in; no TMA is in flight (every issued tile was waited for)
+    if (kSampled && sm.walk_na != 0) {
+      // A cut row that ends with fewer than its keep count (K; the FP8 pass: C) of entries, though it has
+      // that many visible keys, had its threshold above its keep-th best score: the block is walked again.
+      const bool failed = tid < NT && sm.cut[tid] > 0 && sm.count[tid] < min(a.C, sm.k_end[tid] - sm.k_start[tid]);
+      if (__syncthreads_or(failed)) {
+        if (tid == 0) sm.redo_blk = blk;
+        continue;
+      }
+    }
 
     // Per row: its C best candidates by the FP8 score (in place), their exact scores, the top K.
     using RS = RescoreSmemV2<H, D>;
@@ -401,7 +439,11 @@ inline Status make_k8_tensor_map(const Fp8KernelArgs& a, CUtensorMap* map) {
 template <int H, bool kRelu>
 Status launch(const Fp8V2Args& args, int grid, cudaStream_t stream) {
   constexpr int kSmem = static_cast<int>(smem_bytes<H>());
-  return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu>, dim3(grid), kNth, kSmem, stream,
+  // Only inputs with enough keys for a long block take the instance with the sampled threshold.
+  if (args.base.T_kv >= kSampleMinTiles * kTileKeys)
+    return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu, true>, dim3(grid), kNth, kSmem, stream,
+                            "indexer_topk_fp8_v2_kernel", args);
+  return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu, false>, dim3(grid), kNth, kSmem, stream,
                           "indexer_topk_fp8_v2_kernel", args);
 }
 

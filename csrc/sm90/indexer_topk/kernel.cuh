@@ -177,6 +177,23 @@ __device__ __forceinline__ int claim_block(const Args& a, int tid, int* block) {
   return *block;
 }
 
+// claim_block for the walks with a sampled threshold: the block in *redo (>= 0: a block whose sampled
+// walk failed, walked again by the same CTA; rewalk = true) or else the next one from the scheduler. Thread 0
+// alone reads and resets *redo (it sets it, -1 at the start); the barriers publish *block.
+template <class Args>
+__device__ __forceinline__ int claim_block_or_rewalk(const Args& a, int tid, int* block, int* redo, bool& rewalk) {
+  __syncthreads();
+  if (tid == 0) {
+    const int r = *redo;
+    *block = r >= 0 ? -2 - r : atomicAdd(a.block_counter, 1);  // a re-walk is encoded below -1
+    *redo = -1;
+  }
+  __syncthreads();
+  const int b = *block;
+  rewalk = b < 0;
+  return rewalk ? -2 - b : b;
+}
+
 // Key tiles [tile0, tile0 + ntiles) of kTileKeys keys covering the union of NT rows' key ranges.
 struct TileRange {
   int tile0;
@@ -197,6 +214,52 @@ __device__ __forceinline__ TileRange block_tile_range(const int* k_start, const 
   return TileRange{tile0, ntiles};
 }
 
+// ---- sampled threshold (blocks of long rows; the D_I = 128 walks of kernel_v2.cuh and fp8_kernel_v2.cuh)
+// A block of at least kSampleMinTiles key tiles is walked in two phases: phase A = every kSampleStride-th
+// tile (tiles tile0, tile0 + G, ...), phase B = the others in ascending order. After phase A each long
+// row's list is cut to its r best (r = the expected number of the row's top K in phase A, mu = K * nA / n,
+// plus FLASHDSA_INDEXER_SAMPLE_SIGMAS * sqrt(mu) + 8), which sets the row's threshold to the r-th best phase-A score:
+// about the K-th best score of the whole row, so phase B appends about K + a few sqrt(K G) keys instead of
+// K (1 + ln(n / K)), with few or no compactions. Exactness does not depend on the estimate: every key above
+// the threshold is still appended, so a row whose list ends with at least K entries (the FP8 pass: C) holds its exact top K (C);
+// a row that ends with fewer (its threshold was above its K-th best: probability about 1e-6 per row with
+// random scores) makes the CTA walk the block again in plain order without the cut.
+#ifndef FLASHDSA_INDEXER_SAMPLE_MIN_TILES
+#define FLASHDSA_INDEXER_SAMPLE_MIN_TILES 256  // 16K keys (check builds lower it to exercise the path)
+#endif
+#ifndef FLASHDSA_INDEXER_SAMPLE_SIGMAS
+#define FLASHDSA_INDEXER_SAMPLE_SIGMAS 4.0f  // check builds set it negative to force the re-walk
+#endif
+constexpr int kSampleStride = 8;
+constexpr int kSampleMinTiles = FLASHDSA_INDEXER_SAMPLE_MIN_TILES;
+
+// Tile (relative to tile0) walked at step `it` of a block: plain order when na == 0, else phase A (the
+// multiples of G, na = ceil(ntiles / G) of them) then phase B (the others, ascending).
+__device__ __forceinline__ int walk_tile(int it, int na) {
+  if (na == 0) return it;
+  if (it < na) return kSampleStride * it;
+  const int j = it - na;  // the j-th tile that is not a multiple of G
+  return j + j / (kSampleStride - 1) + 1;
+}
+
+// Keys of [ks, ke) in phase-A tiles (tile0 + G j); ks >= tile0 * 64.
+__device__ __forceinline__ int phase_a_keys(int ks, int ke, int tile0) {
+  auto below = [tile0](int x) {  // phase-A keys in [tile0 * 64, x)
+    const int u = x - tile0 * kTileKeys;
+    return (u / (kSampleStride * kTileKeys)) * kTileKeys + min(u % (kSampleStride * kTileKeys), kTileKeys);
+  };
+  return below(ke) - below(ks);
+}
+
+// Cut size after phase A for a row of n visible keys, na of them in phase A, whose list must end with its
+// `keep` best (K; the FP8 pass: C), or 0 (no cut: the row is short or the sample too small to save appends).
+__device__ __forceinline__ int sample_cut_size(int n, int na, int keep) {
+  if (n < kSampleMinTiles * kTileKeys / 2 || na <= 0) return 0;
+  const float mu = static_cast<float>(keep) * static_cast<float>(na) / static_cast<float>(n);
+  const int r = static_cast<int>(ceilf(mu + FLASHDSA_INDEXER_SAMPLE_SIGMAS * sqrtf(mu) + 8.f));
+  return r < keep ? max(r, 1) : 0;
+}
+
 // How many candidates a compaction keeps: K (the FP8 pass keeps its C, fp8_kernel.cuh).
 __device__ __forceinline__ int compaction_keep(const KernelArgs& a) { return a.K; }
 
@@ -204,16 +267,23 @@ __device__ __forceinline__ int compaction_keep(const KernelArgs& a) { return a.K
 // to its top compaction_keep(a), raising the row's threshold. Shared by the bf16 and FP8 kernels;
 // Args: KernelArgs or Fp8KernelArgs, read in place (passing its fields by value moved the FP8 and
 // bf16 kernels' SASS). All NTH threads, right after a barrier (counts are stable until the next epilogue).
+// With `cut` (the sampled walk's phase A, kernel.cuh "sampled threshold"), a row with cut[r] > 0 keeps its
+// cut[r] best instead of compaction_keep(a) (phase A needs no more of it), and with `cut_all` (the end of
+// phase A) every such row that holds more than cut[r] entries is cut, full or not. A row with cut[r] > 0
+// that holds fewer keeps all, and its threshold: the re-walk test after the walk cannot fail for it, since
+// every later key above that threshold is appended.
 template <int NT, class Args, int NTH>
 __device__ __forceinline__ void compact_full_lists(const Args& a, float* cand_s, int* cand_i, int* count,
-                                                   uint32_t* thr, Scratch<NTH>& sc) {
+                                                   uint32_t* thr, Scratch<NTH>& sc, const int* cut = nullptr,
+                                                   bool cut_all = false) {
   for (int r = 0; r < NT; ++r) {
     const int n = count[r];
-    if (n <= a.cap - kMinCapacitySlack) continue;
+    const int c = cut != nullptr ? cut[r] : 0;
+    if (n <= a.cap - kMinCapacitySlack && !(cut_all && c > 0 && n > c)) continue;
     float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
     int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-    // n > cap - 128 >= the count kept
-    const Kept kept = keep_top_k(list_s, list_i, n, compaction_keep(a), list_s, list_i, sc);
+    // n > cap - 128 >= the count kept, or n > the cut
+    const Kept kept = keep_top_k(list_s, list_i, n, c > 0 ? c : compaction_keep(a), list_s, list_i, sc);
     if (threadIdx.x == 0) {
       count[r] = kept.count;
       thr[r] = kept.thr;

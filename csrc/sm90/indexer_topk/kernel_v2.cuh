@@ -85,6 +85,9 @@ struct alignas(1024) Smem {
   int k_start[Cfg::kTokens];   // key range per row ([0, 0) for rows past T)
   int k_end[Cfg::kTokens];
   int block;  // block handed out by the scheduler
+  // (after the members of the kernel without the sampled walk, which keep their offsets)
+  int cut[Cfg::kTokens];  // sampled walk: the row's cut size after phase A (0: none)
+  int redo_blk;  // a block to walk again without the sampled threshold (-1: none; thread 0 only)
 };
 
 template <int H, int D>
@@ -130,7 +133,9 @@ __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka
   hw::wgmma_commit();
 }
 
-template <int H, int D, bool kRelu>
+// kSampled: the instance for inputs with T_kv >= 256 tiles at D_I = 128 (the host picks it), whose long
+// blocks take the sampled threshold; the other instance has none of its code in the tile loop.
+template <int H, int D, bool kRelu, bool kSampled>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     indexer_topk_v2_kernel(const __grid_constant__ KernelArgsV2 args) {
   using Cfg = Config<H, D>;
@@ -155,7 +160,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   float* const my_list_s = cand_s + static_cast<size_t>(my_row) * a.cap;
   int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
 
-  if (tid == 0) init_tile_ring<S>(sm.full, sm.done, &args.tmap_k, a.T_kv);
+  if (tid == 0) {
+    init_tile_ring<S>(sm.full, sm.done, &args.tmap_k, a.T_kv);
+    if (kSampled) sm.redo_blk = -1;
+  }
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
   uint32_t ring = 0;  // tiles this CTA has consumed: tile `it` of a block sits in ring slot (ring + it) % S
@@ -168,7 +176,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
   for (;;) {
     // (its first barrier also publishes the mbarrier init)
-    const int blk = claim_block(a, tid, &sm.block);
+    // A block whose sampled walk failed (below) is walked again, plainly, by the same CTA.
+    bool rewalk = false;
+    const int blk = kSampled ? claim_block_or_rewalk(a, tid, &sm.block, &sm.redo_blk, rewalk)
+                             : claim_block(a, tid, &sm.block);
     if (blk >= a.num_blocks) break;
     const int t0 = (a.num_blocks - 1 - blk) * NT;  // latest rows first: they see the most keys
 
@@ -181,15 +192,25 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
     const TileRange tiles = block_tile_range<NT>(sm.k_start, sm.k_end);
     const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
+    // Pass 0 of a long block (D_I = 128 only: at 64, with its 4-stage ring, the two passes spill); a failed
+    // cut re-walks the block plainly.
+    // (The attribution builds append nothing: a cut would always fail, so they walk plainly.)
+    const bool sampled = kSampled && FLASHDSA_V2_ABLATE == 0 && D == 128 && !rewalk && ntiles >= kSampleMinTiles;
+    const int na = (ntiles + kSampleStride - 1) / kSampleStride;
+    const int walk_na = sampled ? na : 0;  // walk_tile's order: 0 = plain
+    if (kSampled && tid < NT) {
+      const int n = sm.k_end[tid] - sm.k_start[tid];
+      sm.cut[tid] = sampled && n > 0 ? sample_cut_size(n, phase_a_keys(sm.k_start[tid], sm.k_end[tid], tile0), a.K) : 0;
+    }
 
-    // Thread 0 loads tile i of the block into ring slot (ring + i) % S.
+    // Thread 0 loads step i's tile of the block into ring slot (ring + i) % S.
     auto issue_key_tile = [&](int i) {
       const uint32_t slot = (ring + static_cast<uint32_t>(i)) % S;
       hw::mbar_arrive_expect_tx(&sm.full[slot], Cfg::kTileBytes);
 #pragma unroll
       for (int b = 0; b < D / 64; ++b)
         hw::tma_load_2d(&sm.k[slot][b * kTileKeys * 64], &args.tmap_k, &sm.full[slot], 64 * b,
-                        (tile0 + i) * kTileKeys);
+                        (tile0 + walk_tile(i, walk_na)) * kTileKeys);
     };
     if (tid == 0) {
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
@@ -211,7 +232,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         issue_wg_mma<D>(acc, k_desc0 + uslot * (Cfg::kTileBytes >> 4), q_desc);
       }
       // While the MMA runs: OR the flags of the previous tile's appends.
-      const bool compact = __syncthreads_or(list_nearly_full) != 0;
+      // it == walk_na - 1: the last tile of phase A; after its appends the long rows are cut to their r best
+      // instead of the usual compaction (kernel.cuh "sampled threshold").
+      const bool cut_now = walk_na != 0 && it == walk_na - 1;
+      const bool compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
       list_nearly_full = false;
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
@@ -250,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
       const uint32_t row_thr = sm.thr[my_row];
       const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
-      const int key0 = (tile0 + it) * kTileKeys + acc_row + my_key_off;
+      const int key0 = (tile0 + walk_tile(it, walk_na)) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
@@ -268,11 +292,20 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // past the flag: kMinCapacitySlack).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it is in the lists and counts
-        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel);
+        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, it < walk_na ? sm.cut : nullptr, cut_now);
       }
     }
     ring += static_cast<uint32_t>(ntiles);
     __syncthreads();
+    if (walk_na != 0) {
+      // A cut row that ends with fewer than its keep count (K; the FP8 pass: C) of entries, though it has
+      // that many visible keys, had its threshold above its keep-th best score: the block is walked again.
+      const bool failed = tid < NT && sm.cut[tid] > 0 && sm.count[tid] < min(a.K, sm.k_end[tid] - sm.k_start[tid]);
+      if (__syncthreads_or(failed)) {
+        if (tid == 0) sm.redo_blk = blk;
+        continue;
+      }
+    }
 
     // Final selection: each row's list (at most cap entries) -> its top K, padded with -1 / -inf.
     write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
@@ -295,7 +328,13 @@ inline Status make_key_tensor_map(const KernelArgs& a, int D, CUtensorMap* map) 
 template <int H, int D, bool kRelu>
 Status launch(const KernelArgsV2& args, int grid, cudaStream_t stream) {
   constexpr int kSmem = static_cast<int>(smem_bytes<H, D>());
-  return launch_with_smem(indexer_topk_v2_kernel<H, D, kRelu>, dim3(grid), kThreads, kSmem, stream,
+  // Only D_I = 128 inputs with enough keys for a long block take the instance with the sampled threshold.
+  if constexpr (D == 128) {
+    if (args.base.T_kv >= kSampleMinTiles * kTileKeys)
+      return launch_with_smem(indexer_topk_v2_kernel<H, D, kRelu, true>, dim3(grid), kThreads, kSmem, stream,
+                              "indexer_topk_v2_kernel", args);
+  }
+  return launch_with_smem(indexer_topk_v2_kernel<H, D, kRelu, false>, dim3(grid), kThreads, kSmem, stream,
                           "indexer_topk_v2_kernel", args);
 }
 
