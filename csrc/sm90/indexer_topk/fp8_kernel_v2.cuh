@@ -20,7 +20,10 @@
 //     of tile it-1 run while the MMA of tile it is in flight. The error bound vs the C - K slack is
 //     argued in the design section (the f32 epilogue, A/B-tested on the H200, was slower: removed);
 //   - rows of a never-compacted list (threshold 0) store key k at slot k - k_start without atomics
-//     (dense appends); the other rows append by ballot + one shared atomic per (row, warp, key).
+//     (dense appends); the other rows append by ballot + one shared atomic per (row, warp, key);
+//   - inputs with T_kv >= 256 tiles run the kSampled instance: blocks of >= 256 tiles walk every 8th
+//     tile first, cut their long rows to about their share of the C best, then walk the rest above that
+//     threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
 // Supported: H_I 32 / 64, D_I = 128 (one 128-byte SW128 row per key: the TMA box), T_kv >= 0.
 #pragma once
 

@@ -20,7 +20,10 @@
 //   - one CTA barrier per tile, placed right after the MMA issue (it overlaps the MMA): it ORs the
 //     "list nearly full" flags, so that compactions are decided uniformly,
 //   - compactions and final selects over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per
-//     thread for a 4096-entry list).
+//     thread for a 4096-entry list),
+//   - D_I = 128 inputs with T_kv >= 256 tiles run the kSampled instance: blocks of >= 256 tiles walk every
+//     8th tile first, cut their long rows to about their share of the top K, then walk the rest above that
+//     threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
 // The scores are bitwise those of the first kernel: the same wgmma instructions on the same
 // operands, the same per-lane fmaf chain over a thread's columns (kernel.cuh partial_head_sums) and the
 // same quad butterfly ((p0 + p2) + (p1 + p3)).
