@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
     const TileRange tiles = block_tile_range<NT>(sm.k_start, sm.k_end);
     const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
-    // Pass 0 of a long block (D_I = 128 only: at 64, with its 4-stage ring, the two passes spill); a failed
-    // cut re-walks the block plainly.
+    // The sampled walk of a long block (D_I = 128 only: the first version of it spilled at 64, with its
+    // 4-stage ring; the host never picks kSampled there); a failed cut re-walks the block plainly.
     // (The attribution builds append nothing: a cut would always fail, so they walk plainly.)
     const bool sampled = kSampled && FLASHDSA_V2_ABLATE == 0 && D == 128 && !rewalk && ntiles >= kSampleMinTiles;
     const int na = (ntiles + kSampleStride - 1) / kSampleStride;
