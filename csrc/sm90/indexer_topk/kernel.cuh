@@ -26,6 +26,7 @@
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/common/indexer_score.cuh"
+#include "sm90/indexer_topk/sampled_walk.h"
 #include "sm90/indexer_topk/select.cuh"
 
 namespace flashdsa::sm90::indexer_topk_impl {
@@ -224,41 +225,8 @@ __device__ __forceinline__ TileRange block_tile_range(const int* k_start, const 
 // the threshold is still appended, so a row whose list ends with at least K entries (the FP8 pass: C) holds its exact top K (C);
 // a row that ends with fewer (its threshold was above its K-th best: probability about 1e-6 per row with
 // random scores) makes the CTA walk the block again in plain order without the cut.
-#ifndef FLASHDSA_INDEXER_SAMPLE_MIN_TILES
-#define FLASHDSA_INDEXER_SAMPLE_MIN_TILES 256  // 16K keys (check builds lower it to exercise the path)
-#endif
-#ifndef FLASHDSA_INDEXER_SAMPLE_SIGMAS
-#define FLASHDSA_INDEXER_SAMPLE_SIGMAS 4.0f  // check builds set it negative to force the re-walk
-#endif
-constexpr int kSampleStride = 8;
-constexpr int kSampleMinTiles = FLASHDSA_INDEXER_SAMPLE_MIN_TILES;
-
-// Tile (relative to tile0) walked at step `it` of a block: plain order when na == 0, else phase A (the
-// multiples of G, na = ceil(ntiles / G) of them) then phase B (the others, ascending).
-__device__ __forceinline__ int walk_tile(int it, int na) {
-  if (na == 0) return it;
-  if (it < na) return kSampleStride * it;
-  const int j = it - na;  // the j-th tile that is not a multiple of G
-  return j + j / (kSampleStride - 1) + 1;
-}
-
-// Keys of [ks, ke) in phase-A tiles (tile0 + G j); ks >= tile0 * 64.
-__device__ __forceinline__ int phase_a_keys(int ks, int ke, int tile0) {
-  auto below = [tile0](int x) {  // phase-A keys in [tile0 * 64, x)
-    const int u = x - tile0 * kTileKeys;
-    return (u / (kSampleStride * kTileKeys)) * kTileKeys + min(u % (kSampleStride * kTileKeys), kTileKeys);
-  };
-  return below(ke) - below(ks);
-}
-
-// Cut size after phase A for a row of n visible keys, na of them in phase A, whose list must end with its
-// `keep` best (K; the FP8 pass: C), or 0 (no cut: the row is short or the sample too small to save appends).
-__device__ __forceinline__ int sample_cut_size(int n, int na, int keep) {
-  if (n < kSampleMinTiles * kTileKeys / 2 || na <= 0) return 0;
-  const float mu = static_cast<float>(keep) * static_cast<float>(na) / static_cast<float>(n);
-  const int r = static_cast<int>(ceilf(mu + FLASHDSA_INDEXER_SAMPLE_SIGMAS * sqrtf(mu) + 8.f));
-  return r < keep ? max(r, 1) : 0;
-}
+// (the constants, the walk order and the cut size, host-testable: sampled_walk.h)
+static_assert(kSampleTileKeys == kTileKeys, "sampled_walk.h counts keys in the kernels' tiles");
 
 // How many candidates a compaction keeps: K (the FP8 pass keeps its C, fp8_kernel.cuh).
 __device__ __forceinline__ int compaction_keep(const KernelArgs& a) { return a.K; }
