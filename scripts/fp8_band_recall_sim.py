@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_v2_recall_sim import bf16, quantize  # noqa: E402
+from fp8_v2_recall_sim import bf16, quantize, spread_rows  # noqa: E402
 
 
 def packed_scores(q8, k8, wq, kscale, H):
@@ -48,10 +48,7 @@ def main():
     plans = [(0, 0)] + [(b, B) for b in (64, 128, 256, 512) for B in (b + 256, b + 512)]
 
     def rows(n):
-        x = rng.uniform(-1, 1, (n, D)).astype(np.float32)
-        x *= np.exp2(2 * rng.uniform(-1, 1, (n, 1))).astype(np.float32)
-        x[:, :3] *= 8
-        return x
+        return spread_rows(rng, n, D)
 
     stats = {}
     for n, _ in itertools.product([int(v) for v in args.n.split(",")], range(args.rows)):

@@ -43,6 +43,15 @@ def quantize(x):
     return e4m3(x / s), s[:, 0]
 
 
+def spread_rows(rng, n, d):
+    """n rows of d values, the check program's "spread" data: uniform [-1, 1] times a per-row 2^[-2, 2], 8x on
+    three outlier channels (float32)."""
+    x = rng.uniform(-1, 1, (n, d)).astype(np.float32)
+    x *= np.exp2(2 * rng.uniform(-1, 1, (n, 1))).astype(np.float32)
+    x[:, :3] *= 8
+    return x
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=5)
@@ -54,10 +63,7 @@ def main():
     C = K + max(64 * ((K + 255) // 256), 256)
 
     def rows(n):
-        x = rng.uniform(-1, 1, (n, D)).astype(np.float32)
-        x *= np.exp2(2 * rng.uniform(-1, 1, (n, 1))).astype(np.float32)
-        x[:, :3] *= 8
-        return x
+        return spread_rows(rng, n, D)
 
     stats = {}
     for n, _ in itertools.product((8192, 32768), range(args.rows)):
