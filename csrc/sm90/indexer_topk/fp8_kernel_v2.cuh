@@ -261,8 +261,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     const int na = (ntiles + kSampleStride - 1) / kSampleStride;
     if (kSampled && tid == 0) sm.walk_na = sampled ? na : 0;  // published by the barrier after the query load
     if (kSampled && tid < NT) {
-      const int n = sm.k_end[tid] - sm.k_start[tid];
-      sm.cut[tid] = sampled && n > 0 ? sample_cut_size(n, phase_a_keys(sm.k_start[tid], sm.k_end[tid], tile0), a.C) : 0;
+      set_row_cuts<NT>(sampled, tile0, a.C, sm.k_start, sm.k_end, sm.cut);
       if (sampled) sm.thr[tid] = 1u;
     }
 
@@ -390,6 +389,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     if (kSampled && sm.walk_na != 0) {
       // A cut row that ends with fewer than its keep count (K; the FP8 pass: C) of entries, though it has
       // that many visible keys, had its threshold above its keep-th best score: the block is walked again.
+      // (Written out in both walks: as a helper it moved the FP8 walk's register allocation.)
       const bool failed = tid < NT && sm.cut[tid] > 0 && sm.count[tid] < min(a.C, sm.k_end[tid] - sm.k_start[tid]);
       if (__syncthreads_or(failed)) {
         if (tid == 0) sm.redo_blk = blk;

@@ -228,6 +228,18 @@ __device__ __forceinline__ TileRange block_tile_range(const int* k_start, const 
 // (the constants, the walk order and the cut size, host-testable: sampled_walk.h)
 static_assert(kSampleTileKeys == kTileKeys, "sampled_walk.h counts keys in the kernels' tiles");
 
+// Each row's cut size after phase A (0: no cut) for a block whose walk is `sampled` (keep: K; the FP8
+// pass: C). The first NT threads; the caller's barrier publishes them.
+template <int NT>
+__device__ __forceinline__ void set_row_cuts(bool sampled, int tile0, int keep, const int* k_start, const int* k_end,
+                                             int* cut) {
+  const int tid = threadIdx.x;
+  if (tid < NT) {
+    const int n = k_end[tid] - k_start[tid];
+    cut[tid] = sampled && n > 0 ? sample_cut_size(n, phase_a_keys(k_start[tid], k_end[tid], tile0), keep) : 0;
+  }
+}
+
 // How many candidates a compaction keeps: K (the FP8 pass keeps its C, fp8_kernel.cuh).
 __device__ __forceinline__ int compaction_keep(const KernelArgs& a) { return a.K; }
 

@@ -201,10 +201,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     const bool sampled = kSampled && FLASHDSA_V2_ABLATE == 0 && D == 128 && !rewalk && ntiles >= kSampleMinTiles;
     const int na = (ntiles + kSampleStride - 1) / kSampleStride;
     const int walk_na = sampled ? na : 0;  // walk_tile's order: 0 = plain
-    if (kSampled && tid < NT) {
-      const int n = sm.k_end[tid] - sm.k_start[tid];
-      sm.cut[tid] = sampled && n > 0 ? sample_cut_size(n, phase_a_keys(sm.k_start[tid], sm.k_end[tid], tile0), a.K) : 0;
-    }
+    if (kSampled) set_row_cuts<NT>(sampled, tile0, a.K, sm.k_start, sm.k_end, sm.cut);
 
     // Thread 0 loads step i's tile of the block into ring slot (ring + i) % S.
     auto issue_key_tile = [&](int i) {
@@ -303,6 +300,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if (walk_na != 0) {
       // A cut row that ends with fewer than its keep count (K; the FP8 pass: C) of entries, though it has
       // that many visible keys, had its threshold above its keep-th best score: the block is walked again.
+      // (Written out in both walks: as a helper it moved the FP8 walk's register allocation.)
       const bool failed = tid < NT && sm.cut[tid] > 0 && sm.count[tid] < min(a.K, sm.k_end[tid] - sm.k_start[tid]);
       if (__syncthreads_or(failed)) {
         if (tid == 0) sm.redo_blk = blk;
