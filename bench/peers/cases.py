@@ -15,8 +15,8 @@ empty slots), and cross-checks the peer's outputs against ours:
 | indexer_topk | cuDNN `indexer_forward_wrapper` alone (scores only) | scores at our selected keys |
 | indexer_topk | megatron-core TileLang indexer + `torch.topk` in 8192-row blocks | recall of our exact top-k |
 | indexer_topk | megatron-core TileLang indexer logits alone (8192-row blocks) | logits at our selected keys (first block) |
-| indexer_topk | TileLang's example FP8 indexer (no clean pass) + its radix top-k (row blocks of <= 16 GiB) | recall of our exact top-k |
-| indexer_topk | TileLang's example FP8 indexer logits alone, as its entry point (row blocks of <= 16 GiB) | logits at our selected keys (first block) |
+| indexer_topk | TileLang's example FP8 indexer (no clean pass) + its radix top-k (row blocks of <= 16 GiB, < 2^31 elements; T <= 64K) | recall of our exact top-k |
+| indexer_topk | TileLang's example FP8 indexer logits alone, as its entry point (row blocks of <= 16 GiB, < 2^31 elements) | logits at our selected keys (first block) |
 
 Our indexer side runs the exact bf16 selection (the raw op) by default; with cfg.indexer_selection ==
 "fp8" (bench/run.py --indexer-selection fp8) it is the public flashdsa.indexer_topk(..., selection="fp8"),
@@ -50,8 +50,8 @@ KERNELS = (FWD, BWD, INDEXER)
 # megatron-core's TileLang indexer runs in blocks of query rows of this size (its default).
 TILELANG_INDEXER_BLOCK = 8192
 # TileLang's example FP8 indexer writes an fp32 logits matrix [rows, T]: the adapter calls it on blocks of
-# query rows of at most this many GiB (FLASHDSA_TL_FP8_LOGITS_GIB overrides): one call up to T = 64K,
-# four 32768-row blocks at 128K (whose T×T matrix is 64 GiB).
+# query rows of at most this many GiB (FLASHDSA_TL_FP8_LOGITS_GIB overrides) and fewer than 2^31 elements
+# (tilelang_fp8_rows): one call up to T = 32K, 32640-row blocks at 64K, 16256-row blocks at 128K.
 TILELANG_FP8_LOGITS_GIB = 16.0
 # TileLang's example top-k selector (topk_selector.py at a35008a) collects the threshold bin's entries in a
 # 4096-entry shared buffer without a bound check; on the H200 (2026-12-02) the case at T = 128K ended the
