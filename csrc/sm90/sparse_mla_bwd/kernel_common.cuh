@@ -204,35 +204,6 @@ __device__ __forceinline__ void gather_kv(const MainParams& p, SmemPlan& sm, con
   }
 }
 
-// L2 prefetch of the first kLines 128-byte lines of the rows base + key * pitch_bytes whose keys lanes
-// 0..15 of the warp hold (invalid keys skipped): one warp instruction per row, lane l fetching line l.
-template <int kLines>
-__device__ __forceinline__ void prefetch_rows_l2(const void* base, int64_t pitch_bytes, int32_t key, int64_t t_kv,
-                                                 int lane) {
-#pragma unroll 1
-  for (int j = 0; j < 16; ++j) {
-    const int32_t k = __shfl_sync(0xffffffffu, key, j);
-    if (key_valid(k, t_kv) && lane < kLines)
-      hw::prefetch_l2(static_cast<const char*>(base) + k * pitch_bytes + 128 * lane);
-  }
-}
-
-// Key of lane `lane` (< 16; -1 on the others) among warp `warp`'s keys 16 warp .. + 15 of list entry i.
-__device__ __forceinline__ int32_t warp_key(const SmemPlan& sm, const int32_t* idx_row, int i, int warp, int lane) {
-  const int32_t* row = idx_row + sm.block_list[i] * kBlockKeys + 16 * warp;
-  return lane < 16 ? row[lane] : -1;
-}
-
-// L2 prefetch of the dkv row (fp32) of `key`, which the block's atomics will update.
-__device__ __forceinline__ void prefetch_dkv_row(const MainParams& p, int32_t key, int lane) {
-  prefetch_rows_l2<kQkCols * 4 / 128>(p.dkv, kQkCols * 4, key, p.T_kv, lane);
-}
-
-// L2 prefetch of the kv row (bf16) of `key`, which a later gather reads.
-__device__ __forceinline__ void prefetch_kv_row(const MainParams& p, int32_t key, int lane) {
-  prefetch_rows_l2<kQkCols * 2 / 128>(p.kv, p.kv_stride_t * 2, key, p.T_kv, lane);
-}
-
 // ---- lse, Delta; P, dS and their bf16 tiles ---------------------------------------------------
 
 // Head t < 64 of the CTA's group (dO / lse row row0 + t; real: not a padded head): lse2[t] =

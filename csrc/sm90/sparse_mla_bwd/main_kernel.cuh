@@ -29,14 +29,6 @@
 #include "sm90/sparse_mla_bwd/config.h"
 #include "sm90/sparse_mla_bwd/kernel_common.cuh"
 
-// A/B builds only: -DFLASHDSA_BWD_DKV_PREFETCH_SWEEP=0 drops the dkv L2 prefetch of the sweep,
-// -DFLASHDSA_BWD_KV_PREFETCH=0 the kv L2 prefetch of the next block (every mode).
-#ifndef FLASHDSA_BWD_DKV_PREFETCH_SWEEP
-#define FLASHDSA_BWD_DKV_PREFETCH_SWEEP 1
-#endif
-#ifndef FLASHDSA_BWD_KV_PREFETCH
-#define FLASHDSA_BWD_KV_PREFETCH 1
-#endif
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 namespace detail {
@@ -110,20 +102,10 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     gather_kv(p, sm, cp, kv_tile, i, keys);
     hw::cp_async_arrive(&sm.kv_full);  // one arrival when this thread's copies landed
     hw::mbar_arrive(&sm.kv_full);      // and one for its idx stores
-    // Sweep mode: count the block, fetch into L2 the dkv rows its atomics will update. Every mode:
-    // fetch into L2 the kv rows of the next block (gathered about one block from now).
-    if (sweep) {
-      if (tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
-#if FLASHDSA_BWD_DKV_PREFETCH_SWEEP
-      prefetch_dkv_row(p, warp_key(sm, idx_row, i, warp, lane), lane);
-#endif
-    }
-    if (i + 1 < num_blocks) {
-#if FLASHDSA_BWD_KV_PREFETCH
-      prefetch_kv_row(p, warp_key(sm, idx_row, i + 1, warp, lane), lane);
-#endif
-      load_keys(i + 1, keys);
-    }
+    // Sweep mode: count the block. (No L2 prefetches of the dkv rows the block will update nor of the next
+    // block's kv rows: both cost 2-5% at 8K-64K, docs/perf-notes.md, eighth session.)
+    if (sweep && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
+    if (i + 1 < num_blocks) load_keys(i + 1, keys);
   }
 }
 

@@ -1,0 +1,203 @@
+// GPU check of the CTA-wide exact top-k selection of the fused indexer (csrc/sm90/indexer_topk/select.cuh,
+// keep_top_k) at both thread counts the kernels use (128: the FP8 walks; 256: the bf16 walk), against a sort
+// on the host. One CTA per list; lists of many shapes (normal scores, wide and narrow spans, integer ties,
+// all equal, signed zeros, short and streamed lengths), selected in place (as the compactions do) and into a
+// separate output (as the final select does), with and without scores. Checked per list: the count kept
+// (min(n, k)), that the kept entries are distinct entries of the list (index and score as given), that their
+// scores are exactly the k largest as a multiset, and the threshold of the rule (the k-th largest score's
+// key when n > k). Exit: 0 all pass, 1 a failure, 77 no GPU (CTest skip).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check_common.cuh"
+#include "sm90/indexer_topk/select.cuh"
+
+namespace {
+
+using flashdsa::sm90::indexer_topk_impl::Kept;
+using flashdsa::sm90::indexer_topk_impl::keep_top_k;
+using flashdsa::sm90::indexer_topk_impl::Scratch;
+
+// List b: (scores, idx)[off[b], off[b] + n[b]) with its k; the result goes to (out_s, out_i) at the same
+// offset (or in place), count and thr to res[2 b], res[2 b + 1].
+template <int NTH>
+__global__ void __launch_bounds__(NTH) select_lists(float* scores, int* idx, const int* off, const int* n,
+                                                    const int* k, float* out_s, int* out_i, bool in_place,
+                                                    bool with_scores, uint32_t* res) {
+  __shared__ Scratch<NTH> sc;
+  const int b = blockIdx.x;
+  float* ls = scores + off[b];
+  int* li = idx + off[b];
+  float* ds = in_place ? ls : out_s + off[b];
+  int* di = in_place ? li : out_i + off[b];
+  const Kept kept = keep_top_k(ls, li, n[b], k[b], with_scores ? ds : nullptr, di, sc);
+  if (threadIdx.x == 0) {
+    res[2 * b] = static_cast<uint32_t>(kept.count);
+    res[2 * b + 1] = kept.thr;
+  }
+}
+
+uint32_t key_of(float s) {  // select.cuh score_key, on the host
+  uint32_t u;
+  std::memcpy(&u, &s, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct List {
+  std::string kind;
+  std::vector<float> s;
+  int k;
+};
+
+std::vector<float> make_scores(const std::string& kind, int n, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> small_int(-2, 2);
+  std::vector<float> s(n);
+  for (int i = 0; i < n; ++i) {
+    if (kind == "normal") s[i] = normal(rng);
+    else if (kind == "positive") s[i] = std::fabs(normal(rng)) * 3.f;  // ReLU-like, one sign
+    else if (kind == "narrow") s[i] = 1.f + 1e-6f * normal(rng);      // a few ulps of span
+    else if (kind == "ints") s[i] = static_cast<float>(small_int(rng));
+    else if (kind == "equal") s[i] = 0.25f;
+    else if (kind == "zeros") s[i] = (rng() & 1) ? 0.f : -0.f;
+    else if (kind == "wide") s[i] = std::ldexp(normal(rng), static_cast<int>(rng() % 120) - 60);
+    else if (kind == "clustered") s[i] = static_cast<float>(rng() % 40) + 1e-3f * normal(rng);  // bins of few keys
+    else std::abort();
+  }
+  return s;
+}
+
+template <int NTH>
+bool run_case_set(const std::vector<List>& lists, bool in_place, bool with_scores) {
+  std::vector<int> off, n, k;
+  std::vector<float> s;
+  std::vector<int> id;
+  for (const List& l : lists) {
+    off.push_back(static_cast<int>(s.size()));
+    n.push_back(static_cast<int>(l.s.size()));
+    k.push_back(l.k);
+    for (size_t i = 0; i < l.s.size(); ++i) {
+      s.push_back(l.s[i]);
+      id.push_back(static_cast<int>(1000000 + s.size()));  // distinct, not the position
+    }
+    while (s.size() % 4 != 0) {  // lists start 16-byte aligned, as the kernels' lists do
+      s.push_back(NAN);
+      id.push_back(-7);
+    }
+  }
+  const int L = static_cast<int>(lists.size());
+  const size_t total = s.size();
+  float *d_s, *d_os;
+  int *d_i, *d_oi, *d_off, *d_n, *d_k;
+  uint32_t* d_res;
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_s, total * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_os, total * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_i, total * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_oi, total * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_off, L * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_n, L * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_k, L * 4));
+  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_res, 2 * L * 4));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_s, s.data(), total * 4, cudaMemcpyHostToDevice));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_i, id.data(), total * 4, cudaMemcpyHostToDevice));
+  FLASHDSA_CHECK_CUDA(cudaMemset(d_os, 0xff, total * 4));
+  FLASHDSA_CHECK_CUDA(cudaMemset(d_oi, 0xff, total * 4));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_off, off.data(), L * 4, cudaMemcpyHostToDevice));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_n, n.data(), L * 4, cudaMemcpyHostToDevice));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_k, k.data(), L * 4, cudaMemcpyHostToDevice));
+  select_lists<NTH><<<L, NTH>>>(d_s, d_i, d_off, d_n, d_k, d_os, d_oi, in_place, with_scores, d_res);
+  FLASHDSA_CHECK_CUDA(cudaGetLastError());
+  FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> os(total);
+  std::vector<int> oi(total);
+  std::vector<uint32_t> res(2 * L);
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(os.data(), in_place ? d_s : d_os, total * 4, cudaMemcpyDeviceToHost));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(oi.data(), in_place ? d_i : d_oi, total * 4, cudaMemcpyDeviceToHost));
+  FLASHDSA_CHECK_CUDA(cudaMemcpy(res.data(), d_res, 2 * L * 4, cudaMemcpyDeviceToHost));
+  for (void* p : {static_cast<void*>(d_s), static_cast<void*>(d_os), static_cast<void*>(d_i), static_cast<void*>(d_oi),
+                  static_cast<void*>(d_off), static_cast<void*>(d_n), static_cast<void*>(d_k), static_cast<void*>(d_res)})
+    FLASHDSA_CHECK_CUDA(cudaFree(p));
+
+  int failures = 0;
+  for (int b = 0; b < L; ++b) {
+    const List& l = lists[b];
+    const int nb = n[b], kb = k[b], want = std::min(nb, kb);
+    std::vector<uint32_t> keys(nb);
+    for (int i = 0; i < nb; ++i) keys[i] = key_of(l.s[i]);
+    std::vector<uint32_t> sorted = keys;
+    std::sort(sorted.begin(), sorted.end(), std::greater<uint32_t>());
+    std::string why;
+    const int count = static_cast<int>(res[2 * b]);
+    if (count != want) why = "count " + std::to_string(count) + " != " + std::to_string(want);
+    std::vector<uint32_t> got;
+    std::vector<char> used(nb, 0);
+    for (int j = 0; why.empty() && j < count; ++j) {
+      const int pos = oi[off[b] + j] - 1000001 - off[b];  // the entry's position in its list
+      if (pos < 0 || pos >= nb || used[pos]) {
+        why = "slot " + std::to_string(j) + ": not a distinct entry of the list";
+        break;
+      }
+      used[pos] = 1;
+      if (with_scores && key_of(os[off[b] + j]) != keys[pos]) why = "slot " + std::to_string(j) + ": score changed";
+      got.push_back(keys[pos]);
+    }
+    if (why.empty()) {
+      std::sort(got.begin(), got.end(), std::greater<uint32_t>());
+      if (!std::equal(got.begin(), got.end(), sorted.begin())) why = "not the top-k multiset";
+    }
+    // The rule's threshold: the k-th largest key, or (a bin taken whole) its bin's lower edge - 1; either
+    // way in [the (k+1)-th key, the k-th key], so that later keys above it are exactly those that beat the k-th.
+    if (why.empty() && nb > kb && !(res[2 * b + 1] >= sorted[kb] && res[2 * b + 1] <= sorted[kb - 1]))
+      why = "threshold outside [(k+1)-th, k-th] key";
+    if (!why.empty()) {
+      if (++failures <= 10)
+        std::printf("  FAIL NTH %d %s n %d k %d %s%s: %s\n", NTH, l.kind.c_str(), nb, kb, in_place ? "in place" : "copy",
+                    with_scores ? "" : " (no scores)", why.c_str());
+    }
+  }
+  std::printf("NTH %3d %-8s %-12s %4d lists: %s\n", NTH, in_place ? "in-place" : "copy",
+              with_scores ? "scores" : "no-scores", L, failures == 0 ? "PASS" : "FAIL");
+  return failures == 0;
+}
+
+}  // namespace
+
+int main() {
+  if (!flashdsa_check::have_gpu()) return flashdsa_check::kSkipped;
+  std::mt19937 rng(2026);
+  std::vector<List> lists;
+  const char* kinds[] = {"normal", "positive", "narrow", "ints", "equal", "zeros", "wide", "clustered"};
+  const int ns[] = {1, 5, 33, 100, 1000, 2047, 2048, 2049, 2600, 3968, 4096, 4097, 6000, 9000};
+  const int ks[] = {1, 7, 64, 2048, 2560};
+  for (const char* kind : kinds)
+    for (int n : ns)
+      for (int k : ks) {
+        if (k > n + 64 && n > 100) continue;  // a few n <= k cases per kind are enough
+        lists.push_back(List{kind, make_scores(kind, n, rng), k});
+      }
+  // Many normal lists at the kernels' usual sizes (compactions of 3969..4096 to K, cuts, final selects):
+  // the boundary bins of these are where the small-bin resolve of the resident select runs.
+  for (int r = 0; r < 300; ++r) {
+    const int n = 1500 + static_cast<int>(rng() % 2597);
+    const int k = (r % 3 == 0) ? 2048 : (r % 3 == 1 ? 328 : 2560);
+    lists.push_back(List{r % 2 ? "normal" : "positive", make_scores(r % 2 ? "normal" : "positive", n, rng), k});
+  }
+  bool ok = true;
+  for (bool in_place : {true, false})
+    for (bool with_scores : {true, false}) {
+      if (in_place && !with_scores) continue;  // compactions always keep the scores
+      ok &= run_case_set<128>(lists, in_place, with_scores);
+      ok &= run_case_set<256>(lists, in_place, with_scores);
+    }
+  std::printf("%s\n", ok ? "ALL PASS" : "SOME FAILED");
+  return ok ? 0 : 1;
+}
