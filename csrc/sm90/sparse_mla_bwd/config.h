@@ -4,7 +4,7 @@
 // One CTA per (query token, group of 64 heads), no cluster, 384 threads in three warpgroups:
 //   front (WG0):    S, P, the attention mass (optional), dP, dS, the P and dS tiles, dQ columns [0, 320);
 //   back (WG1):     dQ columns [320, 576), the nine dKV column chunks, all dkv emission;
-//   producer (WG2): the block list, the kv gathers, the sweep counter, the L2 prefetches.
+//   producer (WG2): the block list, the kv gathers, the sweep counter.
 // Q, dO and kv are kept in shared memory in their natural column order (16-byte cp.async copies);
 // dkv is written in an interleaved column order inside each 16-column group (dkv_pos(),
 // kernel_common.cuh) that an in-place pass restores at the end of the call (sparse_mla_bwd.cu).

@@ -1,6 +1,6 @@
 // Internal: the building blocks of the sparse MLA backward main kernel (main_kernel.cuh; design:
 // docs/kernels/sparse_mla_bwd.md): the launch parameters, the work item, the block list with its
-// sweep rotation, the kv gather and the L2 prefetches, P and dS of a [64 heads x 64 keys]
+// sweep rotation, the kv gather, P and dS of a [64 heads x 64 keys]
 // accumulator, the dQ store, the wgmma sequences of S / dP and dKV, the dKV emission in the dkv_pos
 // column order (quad-pair exchange, atomics or deterministic stores) with the back's chunk steps, and
 // the attention-mass output.
@@ -170,7 +170,7 @@ __device__ __forceinline__ void build_block_list(const MainParams& p, SmemPlan& 
   hw::named_bar_sync(kBar, 128);
 }
 
-// ---- the kv gather and the L2 prefetches ------------------------------------------------------
+// ---- the kv gather ------------------------------------------------------------------------------
 
 // The 16-byte copies of one thread: tile rows rsub + 16 r (r < 4), chunk `chunk` of every 64-column
 // block (8 threads cover one 128-byte row segment). The swizzled chunk depends on rsub % 8 only.

@@ -11,9 +11,8 @@
 //   back (WG1):     dQ columns [320, 576) (SS m64n256, A = dS tile) first, then the nine dKV chunks with
 //                   two alternating accumulators and all dkv emission;
 //   producer (WG2): the block list (sweep rotation), per block the index row, the kv gather (16-byte
-//                   cp.async, natural column order) into the single kv stage, the sweep counter, the L2
-//                   prefetches (the dkv rows of the block in sweep mode, the kv rows of the next block
-//                   always).
+//                   cp.async, natural column order) into the single kv stage, the sweep counter (no L2
+//                   prefetches: both measured slower, 2026-12-02).
 // Q, dO, lse and Delta are loaded by the front and the back together (256 threads) in the prologue.
 // The dQ split is 5 / 4 blocks: at 232 registers the back holds 4 dQ blocks (128) and two dKV
 // accumulators (64); the front holds 5 blocks (160) plus one [64 x 64] accumulator at a time (S, then
@@ -28,7 +27,6 @@
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
 #include "sm90/sparse_mla_bwd/kernel_common.cuh"
-
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 namespace detail {

@@ -5,8 +5,7 @@
 //   2. fast mode: main kernel with vector fp32 atomics into dkv. When kv does not fit in L2
 //      (T_kv >= kSweepMinKeys), each row's indices are first sorted (a copy, per chunk of tokens)
 //      and the CTAs sweep the key range in step (a shared progress counter), so the atomics and
-//      gathers of concurrently running CTAs hit a narrow, L2-resident key window; the rows about to
-//      be gathered or updated are prefetched into L2.
+//      gathers of concurrently running CTAs hit a narrow, L2-resident key window.
 //   3. deterministic mode, per chunk of tokens: the main kernel stores each (token, slot) dkv
 //      partial; the chunk's (key, pair) list is radix-sorted by key (stable); one CTA per key sums
 //      its partials in pair order and adds the sum to dkv. No float atomics anywhere.
