@@ -56,6 +56,41 @@
 #define FLASHDSA_V2_ABLATE 0
 #endif
 
+// Timing build of the check program only (-DFLASHDSA_INDEXER_TIMING): thread 0 of every CTA sums clock64()
+// cycles of its whole run, of its compactions (from the barrier that starts one to its end: the CTA's stall)
+// and of its final selects, and counts compaction events, blocks and re-walks; a one-thread kernel launched
+// after it prints the per-CTA means and resets the sums (one line per launch). Never defined in the library
+// build.
+#if defined(FLASHDSA_INDEXER_TIMING)
+namespace flashdsa::sm90::indexer_topk_impl::v2::timing {
+enum Slot { kTotal, kCompact, kFinal, kEvents, kBlocks, kRewalks, kDone, kSlots };
+static __device__ unsigned long long g_sum[kSlots];
+// Thread 0 of each CTA at its exit (atomics only: a printf here, a function call, would serialise the kernel's
+// wgmma, ptxas C7510).
+__device__ __forceinline__ void report(long long total, long long compact, long long final_sel, unsigned events,
+                                       unsigned blocks, unsigned rewalks) {
+  atomicAdd(&g_sum[kTotal], static_cast<unsigned long long>(total));
+  atomicAdd(&g_sum[kCompact], static_cast<unsigned long long>(compact));
+  atomicAdd(&g_sum[kFinal], static_cast<unsigned long long>(final_sel));
+  atomicAdd(&g_sum[kEvents], static_cast<unsigned long long>(events));
+  atomicAdd(&g_sum[kBlocks], static_cast<unsigned long long>(blocks));
+  atomicAdd(&g_sum[kRewalks], static_cast<unsigned long long>(rewalks));
+  atomicAdd(&g_sum[kDone], 1ull);
+}
+// Launched after the kernel on its stream (run() below): prints the per-CTA means and resets the sums.
+__global__ void print_and_reset() {
+  const double g = static_cast<double>(g_sum[kDone]), tot = static_cast<double>(g_sum[kTotal]);
+  const double cmp = static_cast<double>(g_sum[kCompact]), fin = static_cast<double>(g_sum[kFinal]);
+  printf("indexer timing: grid %.0f, per CTA: total %.3f Mcycles, compactions %.3f (%.1f%%) in %.1f events, "
+         "final selects %.3f (%.1f%%) over %.1f blocks, re-walks %.2f\n",
+         g, tot / g * 1e-6, cmp / g * 1e-6, 100.0 * cmp / tot, static_cast<double>(g_sum[kEvents]) / g,
+         fin / g * 1e-6, 100.0 * fin / tot, static_cast<double>(g_sum[kBlocks]) / g,
+         static_cast<double>(g_sum[kRewalks]) / g);
+  for (int i = 0; i < kSlots; ++i) g_sum[i] = 0ull;
+}
+}  // namespace flashdsa::sm90::indexer_topk_impl::v2::timing
+#endif
+
 namespace flashdsa::sm90::indexer_topk_impl::v2 {
 
 constexpr int kThreads = 256;   // two consumer warpgroups
@@ -170,6 +205,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
   uint32_t ring = 0;  // tiles this CTA has consumed: tile `it` of a block sits in ring slot (ring + it) % S
+#if defined(FLASHDSA_INDEXER_TIMING)
+  const long long t_kernel = clock64();
+  long long c_compact = 0, c_final = 0;
+  unsigned n_events = 0, n_blocks = 0, n_rewalks = 0;
+#endif
 
 #if FLASHDSA_V2_ABLATE != 0
   uint32_t ablate_sink = 0u;
@@ -291,8 +331,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // A row flagged by tile it-1's appends is compacted after tile it's (at most 2 x 64 appends
       // past the flag: kMinCapacitySlack).
       if (compact) {      // uniform over the CTA
+#if defined(FLASHDSA_INDEXER_TIMING)
+        const long long tc = clock64();
+#endif
         __syncthreads();  // every append of tile it is in the lists and counts
         compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, it < walk_na ? sm.cut : nullptr, cut_now);
+#if defined(FLASHDSA_INDEXER_TIMING)
+        c_compact += clock64() - tc;
+        ++n_events;
+#endif
       }
     }
     ring += static_cast<uint32_t>(ntiles);
@@ -304,13 +351,26 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const bool failed = tid < NT && sm.cut[tid] > 0 && sm.count[tid] < min(a.K, sm.k_end[tid] - sm.k_start[tid]);
       if (__syncthreads_or(failed)) {
         if (tid == 0) sm.redo_blk = blk;
+#if defined(FLASHDSA_INDEXER_TIMING)
+        ++n_rewalks;
+#endif
         continue;
       }
     }
 
     // Final selection: each row's list (at most cap entries) -> its top K, padded with -1 / -inf.
+#if defined(FLASHDSA_INDEXER_TIMING)
+    const long long tf = clock64();
+#endif
     write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
+#if defined(FLASHDSA_INDEXER_TIMING)
+    c_final += clock64() - tf;
+    ++n_blocks;
+#endif
   }
+#if defined(FLASHDSA_INDEXER_TIMING)
+  if (tid == 0) timing::report(clock64() - t_kernel, c_compact, c_final, n_events, n_blocks, n_rewalks);
+#endif
 #if FLASHDSA_V2_ABLATE != 0
   if (ablate_sink == 0x7f800001u) a.out_idx[0] = static_cast<int32_t>(ablate_sink);  // keeps the sink alive
 #endif
@@ -345,10 +405,14 @@ inline Status run(const KernelArgs& base, int H, int D, bool relu, int grid, cud
   args.base = base;
   const Status st = make_key_tensor_map(base, D, &args.tmap_k);
   if (!st.ok()) return st;
-  return dispatch_variant(H, D, relu, [&](auto v) {
+  const Status launched = dispatch_variant(H, D, relu, [&](auto v) {
     using V = decltype(v);
     return launch<V::H, V::D, V::kRelu>(args, grid, stream);
   });
+#if defined(FLASHDSA_INDEXER_TIMING)
+  if (launched.ok()) timing::print_and_reset<<<1, 1, 0, stream>>>();
+#endif
+  return launched;
 }
 
 }  // namespace flashdsa::sm90::indexer_topk_impl::v2
