@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -26,6 +25,10 @@ namespace {
 using flashdsa::sm90::indexer_topk_impl::Kept;
 using flashdsa::sm90::indexer_topk_impl::keep_top_k;
 using flashdsa::sm90::indexer_topk_impl::Scratch;
+using flashdsa::sm90::indexer_topk_impl::score_key;
+using flashdsa_check::DeviceBuffer;
+using flashdsa_check::download;
+using flashdsa_check::upload;
 
 // List b: (scores, idx)[off[b], off[b] + n[b]) with its k; the result goes to (out_s, out_i) at the same
 // offset (or in place), count and thr to res[2 b], res[2 b + 1].
@@ -44,12 +47,6 @@ __global__ void __launch_bounds__(NTH) select_lists(float* scores, int* idx, con
     res[2 * b] = static_cast<uint32_t>(kept.count);
     res[2 * b + 1] = kept.thr;
   }
-}
-
-uint32_t key_of(float s) {  // select.cuh score_key, on the host
-  uint32_t u;
-  std::memcpy(&u, &s, 4);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 struct List {
@@ -96,43 +93,25 @@ bool run_case_set(const std::vector<List>& lists, bool in_place, bool with_score
   }
   const int L = static_cast<int>(lists.size());
   const size_t total = s.size();
-  float *d_s, *d_os;
-  int *d_i, *d_oi, *d_off, *d_n, *d_k;
-  uint32_t* d_res;
-  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_s, total * 4));
-  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_os, total * 4));
-  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_i, total * 4));
-  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_oi, total * 4));
-  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_off, L * 4));
-  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_n, L * 4));
-  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_k, L * 4));
-  FLASHDSA_CHECK_CUDA(cudaMalloc(&d_res, 2 * L * 4));
-  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_s, s.data(), total * 4, cudaMemcpyHostToDevice));
-  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_i, id.data(), total * 4, cudaMemcpyHostToDevice));
-  FLASHDSA_CHECK_CUDA(cudaMemset(d_os, 0xff, total * 4));
-  FLASHDSA_CHECK_CUDA(cudaMemset(d_oi, 0xff, total * 4));
-  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_off, off.data(), L * 4, cudaMemcpyHostToDevice));
-  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_n, n.data(), L * 4, cudaMemcpyHostToDevice));
-  FLASHDSA_CHECK_CUDA(cudaMemcpy(d_k, k.data(), L * 4, cudaMemcpyHostToDevice));
-  select_lists<NTH><<<L, NTH>>>(d_s, d_i, d_off, d_n, d_k, d_os, d_oi, in_place, with_scores, d_res);
+  DeviceBuffer d_s(total * 4), d_os(total * 4), d_i(total * 4), d_oi(total * 4), d_off(L * 4), d_n(L * 4), d_k(L * 4),
+      d_res(2 * L * 4);
+  upload(d_s, s), upload(d_i, id), upload(d_off, off), upload(d_n, n), upload(d_k, k);
+  FLASHDSA_CHECK_CUDA(cudaMemset(d_os.ptr, 0xff, total * 4));
+  FLASHDSA_CHECK_CUDA(cudaMemset(d_oi.ptr, 0xff, total * 4));
+  select_lists<NTH><<<L, NTH>>>(d_s.as<float>(), d_i.as<int>(), d_off.as<int>(), d_n.as<int>(), d_k.as<int>(),
+                                d_os.as<float>(), d_oi.as<int>(), in_place, with_scores, d_res.as<uint32_t>());
   FLASHDSA_CHECK_CUDA(cudaGetLastError());
   FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<float> os(total);
-  std::vector<int> oi(total);
-  std::vector<uint32_t> res(2 * L);
-  FLASHDSA_CHECK_CUDA(cudaMemcpy(os.data(), in_place ? d_s : d_os, total * 4, cudaMemcpyDeviceToHost));
-  FLASHDSA_CHECK_CUDA(cudaMemcpy(oi.data(), in_place ? d_i : d_oi, total * 4, cudaMemcpyDeviceToHost));
-  FLASHDSA_CHECK_CUDA(cudaMemcpy(res.data(), d_res, 2 * L * 4, cudaMemcpyDeviceToHost));
-  for (void* p : {static_cast<void*>(d_s), static_cast<void*>(d_os), static_cast<void*>(d_i), static_cast<void*>(d_oi),
-                  static_cast<void*>(d_off), static_cast<void*>(d_n), static_cast<void*>(d_k), static_cast<void*>(d_res)})
-    FLASHDSA_CHECK_CUDA(cudaFree(p));
+  const std::vector<float> os = download<float>(in_place ? d_s.ptr : d_os.ptr, total);
+  const std::vector<int> oi = download<int>(in_place ? d_i.ptr : d_oi.ptr, total);
+  const std::vector<uint32_t> res = download<uint32_t>(d_res.ptr, 2 * L);
 
   int failures = 0;
   for (int b = 0; b < L; ++b) {
     const List& l = lists[b];
     const int nb = n[b], kb = k[b], want = std::min(nb, kb);
     std::vector<uint32_t> keys(nb);
-    for (int i = 0; i < nb; ++i) keys[i] = key_of(l.s[i]);
+    for (int i = 0; i < nb; ++i) keys[i] = score_key(l.s[i]);
     std::vector<uint32_t> sorted = keys;
     std::sort(sorted.begin(), sorted.end(), std::greater<uint32_t>());
     std::string why;
@@ -147,7 +126,7 @@ bool run_case_set(const std::vector<List>& lists, bool in_place, bool with_score
         break;
       }
       used[pos] = 1;
-      if (with_scores && key_of(os[off[b] + j]) != keys[pos]) why = "slot " + std::to_string(j) + ": score changed";
+      if (with_scores && score_key(os[off[b] + j]) != keys[pos]) why = "slot " + std::to_string(j) + ": score changed";
       got.push_back(keys[pos]);
     }
     if (why.empty()) {

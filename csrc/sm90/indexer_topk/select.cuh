@@ -21,6 +21,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
 
 namespace flashdsa::sm90::indexer_topk_impl {
 
@@ -65,8 +66,14 @@ using SelectScratch = Scratch<kSelectThreads>;
 // in the kernel, and GPU arithmetic (FFMA, max.NaN) only produces the canonical NaN 0x7fffffff,
 // whose key is 0xffffffff, the largest: a NaN score ranks above +inf, is selected first and is
 // reported as NaN (docs/reliability.md). An explicit NaN test here made ptxas spill in the selection.
-__device__ __forceinline__ uint32_t score_key(float s) {
+// (Host too: tests/cuda/select_check.cu compares against it.)
+__host__ __device__ __forceinline__ uint32_t score_key(float s) {
+#if defined(__CUDA_ARCH__)
   const uint32_t u = __float_as_uint(s);
+#else
+  uint32_t u;
+  std::memcpy(&u, &s, sizeof(u));
+#endif
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 // Inverse of score_key.
