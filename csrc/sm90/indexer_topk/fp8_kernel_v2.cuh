@@ -362,7 +362,8 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       float acc[kHalfAcc];
       {
         const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
-        issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), q_desc);
+        const uint32_t uq = __shfl_sync(0xffffffffu, q_desc, 0);  // uniform register (kernel_v2.cuh)
+        issue_wg_mma_fp8<D>(acc, k_desc0 + uslot * (kTileBytes >> 4), uq);
       }
       // it == walk_na (> 0): phase A's appends (tiles < walk_na) are in after this iteration's, and the
       // long rows are cut to their r best instead of the usual compaction (kernel.cuh "sampled threshold").

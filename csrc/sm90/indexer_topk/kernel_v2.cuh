@@ -268,8 +268,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
       float acc[kHalfAcc];
       {
-        const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);  // warp-uniform for the compiler
-        issue_wg_mma<D>(acc, k_desc0 + uslot * (Cfg::kTileBytes >> 4), q_desc);
+        // Both operands' descriptors through a shuffle per tile: warp-uniform for the compiler, so they
+        // stay in uniform registers (the Q descriptor kept in a vector register cost an R2UR and a VIADD
+        // per wgmma).
+        const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
+        const uint32_t uq = __shfl_sync(0xffffffffu, q_desc, 0);
+        issue_wg_mma<D>(acc, k_desc0 + uslot * (Cfg::kTileBytes >> 4), uq);
       }
       // While the MMA runs: OR the flags of the previous tile's appends.
       // it == walk_na - 1: the last tile of phase A; after its appends the long rows are cut to their r best
