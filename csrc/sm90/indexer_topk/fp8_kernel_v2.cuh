@@ -106,7 +106,7 @@ struct alignas(1024) Smem {
   int block;
   // (after the members of the kernel without the sampled walk, which keep their offsets)
   int cut[NT];  // sampled walk (kernel.cuh): the row's cut size after phase A (0: none)
-  int walk_na;  // the block's walk order (kernel.cuh walk_tile; 0 = plain): read from here, not kept in a register
+  int walk;  // the block's walk order (sampled_walk.h walk_tile; 0 = plain): read from here, not kept in a register
   int redo_blk;  // a block to walk again without the sampled threshold (-1: none; thread 0 only)
 };
 
@@ -258,17 +258,17 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     // re-walks the block plainly.
     // (Attribution build 3 appends nothing: a cut would always fail, so it walks plainly.)
     const bool sampled = kSampled && FLASHDSA_FP8V2_ABLATE != 3 && !rewalk && ntiles >= kSampleMinTiles;
-    const int na = (ntiles + kSampleStride - 1) / kSampleStride;
-    if (kSampled && tid == 0) sm.walk_na = sampled ? na : 0;  // published by the barrier after the query load
+    const int lg = sample_stride_log2(ntiles, a.cap);  // phase A: every 2^lg-th tile (sampled_walk.h)
+    if (kSampled && tid == 0) sm.walk = sampled ? sample_walk_code(ntiles, lg) : 0;  // published by the barrier after the query load
     if (kSampled && tid < NT) {
-      set_row_cuts<NT>(sampled, tile0, a.C, sm.k_start, sm.k_end, sm.cut);
+      set_row_cuts<NT>(sampled, tile0, lg, a.C, sm.k_start, sm.k_end, sm.cut);
       if (sampled) sm.thr[tid] = 1u;
     }
 
     auto issue_key_tile = [&](int i) {  // one thread: step i's tile of the block into stage (ring + i) % S
       const uint32_t slot = (ring + static_cast<uint32_t>(i)) % S;
       hw::mbar_arrive_expect_tx(&sm.full[slot], kTileBytes);
-      hw::tma_load_2d(sm.k[slot], &args.tmap_k8, &sm.full[slot], 0, (tile0 + walk_tile(i, kSampled ? sm.walk_na : 0)) * kTileKeys);
+      hw::tma_load_2d(sm.k[slot], &args.tmap_k8, &sm.full[slot], 0, (tile0 + walk_tile(i, kSampled ? sm.walk : 0)) * kTileKeys);
     };
     if (tid == 0) {
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     };
     // The key scales of this lane's V keys of tile `tile` (0 past T_kv: masked by the ranges anyway).
     auto load_kscales = [&](int tile, float (&ksv)[V]) {
-      const int key0 = (tile0 + walk_tile(tile, kSampled ? sm.walk_na : 0)) * kTileKeys + acc_row + my_key_off;
+      const int key0 = (tile0 + walk_tile(tile, kSampled ? sm.walk : 0)) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) ksv[v] = key0 + 8 * v < a.T_kv ? a.k_scale[key0 + 8 * v] : 0.f;
     };
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       }
       const uint32_t row_thr = sm.thr[my_row];
       const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
-      const int key0 = (tile0 + walk_tile(tile, kSampled ? sm.walk_na : 0)) * kTileKeys + acc_row + my_key_off;
+      const int key0 = (tile0 + walk_tile(tile, kSampled ? sm.walk : 0)) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       }
       // it == walk_na (> 0): phase A's appends (tiles < walk_na) are in after this iteration's, and the
       // long rows are cut to their r best instead of the usual compaction (kernel.cuh "sampled threshold").
-      const bool cut_now = kSampled && it == sm.walk_na && it != 0;
+      const bool cut_now = kSampled && it == walk_phase_a_tiles(sm.walk) && it != 0;
       const bool compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
       list_nearly_full = false;
       if (it > 0) finish_tile(it - 1, part, ksv);
@@ -380,14 +380,14 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       // past the flag, as in kernel.cuh).
       if (compact) {      // uniform over the CTA
         __syncthreads();  // every append of tile it-1 is in the lists and counts
-        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, kSampled && it <= sm.walk_na ? sm.cut : nullptr,
+        compact_full_lists<NT>(a, cand_s, cand_i, sm.count, sm.thr, sm.sel, kSampled && it <= walk_phase_a_tiles(sm.walk) ? sm.cut : nullptr,
                                cut_now);
       }
     }
     if (ntiles > 0) finish_tile(ntiles - 1, part, ksv);  // its flags need no compaction: the final select follows
     ring += static_cast<uint32_t>(ntiles);
     __syncthreads();  // every append is in; no TMA is in flight (every issued tile was waited for)
-    if (kSampled && sm.walk_na != 0) {
+    if (kSampled && sm.walk != 0) {
       // A cut row that ends with fewer than its keep count (K; the FP8 pass: C) of entries, though it has
       // that many visible keys, had its threshold above its keep-th best score: the block is walked again.
       // (Written out in both walks: as a helper it moved the FP8 walk's register allocation.)

@@ -216,8 +216,9 @@ __device__ __forceinline__ TileRange block_tile_range(const int* k_start, const 
 }
 
 // ---- sampled threshold (blocks of long rows; the D_I = 128 walks of kernel_v2.cuh and fp8_kernel_v2.cuh)
-// A block of at least kSampleMinTiles key tiles is walked in two phases: phase A = every kSampleStride-th
-// tile (tiles tile0, tile0 + G, ...), phase B = the others in ascending order. After phase A each long
+// A block of at least kSampleMinTiles key tiles is walked in two phases: phase A = every G-th tile (tiles
+// tile0, tile0 + G, ...; G = 16, 32 or 64, the smallest whose phase A fits the list: sample_stride_log2),
+// phase B = the others in ascending order. After phase A each long
 // row's list is cut to its r best (r = the expected number of the row's top K in phase A, mu = K * nA / n,
 // plus FLASHDSA_INDEXER_SAMPLE_SIGMAS * sqrt(mu) + 8), which sets the row's threshold to the r-th best phase-A score:
 // about the K-th best score of the whole row, so phase B appends about K + a few sqrt(K G) keys instead of
@@ -228,15 +229,15 @@ __device__ __forceinline__ TileRange block_tile_range(const int* k_start, const 
 // (the constants, the walk order and the cut size, host-testable: sampled_walk.h)
 static_assert(kSampleTileKeys == kTileKeys, "sampled_walk.h counts keys in the kernels' tiles");
 
-// Each row's cut size after phase A (0: no cut) for a block whose walk is `sampled` (keep: K; the FP8
-// pass: C). The first NT threads; the caller's barrier publishes them.
+// Each row's cut size after phase A (0: no cut) for a block whose walk is `sampled` with stride 2^lg
+// (keep: K; the FP8 pass: C). The first NT threads; the caller's barrier publishes them.
 template <int NT>
-__device__ __forceinline__ void set_row_cuts(bool sampled, int tile0, int keep, const int* k_start, const int* k_end,
-                                             int* cut) {
+__device__ __forceinline__ void set_row_cuts(bool sampled, int tile0, int lg, int keep, const int* k_start,
+                                             const int* k_end, int* cut) {
   const int tid = threadIdx.x;
   if (tid < NT) {
     const int n = k_end[tid] - k_start[tid];
-    cut[tid] = sampled && n > 0 ? sample_cut_size(n, phase_a_keys(k_start[tid], k_end[tid], tile0), keep) : 0;
+    cut[tid] = sampled && n > 0 ? sample_cut_size(n, phase_a_keys(k_start[tid], k_end[tid], tile0, lg), keep) : 0;
   }
 }
 

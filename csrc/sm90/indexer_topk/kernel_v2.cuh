@@ -22,7 +22,7 @@
 //   - compactions and final selects over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per
 //     thread for a 4096-entry list),
 //   - D_I = 128 inputs with T_kv >= 256 tiles run the kSampled instance: blocks of >= 256 tiles walk every
-//     8th tile first, cut their long rows to about their share of the top K, then walk the rest above that
+//     16th, 32nd or 64th tile first (the smallest stride whose phase A fits the list), cut their long rows to about their share of the top K, then walk the rest above that
 //     threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
 // The scores are bitwise those of the first kernel: the same wgmma instructions on the same
 // operands, the same per-lane fmaf chain over a thread's columns (kernel.cuh partial_head_sums) and the
@@ -239,9 +239,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     // 4-stage ring; the host never picks kSampled there); a failed cut re-walks the block plainly.
     // (The attribution builds append nothing: a cut would always fail, so they walk plainly.)
     const bool sampled = kSampled && FLASHDSA_V2_ABLATE == 0 && D == 128 && !rewalk && ntiles >= kSampleMinTiles;
-    const int na = (ntiles + kSampleStride - 1) / kSampleStride;
-    const int walk_na = sampled ? na : 0;  // walk_tile's order: 0 = plain
-    if (kSampled) set_row_cuts<NT>(sampled, tile0, a.K, sm.k_start, sm.k_end, sm.cut);
+    const int lg = sample_stride_log2(ntiles, a.cap);  // phase A: every 2^lg-th tile (sampled_walk.h)
+    const int walk = sampled ? sample_walk_code(ntiles, lg) : 0;  // walk_tile's order: 0 = plain
+    const int walk_na = walk_phase_a_tiles(walk);
+    if (kSampled) set_row_cuts<NT>(sampled, tile0, lg, a.K, sm.k_start, sm.k_end, sm.cut);
 
     // Thread 0 loads step i's tile of the block into ring slot (ring + i) % S.
     auto issue_key_tile = [&](int i) {
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #pragma unroll
       for (int b = 0; b < D / 64; ++b)
         hw::tma_load_2d(&sm.k[slot][b * kTileKeys * 64], &args.tmap_k, &sm.full[slot], 64 * b,
-                        (tile0 + walk_tile(i, walk_na)) * kTileKeys);
+                        (tile0 + walk_tile(i, walk)) * kTileKeys);
     };
     if (tid == 0) {
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
@@ -318,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
       const uint32_t row_thr = sm.thr[my_row];
       const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
-      const int key0 = (tile0 + walk_tile(it, walk_na)) * kTileKeys + acc_row + my_key_off;
+      const int key0 = (tile0 + walk_tile(it, walk)) * kTileKeys + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
