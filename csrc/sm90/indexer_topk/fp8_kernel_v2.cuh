@@ -108,6 +108,7 @@ struct alignas(1024) Smem {
   int cut[NT];  // sampled walk (kernel.cuh): the row's cut size after phase A (0: none)
   int walk;  // the block's walk order (sampled_walk.h walk_tile; 0 = plain): read from here, not kept in a register
   int redo_blk;  // a block to walk again without the sampled threshold (-1: none; thread 0 only)
+  int tile_key[2 * kRing];  // sampled instance: first key of the tile at ring position p (kernel_v2.cuh)
 };
 
 // Dynamic shared memory of a CTA.
@@ -266,9 +267,11 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     }
 
     auto issue_key_tile = [&](int i) {  // one thread: step i's tile of the block into stage (ring + i) % S
-      const uint32_t slot = (ring + static_cast<uint32_t>(i)) % S;
+      const uint32_t pos = ring + static_cast<uint32_t>(i), slot = pos % S;
+      const int key_base = (tile0 + walk_tile(i, kSampled ? sm.walk : 0)) * kTileKeys;
+      if (kSampled) sm.tile_key[pos % (2 * S)] = key_base;  // published by the arrive (release)
       hw::mbar_arrive_expect_tx(&sm.full[slot], kTileBytes);
-      hw::tma_load_2d(sm.k[slot], &args.tmap_k8, &sm.full[slot], 0, (tile0 + walk_tile(i, kSampled ? sm.walk : 0)) * kTileKeys);
+      hw::tma_load_2d(sm.k[slot], &args.tmap_k8, &sm.full[slot], 0, key_base);
     };
     if (tid == 0) {
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
@@ -287,9 +290,13 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         if (atomicAdd(&sm.done[slot], 1u) % kNWarps == kNWarps - 1 && it + S < ntiles) issue_key_tile(it + S);
       }
     };
+    // First key of the block's tile `tile` (the sampled instance: from the ring table, written at its issue)
+    auto tile_key_of = [&](int tile) {
+      return kSampled ? sm.tile_key[(ring + static_cast<uint32_t>(tile)) % (2 * S)] : (tile0 + tile) * kTileKeys;
+    };
     // The key scales of this lane's V keys of tile `tile` (0 past T_kv: masked by the ranges anyway).
     auto load_kscales = [&](int tile, float (&ksv)[V]) {
-      const int key0 = (tile0 + walk_tile(tile, kSampled ? sm.walk : 0)) * kTileKeys + acc_row + my_key_off;
+      const int key0 = tile_key_of(tile) + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) ksv[v] = key0 + 8 * v < a.T_kv ? a.k_scale[key0 + 8 * v] : 0.f;
     };
@@ -307,7 +314,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       }
       const uint32_t row_thr = sm.thr[my_row];
       const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
-      const int key0 = (tile0 + walk_tile(tile, kSampled ? sm.walk : 0)) * kTileKeys + acc_row + my_key_off;
+      const int key0 = tile_key_of(tile) + acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;

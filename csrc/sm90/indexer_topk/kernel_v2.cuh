@@ -126,6 +126,10 @@ struct alignas(1024) Smem {
   // (after the members of the kernel without the sampled walk, which keep their offsets)
   int cut[Cfg::kTokens];  // sampled walk: the row's cut size after phase A (0: none)
   int redo_blk;  // a block to walk again without the sampled threshold (-1: none; thread 0 only)
+  // sampled instance: the first key of the tile at ring position p, at [p % (2 S)], written by the thread that
+  // issues its TMA before the arrive (release) and read after the full wait (acquire). Position p is
+  // rewritten only for p + 2 S, whose issue needs every warp done with p + S, i.e. past p's epilogue.
+  int tile_key[2 * Cfg::kStages];
 };
 
 template <int H, int D>
@@ -246,12 +250,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
     // Thread 0 loads step i's tile of the block into ring slot (ring + i) % S.
     auto issue_key_tile = [&](int i) {
-      const uint32_t slot = (ring + static_cast<uint32_t>(i)) % S;
+      const uint32_t pos = ring + static_cast<uint32_t>(i), slot = pos % S;
+      const int key_base = (tile0 + walk_tile(i, walk)) * kTileKeys;
+      if (kSampled) sm.tile_key[pos % (2 * S)] = key_base;
       hw::mbar_arrive_expect_tx(&sm.full[slot], Cfg::kTileBytes);
 #pragma unroll
       for (int b = 0; b < D / 64; ++b)
-        hw::tma_load_2d(&sm.k[slot][b * kTileKeys * 64], &args.tmap_k, &sm.full[slot], 64 * b,
-                        (tile0 + walk_tile(i, walk)) * kTileKeys);
+        hw::tma_load_2d(&sm.k[slot][b * kTileKeys * 64], &args.tmap_k, &sm.full[slot], 64 * b, key_base);
     };
     if (tid == 0) {
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
@@ -319,7 +324,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
       const uint32_t row_thr = sm.thr[my_row];
       const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
-      const int key0 = (tile0 + walk_tile(it, walk)) * kTileKeys + acc_row + my_key_off;
+      // (the sampled instance reads the tile's first key from the ring table: no walk arithmetic per tile)
+      const int key0 = (kSampled ? sm.tile_key[(ring + static_cast<uint32_t>(it)) % (2 * S)] : (tile0 + it) * kTileKeys) +
+                       acc_row + my_key_off;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
