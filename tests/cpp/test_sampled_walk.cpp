@@ -66,6 +66,13 @@ TEST(SampledWalk, StrideFitsPhaseAInTheList) {
     }
 }
 
+TEST(SampledWalk, InstanceChoiceKeepsTheDivisionExact) {
+  EXPECT_FALSE(sampled_walk_allowed(static_cast<long long>(kSampleMinTiles) * kSampleTileKeys - 1)) << "too short";
+  EXPECT_TRUE(sampled_walk_allowed(static_cast<long long>(kSampleMinTiles) * kSampleTileKeys));
+  EXPECT_TRUE(sampled_walk_allowed(1LL << 26)) << "2^20 tiles: phase-B steps stay below 2^20";
+  EXPECT_FALSE(sampled_walk_allowed((1LL << 26) + 1)) << "longer inputs take the plain instance";
+}
+
 TEST(SampledWalk, PhaseAKeysMatchADirectCount) {
   std::mt19937 rng(7);
   for (int lg = kSampleMinLog2; lg <= kSampleMaxLog2; ++lg)

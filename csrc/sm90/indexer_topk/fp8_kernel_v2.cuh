@@ -451,7 +451,7 @@ template <int H, bool kRelu>
 Status launch(const Fp8V2Args& args, int grid, cudaStream_t stream) {
   constexpr int kSmem = static_cast<int>(smem_bytes<H>());
   // Only inputs with enough keys for a long block take the instance with the sampled threshold.
-  if (args.base.T_kv >= kSampleMinTiles * kTileKeys)
+  if (sampled_walk_allowed(args.base.T_kv))
     return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu, true>, dim3(grid), kNth, kSmem, stream,
                             "indexer_topk_fp8_v2_kernel", args);
   return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu, false>, dim3(grid), kNth, kSmem, stream,

@@ -21,9 +21,10 @@
 //     "list nearly full" flags, so that compactions are decided uniformly,
 //   - compactions and final selects over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per
 //     thread for a 4096-entry list),
-//   - D_I = 128 inputs with T_kv >= 256 tiles run the kSampled instance: blocks of >= 256 tiles walk every
-//     16th, 32nd or 64th tile first (the smallest stride whose phase A fits the list), cut their long rows to about their share of the top K, then walk the rest above that
-//     threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
+//   - D_I = 128 inputs with 256 tiles <= T_kv <= 2^20 tiles run the kSampled instance: blocks of >= 256
+//     tiles walk every 16th, 32nd or 64th tile first (the smallest stride whose phase A fits the list), cut
+//     their long rows to about their share of the top K, then walk the rest above that threshold
+//     (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
 // The scores are bitwise those of the first kernel: the same wgmma instructions on the same
 // operands, the same per-lane fmaf chain over a thread's columns (kernel.cuh partial_head_sums) and the
 // same quad butterfly ((p0 + p2) + (p1 + p3)).
@@ -403,7 +404,7 @@ Status launch(const KernelArgsV2& args, int grid, cudaStream_t stream) {
   constexpr int kSmem = static_cast<int>(smem_bytes<H, D>());
   // Only D_I = 128 inputs with enough keys for a long block take the instance with the sampled threshold.
   if constexpr (D == 128) {
-    if (args.base.T_kv >= kSampleMinTiles * kTileKeys)
+    if (sampled_walk_allowed(args.base.T_kv))
       return launch_with_smem(indexer_topk_v2_kernel<H, D, kRelu, true>, dim3(grid), kThreads, kSmem, stream,
                               "indexer_topk_v2_kernel", args);
   }

@@ -23,6 +23,12 @@ namespace flashdsa::sm90::indexer_topk_impl {
 
 constexpr int kSampleTileKeys = 64;  // keys per tile (kernel.cuh kTileKeys; phase_a_keys shifts by its log2, 6)
 constexpr int kSampleMinTiles = FLASHDSA_INDEXER_SAMPLE_MIN_TILES;
+// The walk order's multiply-high division is exact for phase-B steps below 2^20: inputs whose key range could
+// give a block that many tiles (T_kv > 2^26 keys) run the kernels' instance without the sampled walk.
+constexpr long long kSampleMaxKeys = (1LL << 20) * kSampleTileKeys;
+FLASHDSA_SAMPLED_HD bool sampled_walk_allowed(long long T_kv) {
+  return T_kv >= static_cast<long long>(kSampleMinTiles) * kSampleTileKeys && T_kv <= kSampleMaxKeys;
+}
 // Phase A walks every G-th tile, G = 2^lg with lg in [kSampleMinLog2, kSampleMaxLog2]: the smallest G whose
 // phase A fits a row's candidate list (sample_stride_log2), so that no row compacts before its cut.
 constexpr int kSampleMinLog2 = 4;
