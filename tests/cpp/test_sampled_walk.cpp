@@ -32,7 +32,9 @@ TEST(SampledWalk, OrderIsAPermutationWithPhaseAFirst) {
         ASSERT_LT(t, ntiles) << "ntiles " << ntiles << " G " << g << " step " << it;
         ++seen[t];
         ASSERT_EQ(it < na, t % g == 0) << "ntiles " << ntiles << " G " << g << " step " << it;
-        if (it > na) ASSERT_GT(t, walk_tile(it - 1, walk)) << "phase B ascends";
+        if (it > na) {
+          ASSERT_GT(t, walk_tile(it - 1, walk)) << "phase B ascends";
+        }
         ASSERT_EQ(walk_tile(it, 0), it) << "walk 0 is the plain order";
       }
       EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }))
@@ -60,9 +62,12 @@ TEST(SampledWalk, StrideFitsPhaseAInTheList) {
       const int lg = sample_stride_log2(ntiles, cap);
       ASSERT_GE(lg, kSampleMinLog2);
       ASSERT_LE(lg, kSampleMaxLog2);
-      if (lg < kSampleMaxLog2) ASSERT_LE(ceil_div(ntiles, 1 << lg) * kSampleTileKeys, cap) << "phase A fits";
-      if (lg > kSampleMinLog2)
+      if (lg < kSampleMaxLog2) {
+        ASSERT_LE(ceil_div(ntiles, 1 << lg) * kSampleTileKeys, cap) << "phase A fits";
+      }
+      if (lg > kSampleMinLog2) {
         ASSERT_GT(ceil_div(ntiles, 1 << (lg - 1)) * kSampleTileKeys, cap) << "the smallest stride that fits";
+      }
     }
 }
 
