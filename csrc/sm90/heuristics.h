@@ -31,12 +31,13 @@ inline int topk_candidate_capacity(int K) { return K + std::max(K, 2048); }
 
 // ---- sparse MLA backward (csrc/sm90/sparse_mla_bwd) ----------------------------------------------
 // Fast mode sorts each row's indices and sweeps the key range in step from this many keys on: kv +
-// dkv of fewer keys stay in L2 anyway. Measured on one H200 (2026-12-02, sweep vs never, fast ms):
-// at 16K keys the sweep costs 4% (uniform rows) / 12% (ascending causal rows), at 24K it saves 21%
-// (uniform) and costs 5% (causal), at 32K it saves 30% / 3%: the threshold sits between 16K and 24K.
-// (A/B builds override it with -DFLASHDSA_BWD_SWEEP_MIN_KEYS=N, sparse_mla_bwd.cu; scripts/bwd_gpu.sh
-// SWEEP_AB=1.)
-constexpr int64_t kBwdSweepMinKeys = 20480;
+// dkv of fewer keys stay in L2 anyway. Measured on one H200 (fast ms, sweep vs never): 2026-12-02 fifth
+// session (with the producer's L2 prefetches, since removed): 16K keys -4% (uniform rows) / -12% (ascending
+// causal rows), 24K +21% / -5%, 32K +30% / -3%, hence 20480 then; tenth session (no prefetches, one-kernel row
+// sort, Delta in the prologue): at 16K the sweep gains 5.5% on uniform rows and is neutral on ascending ones
+// (0.998), so it starts at 16384. (A/B builds override it with -DFLASHDSA_BWD_SWEEP_MIN_KEYS=N,
+// sparse_mla_bwd.cu; scripts/bwd_gpu.sh SWEEP_AB=1.)
+constexpr int64_t kBwdSweepMinKeys = 16384;
 // Sorted-index chunk of the sweep: tokens per chunk = this / K (256 MiB of sorted keys; + 256 MiB of pair
 // ids with the mass output). One main-kernel launch per chunk: 2^26 (32K tokens at K = 2048) instead of
 // 2^24 measured 0.5-0.8% faster at 24K / 32K on one H200 (2026-12-02, fewer launch tails).

@@ -394,7 +394,7 @@ __global__ void fill_causal_strata_kernel(int32_t* p, int64_t T, int K, uint64_t
   }
 }
 
-// At scale (T_kv >= 20480 = tuning::kBwdSweepMinKeys) the fast mode sorts each row and sweeps the key
+// At scale (T_kv >= tuning::kBwdSweepMinKeys = 16384) the fast mode sorts each row and sweeps the key
 // range with rotated row starts; the deterministic mode does neither. Both must give the same dq and
 // dkv (the deterministic mode is checked against the double reference above). Causal rows with -1 padding,
 // packed sequences, H = 16 (padded heads) and 64.
@@ -597,7 +597,7 @@ int main(int argc, char** argv) {
     for (int64_t T : {1, 5, 33})
       for (int H : {16, 32, 64, 128})
         for (int K : {64, 128, 256}) cases.push_back({T, (H + K) % 3 == 0 ? 97 : 2 * K + 13, H, K, H == 32 && K == 128});
-    cases.push_back({33, 20480, 64, 256, false});  // T_kv >= 20480: sorted-sweep path
+    cases.push_back({33, 20480, 64, 256, false});  // T_kv >= 16384: sorted-sweep path
     cases.push_back({5, 40000, 128, 128, true});
   }
   int failed = 0;

@@ -115,7 +115,7 @@ def causal_packed_indices(T, K, seq_len, generator):
 
 @pytest.mark.kernels("sparse_mla_fwd", "sparse_mla_bwd")
 def test_sparse_mla_bwd_at_scale_fast_equals_deterministic(device):
-    """T_kv >= 20480 (the sweep threshold): the CUDA fast mode sorts each row and sweeps the key range
+    """T_kv = 20480 >= the sweep threshold (16384): the CUDA fast mode sorts each row and sweeps the key range
     (rotated row starts), the deterministic mode does not; both must give the same dq and dkv on
     training-like rows (packed causal sequences, -1 padding, H = 16 padded to 64 in the kernel)."""
     if device != "cuda":
@@ -222,7 +222,7 @@ def test_sparse_mla_bwd_mass_cpu_fp64():
 
 @pytest.mark.kernels("sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass")
 def test_sparse_mla_bwd_mass_far_keys(device):
-    """T_kv = 20480, the sweep threshold (CUDA fast mode: the sorted key sweep, whose mass must land in
+    """T_kv = 20480, above the sweep threshold (CUDA fast mode: the sorted key sweep, whose mass must land in
     the right slots): 64 query rows whose indices point anywhere in the key tensor, with -1, out-of-range and
     duplicated entries."""
     T, T_kv, H, K = 64, 20480, 16, 512

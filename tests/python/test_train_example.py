@@ -207,7 +207,7 @@ def test_gradient_check_fused_equals_reference_cpu(example, tmp_path):
 @pytest.mark.kernels("indexer_topk", "sparse_mla_fwd", "sparse_mla_bwd", "sparse_mla_bwd_mass", "attention_mass",
                      "sparse_kl_fwd", "sparse_kl_bwd")
 def test_gradient_check_cuda_at_20k_tokens(example, tmp_path, device):
-    """The CUDA kernels' gradients at training scale (T = 20480: the sparse MLA backward's sorted-sweep
+    """The CUDA kernels' gradients at training scale (T = 20480, above the threshold of the sparse MLA backward's sorted-sweep
     path) against the plain-PyTorch reference on the same top-k; bf16 rounding only."""
     if device != "cuda":
         pytest.skip("the CPU case is above")

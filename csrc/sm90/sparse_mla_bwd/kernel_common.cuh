@@ -20,7 +20,7 @@ struct MainParams {
   const __nv_bfloat16* kv;    // [T_kv, 576]; stride kv_stride_t
   const int32_t* indices;     // [tokens of this launch, K], row 0 = token_begin; stride indices_stride_t
   const float* lse;           // [T, H] natural log
-  const float* delta;         // [T, H] rowsum(dout * out)
+  const __nv_bfloat16* out;   // [T, H, 512] the forward's output (Delta = rowsum(dout * out) in the prologue)
   const __nv_bfloat16* dout;  // [T, H, 512]
   __nv_bfloat16* dq;          // [T, H, 576]
   float* dkv;                 // [T_kv, 576] fast mode: accumulated with vector atomics (dkv_pos order)
@@ -206,14 +206,10 @@ __device__ __forceinline__ void gather_kv(const MainParams& p, SmemPlan& sm, con
 
 // ---- lse, Delta; P, dS and their bf16 tiles ---------------------------------------------------
 
-// Head t < 64 of the CTA's group (dO / lse row row0 + t; real: not a padded head): lse2[t] =
-// lse * log2(e) (+inf on padded heads: P = 0 there), delta[t] = Delta (0 on padded heads). Scalars
-// in, not the plan and the work item (the spelling the kernel was measured with).
-__device__ __forceinline__ void store_lse_delta(const MainParams& p, float* lse2, float* delta, int64_t row0,
-                                                bool real, int t) {
-  const int64_t at = row0 + t;
-  lse2[t] = real ? p.lse[at] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
-  delta[t] = real ? p.delta[at] : 0.f;
+// Head t < 64 of the CTA's group (lse row row0 + t; real: not a padded head): lse2[t] = lse * log2(e)
+// (+inf on padded heads: P = 0 there). Delta is formed by load_q_do (main_kernel.cuh) from O and the dO tile.
+__device__ __forceinline__ void store_lse2(const MainParams& p, float* lse2, int64_t row0, bool real, int t) {
+  lse2[t] = real ? p.lse[row0 + t] * 1.4426950408889634f : __int_as_float(0x7f800000);  // +inf: P = 0
 }
 
 // Offsets of the accumulator element pairs (row r0 / r0 + 8, keys 8n + 2q4, +1) in a [64 h][64 keys]

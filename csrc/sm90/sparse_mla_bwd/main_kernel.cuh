@@ -13,7 +13,8 @@
 //   producer (WG2): the block list (sweep rotation), per block the index row, the kv gather (16-byte
 //                   cp.async, natural column order) into the single kv stage, the sweep counter (no L2
 //                   prefetches: both measured slower, 2026-12-02).
-// Q, dO, lse and Delta are loaded by the front and the back together (256 threads) in the prologue.
+// Q, dO and lse are loaded by the front and the back together (256 threads) in the prologue, which also forms
+// Delta = rowsum(dO * O) from O (read into registers once) and its own pieces of the dO tile.
 // The dQ split is 5 / 4 blocks: at 232 registers the back holds 4 dQ blocks (128) and two dKV
 // accumulators (64); the front holds 5 blocks (160) plus one [64 x 64] accumulator at a time (S, then
 // dP: issued one after the other, P kept as 16 packed bf16 pairs).
@@ -62,8 +63,41 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlan& sm, int
       hw::cp_async_16_u32(do_tile + off + b * kHeadsPerCta * 128, do_src + b * kColsPerBlock, real);
   }
   hw::cp_async_commit();
-  if (t < kHeadsPerCta) store_lse_delta(p, sm.lse2, sm.delta, w.token * p.H + h0, t < w.heads, t);
+  // Delta = rowsum(dO * O) of this thread's two heads and columns: O straight into registers (streamed, read
+  // once) while the copies fly, dO from this thread's own pieces of the tile once they landed; then the sum
+  // over the 8 lanes of a head (lanes 8 k .. 8 k + 7 of a warp share rsub).
+  uint4 o_piece[2][kVBlocks];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = rsub + 32 * r;
+    const bool real = h < w.heads;
+    const uint4* o_src = reinterpret_cast<const uint4*>(p.out + (w.token * p.H + (real ? h0 + h : 0)) * int64_t(kVCols) +
+                                                        8 * chunk);
+#pragma unroll
+    for (int b = 0; b < kVBlocks; ++b) o_piece[r][b] = real ? __ldcs(o_src + b * (kColsPerBlock / 8)) : make_uint4(0, 0, 0, 0);
+  }
+  if (t < kHeadsPerCta) store_lse2(p, sm.lse2, w.token * p.H + h0, t < w.heads, t);
   hw::cp_async_wait<0>();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float d = 0.f;
+#pragma unroll
+    for (int b = 0; b < kVBlocks; ++b) {
+      const uint4 g = *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(sm.dout) + row_off + r * 32 * 128 +
+                                                      b * kHeadsPerCta * 128);
+      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o_piece[r][b]);
+      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 x = __bfloat1622float2(o2[e]), y = __bfloat1622float2(g2[e]);
+        d = fmaf(x.x, y.x, d);
+        d = fmaf(x.y, y.y, d);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+    if (chunk == 0) sm.delta[rsub + 32 * r] = d;
+  }
   hw::fence_proxy_async();  // writer side: this thread's Q / dO pieces are wgmma (async proxy) operands
   hw::named_bar_sync(kBarQdo, 256);
   hw::fence_proxy_async();  // reader side

@@ -42,33 +42,6 @@ constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per
 
 // ---- small kernels --------------------------------------------------------------------------
 
-// delta[r] = sum_d dout[r, d] * out[r, d] over the rows r of [T*H, 512]; one warp per row (grid-stride).
-__global__ void delta_kernel(const __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ dout,
-                             float* __restrict__ delta, int64_t rows) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
-  for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows; row += warps) {
-    float sum = 0.f;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t at = row * kVCols + half * 256 + lane * 8;
-      const uint4 o = *reinterpret_cast<const uint4*>(out + at);
-      const uint4 g = *reinterpret_cast<const uint4*>(dout + at);
-      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
-      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 a = __bfloat1622float2(o2[i]), b = __bfloat1622float2(g2[i]);
-        sum = fmaf(a.x, b.x, sum);
-        sum = fmaf(a.y, b.y, sum);
-      }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) delta[row] = sum;
-  }
-}
-
 // Deterministic mode: copies `tokens` index rows into a dense [tokens, K] key array (invalid entries become
 // T_kv: they sort last and stay invalid for the main kernel), their pair ids and a histogram of valid keys.
 __global__ void keys_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
@@ -220,7 +193,7 @@ struct Plan {
   int num_head_groups = 1;
   int64_t chunk_tokens = 0;    // tokens per main-kernel launch
   // byte offsets into the workspace (only those of the chosen mode are used)
-  size_t delta = 0, sweep_counter = 0;
+  size_t sweep_counter = 0;
   size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0;
   size_t partial = 0, key_count = 0, key_offset = 0, cub_temp = 0;
   size_t cub_temp_bytes = 0;
@@ -245,7 +218,6 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
   pl.num_head_groups = (p.attn.H + kHeadsPerCta - 1) / kHeadsPerCta;
   const int64_t T = std::max<int64_t>(p.T, 1);
   size_t cur = 0;
-  pl.delta = carve(&cur, size_t(T) * p.attn.H * sizeof(float));
   pl.sweep_counter = carve(&cur, sizeof(uint32_t));
   if (p.deterministic) {
     int sms = 132;
@@ -340,17 +312,11 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(p.mass, 0, size_t(p.T) * p.topk.K * sizeof(float), stream));
   if (p.T == 0) return Status::OK();
 
-  float* delta = reinterpret_cast<float*>(ws + pl.delta);
-  const int64_t rows = p.T * p.attn.H;
-  delta_kernel<<<grid_for(rows * 32, 256), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(p.out),
-                                                             static_cast<const __nv_bfloat16*>(p.dout), delta, rows);
-  FLASHDSA_CHECK_LAUNCH("delta_kernel");
-
   MainParams mp{};
   mp.q = static_cast<const __nv_bfloat16*>(p.attn.q);
   mp.kv = static_cast<const __nv_bfloat16*>(p.attn.kv);
   mp.lse = static_cast<const float*>(p.lse);
-  mp.delta = delta;
+  mp.out = static_cast<const __nv_bfloat16*>(p.out);
   mp.dout = static_cast<const __nv_bfloat16*>(p.dout);
   mp.dq = static_cast<__nv_bfloat16*>(p.dq);
   mp.dkv = dkv;
