@@ -21,7 +21,7 @@
 //     "list nearly full" flags, so that compactions are decided uniformly,
 //   - compactions and final selects over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per
 //     thread for a 4096-entry list),
-//   - D_I = 128 inputs with 256 tiles <= T_kv <= 2^20 tiles run the kSampled instance: blocks of >= 256
+//   - D_I = 128 inputs with 64 tiles <= T_kv <= 2^20 tiles run the kSampled instance: blocks of >= 64
 //     tiles walk every 16th, 32nd or 64th tile first (the smallest stride whose phase A fits the list), cut
 //     their long rows to about their share of the top K, then walk the rest above that threshold
 //     (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
@@ -176,7 +176,7 @@ __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka
   hw::wgmma_commit();
 }
 
-// kSampled: the instance for inputs with T_kv >= 256 tiles at D_I = 128 (the host picks it), whose long
+// kSampled: the instance for inputs with T_kv >= kSampleMinTiles (64) tiles at D_I = 128 (the host picks it), whose long
 // blocks take the sampled threshold; the other instance has none of its code in the tile loop.
 template <int H, int D, bool kRelu, bool kSampled>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)

@@ -13,7 +13,7 @@
 #endif
 
 #ifndef FLASHDSA_INDEXER_SAMPLE_MIN_TILES
-#define FLASHDSA_INDEXER_SAMPLE_MIN_TILES 256  // 16K keys (check builds lower it to exercise the path)
+#define FLASHDSA_INDEXER_SAMPLE_MIN_TILES 64  // 4K keys (256 = 16K until the tenth session; check builds lower it further)
 #endif
 #ifndef FLASHDSA_INDEXER_SAMPLE_SIGMAS
 #define FLASHDSA_INDEXER_SAMPLE_SIGMAS 4.0f  // check builds set it negative to force the re-walk
