@@ -22,8 +22,8 @@
 //   - rows of a never-compacted list (threshold 0) store key k at slot k - k_start without atomics
 //     (dense appends); the other rows append by ballot + one shared atomic per (row, warp, key);
 //   - inputs with T_kv >= kSampleMinTiles (64) tiles run the kSampled instance: blocks of >= 64 tiles walk
-//     every 16th, 32nd or 64th tile first, cut their long rows to about their share of the C best, then walk the rest above that
-//     threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
+//     every 16th, 32nd or 64th tile first, cut their long rows to about their share of the C best, then walk
+//     the rest above that threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
 // Supported: H_I 32 / 64, D_I = 128 (one 128-byte SW128 row per key: the TMA box), T_kv >= 0.
 #pragma once
 
@@ -189,8 +189,8 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
 // 256 / H query rows from the scheduler, walks their key tiles (TMA ring, e4m3 wgmma, the packed bf16x2
 // epilogue, dense / counter appends, compactions to the C best), then per row cuts the list to C,
 // re-scores it exactly from bf16 and writes the top K (indices and exact scores, -1 / -inf padding).
-// kSampled: the instance for inputs with T_kv >= kSampleMinTiles tiles (the host picks it), whose long blocks take the
-// sampled threshold; the other instance has none of its code in the tile loop.
+// kSampled: the instance for inputs with T_kv >= kSampleMinTiles tiles (the host picks it), whose long blocks
+// take the sampled threshold; the other instance has none of its code in the tile loop.
 template <int H, int D, bool kRelu, bool kSampled>
 __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const __grid_constant__ Fp8V2Args args) {
   static_assert(D == 128, "the v2 FP8 walk takes D_I = 128 (one 128-byte TMA box row per key)");

@@ -176,8 +176,8 @@ __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka
   hw::wgmma_commit();
 }
 
-// kSampled: the instance for inputs with T_kv >= kSampleMinTiles (64) tiles at D_I = 128 (the host picks it), whose long
-// blocks take the sampled threshold; the other instance has none of its code in the tile loop.
+// kSampled: the instance for inputs with T_kv >= kSampleMinTiles (64) tiles at D_I = 128 (the host picks it),
+// whose long blocks take the sampled threshold; the other instance has none of its code in the tile loop.
 template <int H, int D, bool kRelu, bool kSampled>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     indexer_topk_v2_kernel(const __grid_constant__ KernelArgsV2 args) {

@@ -71,10 +71,11 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlan& sm, int
   for (int r = 0; r < 2; ++r) {
     const int h = rsub + 32 * r;
     const bool real = h < w.heads;
-    const uint4* o_src = reinterpret_cast<const uint4*>(p.out + (w.token * p.H + (real ? h0 + h : 0)) * int64_t(kVCols) +
-                                                        8 * chunk);
+    const int64_t o_row = w.token * p.H + (real ? h0 + h : 0);
+    const uint4* o_src = reinterpret_cast<const uint4*>(p.out + o_row * int64_t(kVCols) + 8 * chunk);
 #pragma unroll
-    for (int b = 0; b < kVBlocks; ++b) o_piece[r][b] = real ? __ldcs(o_src + b * (kColsPerBlock / 8)) : make_uint4(0, 0, 0, 0);
+    for (int b = 0; b < kVBlocks; ++b)
+      o_piece[r][b] = real ? __ldcs(o_src + b * (kColsPerBlock / 8)) : make_uint4(0, 0, 0, 0);
   }
   if (t < kHeadsPerCta) store_lse2(p, sm.lse2, w.token * p.H + h0, t < w.heads, t);
   hw::cp_async_wait<0>();
