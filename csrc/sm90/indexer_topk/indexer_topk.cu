@@ -14,9 +14,6 @@
 #include "sm90/heuristics.h"
 #include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/indexer_topk/kernel_v2.cuh"
-#if defined(FLASHDSA_INDEXER_V3)
-#include "sm90/indexer_topk/kernel_v3.cuh"
-#endif
 #include "sm90/indexer_topk/launch.cuh"
 #include "sm90/backend.h"
 
@@ -59,15 +56,6 @@ Status run(const IndexerTopkParams& p, int candidate_capacity) {
   static_assert(v2::smem_bytes<32, 128>() <= static_cast<size_t>(kSmemPerCtaBudget) &&
                     v2::smem_bytes<64, 128>() <= static_cast<size_t>(kSmemPerCtaBudget),
                 "two CTAs per SM must fit");
-#if defined(FLASHDSA_INDEXER_V3)
-  // A/B build: the one-CTA-per-SM walk at D_I = 128 (kernel_v3.cuh); its grid is at most one CTA per SM.
-  if (p.indexer.D_I == 128) {
-    int sms = 0;
-    const Status sst = tuning::sm_count(&sms);
-    if (!sst.ok()) return sst;
-    return v3::run(args, p.indexer.H_I, p.indexer.relu, std::min(shape.grid, sms), stream);
-  }
-#endif
   return v2::run(args, p.indexer.H_I, p.indexer.D_I, p.indexer.relu, shape.grid, stream);
 }
 

@@ -72,6 +72,18 @@
 #define FLASHDSA_V2_HALF 0
 #endif
 
+// A/B build of the check program only (-DFLASHDSA_INDEXER_NOBAR): no CTA barrier per tile at D_I = 128. A warp
+// whose appends flagged a list sets a shared flag; the warp that refills a stage (the last of the 8 done with it)
+// takes the flag (atomic exchange) and stores the compaction decision of the tile it loads next to the tile's
+// first key, before the TMA's arrive; every warp reads it after the full wait. A flag raised by tile j's appends
+// is acted on after tile j + 1 + S's appends: at most (S + 2) x 64 appends past it (kernel.cuh kMinCapacitySlack
+// is 256 in that build).
+#if defined(FLASHDSA_INDEXER_NOBAR)
+#define FLASHDSA_V2_NOBAR 1
+#else
+#define FLASHDSA_V2_NOBAR 0
+#endif
+
 #if defined(FLASHDSA_INDEXER_TIMING)
 namespace flashdsa::sm90::indexer_topk_impl::v2::timing {
 enum Slot { kTotal, kCompact, kFinal, kEvents, kBlocks, kRewalks, kDone, kSlots };
@@ -143,6 +155,10 @@ struct alignas(1024) Smem {
   // issues its TMA before the arrive (release) and read after the full wait (acquire). Position p is
   // rewritten only for p + 2 S, whose issue needs every warp done with p + S, i.e. past p's epilogue.
   int tile_key[2 * Cfg::kStages];
+#if FLASHDSA_V2_NOBAR
+  uint32_t cmp_flag;                  // a list of the block was flagged since the last refill took the flag
+  uint32_t tile_cmp[2 * Cfg::kStages];  // compaction decision of the tile at ring position p, at [p % (2 S)]
+#endif
 };
 
 template <int H, int D>
@@ -231,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     init_tile_ring<S * NB>(sm.full, sm.done, &args.tmap_k, a.T_kv);
     if (kSampled) sm.redo_blk = -1;
   }
+  constexpr bool kNoBar = FLASHDSA_V2_NOBAR != 0 && D == 128 && NB == 1;
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
   uint32_t ring = 0;  // tiles this CTA has consumed: tile `it` of a block sits in ring slot (ring + it) % S
@@ -276,10 +293,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     // Thread 0 loads step i's tile of the block into ring slot (ring + i) % S.
     // (box >= 0: only that box, on its own barrier: the half-release A/B build; box 0 writes tile_key, and is
     // always issued before box 1 of the same tile)
-    auto issue_key_tile = [&](int i, int box = -1) {
+    auto issue_key_tile = [&](int i, int box = -1, uint32_t cmp = 0u) {
       const uint32_t pos = ring + static_cast<uint32_t>(i), slot = pos % S;
       const int key_base = (tile0 + walk_tile(i, walk)) * kTileKeys;
       if (kSampled && box <= 0) sm.tile_key[pos % (2 * S)] = key_base;
+#if FLASHDSA_V2_NOBAR
+      if (kNoBar) sm.tile_cmp[pos % (2 * S)] = cmp;
+#else
+      (void)cmp;
+#endif
       if (NB == 1) {
         hw::mbar_arrive_expect_tx(&sm.full[slot], Cfg::kTileBytes);
 #pragma unroll
@@ -296,6 +318,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       }
     };
     if (tid == 0) {
+#if FLASHDSA_V2_NOBAR
+      if (kNoBar) sm.cmp_flag = 0u;  // fresh lists (published by the barrier below)
+#endif
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
     }
     if (ntiles > 0) {
@@ -334,8 +359,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // it == walk_na - 1: the last tile of phase A; after its appends the long rows are cut to their r best
       // instead of the usual compaction (kernel.cuh "sampled threshold").
       const bool cut_now = walk_na != 0 && it == walk_na - 1;
+#if FLASHDSA_V2_NOBAR
+      bool compact;
+      if (kNoBar) {
+        compact = cut_now || sm.tile_cmp[(ring + static_cast<uint32_t>(it)) % (2 * S)] != 0u;
+      } else {
+        compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
+        list_nearly_full = false;
+      }
+#else
       const bool compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
       list_nearly_full = false;
+#endif
 #if FLASHDSA_V2_HALF != 0
       if (NB > 1) {
         // box 0's group is complete: release (and refill) box 0 half an MMA early
@@ -352,8 +387,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // it + S at once (the "empty" side of the ring, without a barrier: it does not wait for the
       // epilogues). The counter only grows (8 per use of the stage), so nothing but atomics touch it.
       if (lane == 0) {
-        if (atomicAdd(&sm.done[slot * NB + NB - 1], 1u) % (kThreads / 32) == kThreads / 32 - 1 && it + S < ntiles)
+#if FLASHDSA_V2_NOBAR
+        if (kNoBar) __threadfence_block();  // this warp's flag (tile it-1's appends) before its done count
+#endif
+        if (atomicAdd(&sm.done[slot * NB + NB - 1], 1u) % (kThreads / 32) == kThreads / 32 - 1 && it + S < ntiles) {
+#if FLASHDSA_V2_NOBAR
+          uint32_t cmp = 0u;
+          if (kNoBar) {
+            __threadfence_block();
+            cmp = atomicExch(&sm.cmp_flag, 0u);
+          }
+          issue_key_tile(it + S, NB - 1, cmp);
+#else
           issue_key_tile(it + S, NB - 1);
+#endif
+        }
       }
 
 #if FLASHDSA_V2_ABLATE == 1
@@ -398,6 +446,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         append_quad_group(pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
 #endif
       }
+#if FLASHDSA_V2_NOBAR
+      if (kNoBar) {
+        if (__any_sync(0xffffffffu, list_nearly_full) && lane == 0) atomicOr(&sm.cmp_flag, 1u);
+        list_nearly_full = false;
+      }
+#endif
 #endif
       // A row flagged by tile it-1's appends is compacted after tile it's (at most 2 x 64 appends
       // past the flag: kMinCapacitySlack).

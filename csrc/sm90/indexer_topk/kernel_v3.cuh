@@ -134,6 +134,13 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_topk_v3_kernel(const __gr
       }
     };
     bool list_nearly_full = false;
+#if defined(FLASHDSA_INDEXER_V3_WREG)
+    // A/B: this thread's 32 weights in registers for the block (no LDS per tile).
+    float2 wreg[NTW * Cfg::kChunksPerToken];
+#pragma unroll
+    for (int j = 0; j < NTW * Cfg::kChunksPerToken; ++j)
+      wreg[j] = *reinterpret_cast<const float2*>(sm.w + v2::kWgCols * wg + 8 * j + 2 * quad);
+#endif
     // f, weights, head sums, reduce-scatter, pass test and appends of tile it (v2's epilogue, same order).
     auto epilogue = [&](const float (&acc)[kHalfAcc], int it) {
       float part[2 * NTW];
@@ -144,7 +151,11 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_topk_v3_kernel(const __gr
 #pragma unroll
         for (int jj = 0; jj < Cfg::kChunksPerToken; ++jj) {
           const int j = tl * Cfg::kChunksPerToken + jj;
+#if defined(FLASHDSA_INDEXER_V3_WREG)
+          const float2 w = wreg[j];
+#else
           const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * quad);
+#endif
           p0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 0]), p0);
           p0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[4 * j + 1]), p0);
           p1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[4 * j + 2]), p1);
