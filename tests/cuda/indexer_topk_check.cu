@@ -530,11 +530,7 @@ int main(int argc, char** argv) {
   if (!bench_only) std::printf("Correctness vs double CPU reference (cap = candidate capacity; small caps force compactions):\n");
   for (const Problem& p : bench_only ? std::vector<Problem>{} : correctness_problems(small, rng)) {
     // Default capacity; the tightest legal one (a compaction almost every tile); one in between.
-#if defined(FLASHDSA_INDEXER_NOBAR)
-    std::vector<int> capacities = {0, p.K + 256};  // that A/B build's kMinCapacitySlack
-#else
     std::vector<int> capacities = {0, p.K + 128};
-#endif
     if (!small) capacities.push_back(p.K + 512);
     ok = check_problem(p, capacities) && ok;
   }

@@ -37,12 +37,7 @@ constexpr int kCols = 256;                // wgmma N: (query token, head) column
 constexpr int kTileKeys = 64;             // wgmma M: keys per tile
 // A list is compacted at most two tiles (2 x 64 appends) after it crossed cap - 128 (see the kernels' main
 // loops), so the candidate capacity must leave that much room above K.
-#if defined(FLASHDSA_INDEXER_NOBAR)
-// A/B build without the bf16 walk's per-tile barrier (kernel_v2.cuh): a flag is acted on S + 1 tiles later.
-constexpr int kMinCapacitySlack = 4 * kTileKeys;
-#else
 constexpr int kMinCapacitySlack = 2 * kTileKeys;
-#endif
 constexpr int kHalfCols = kCols / 2;      // columns scored by one wgmma group (m64n128)
 constexpr int kHalfAcc = kHalfCols / 2;   // its f32 accumulators per thread
 

@@ -62,28 +62,6 @@
 // and of its final selects, and counts compaction events, blocks and re-walks; a one-thread kernel launched
 // after it prints the per-CTA means and resets the sums (one line per launch). Never defined in the library
 // build.
-// A/B build of the check program only (-DFLASHDSA_INDEXER_HALF_RELEASE=1 / 2): at D_I = 128 each ring stage is
-// two 8 KB boxes with their own "full" mbarrier and "done" counter; the tile's MMA is committed as two groups (box
-// 0's k-steps, box 1's) and box 0 is released (and refilled) after wait_group 1, half an MMA before box 1.
-// = 2 also waits box 1 only after box 0's four wgmma are issued. Never defined in the library build.
-#if defined(FLASHDSA_INDEXER_HALF_RELEASE)
-#define FLASHDSA_V2_HALF FLASHDSA_INDEXER_HALF_RELEASE
-#else
-#define FLASHDSA_V2_HALF 0
-#endif
-
-// A/B build of the check program only (-DFLASHDSA_INDEXER_NOBAR): no CTA barrier per tile at D_I = 128. A warp
-// whose appends flagged a list sets a shared flag; the warp that refills a stage (the last of the 8 done with it)
-// takes the flag (atomic exchange) and stores the compaction decision of the tile it loads next to the tile's
-// first key, before the TMA's arrive; every warp reads it after the full wait. A flag raised by tile j's appends
-// is acted on after tile j + 1 + S's appends: at most (S + 2) x 64 appends past it (kernel.cuh kMinCapacitySlack
-// is 256 in that build).
-#if defined(FLASHDSA_INDEXER_NOBAR)
-#define FLASHDSA_V2_NOBAR 1
-#else
-#define FLASHDSA_V2_NOBAR 0
-#endif
-
 #if defined(FLASHDSA_INDEXER_TIMING)
 namespace flashdsa::sm90::indexer_topk_impl::v2::timing {
 enum Slot { kTotal, kCompact, kFinal, kEvents, kBlocks, kRewalks, kDone, kSlots };
@@ -130,8 +108,6 @@ struct Config {
   static constexpr int kValsPerLane = kTokensPerWg / 2;  // scores a lane owns after the reduce-scatter
   static constexpr int kStages = D == 128 ? 2 : 4;    // key-tile ring depth (two CTAs per SM must fit)
   static constexpr uint32_t kTileBytes = kTileKeys * D * 2;
-  // ring barriers per stage: one per 64-column box in the half-release A/B build, else one per tile
-  static constexpr int kBars = (FLASHDSA_V2_HALF != 0 && D == 128) ? D / 64 : 1;
 };
 
 template <int H, int D>
@@ -140,8 +116,8 @@ struct alignas(1024) Smem {
   __nv_bfloat16 q[kCols * D];                    // SW128 [256, D]: row = token * H + head
   __nv_bfloat16 k[Cfg::kStages][kTileKeys * D];  // SW128 [64, D] key tiles (TMA, D / 64 boxes each)
   float w[kCols];                                // weights of the block's columns (0 past T)
-  uint64_t full[Cfg::kStages * Cfg::kBars];      // stage s holds its tile (TMA transaction count)
-  uint32_t done[Cfg::kStages * Cfg::kBars];  // warps done reading stage s, over all its uses (8 per use; the 8th refills)
+  uint64_t full[Cfg::kStages];                   // stage s holds its tile (TMA transaction count)
+  uint32_t done[Cfg::kStages];  // warps done reading stage s, over all its uses (8 per use; the 8th refills)
   Scratch<kThreads> sel;
   int count[Cfg::kTokens];     // candidates held per row
   uint32_t thr[Cfg::kTokens];  // admission threshold (score key) per row: append iff key > thr
@@ -155,10 +131,6 @@ struct alignas(1024) Smem {
   // issues its TMA before the arrive (release) and read after the full wait (acquire). Position p is
   // rewritten only for p + 2 S, whose issue needs every warp done with p + S, i.e. past p's epilogue.
   int tile_key[2 * Cfg::kStages];
-#if FLASHDSA_V2_NOBAR
-  uint32_t cmp_flag;                  // a list of the block was flagged since the last refill took the flag
-  uint32_t tile_cmp[2 * Cfg::kStages];  // compaction decision of the tile at ring position p, at [p % (2 S)]
-#endif
 };
 
 template <int H, int D>
@@ -191,28 +163,17 @@ __device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (static_cast<u
 // Issues (does not wait for) acc = K_tile [64, D] x Q_wg^T [D, 128] (fp32): the warpgroup's 128
 // columns. ka / qb: desc_lo of the key tile and of the warpgroup's first Q row (both K-major SW128;
 // the Q tile has kCols rows per 64-column block).
-// kSplit (the half-release A/B build): committed as two groups, one per 64-column box; before the second
-// group, wait_box1() (a no-op unless that build waits box 1 late).
-template <int D, bool kSplit = false, typename WaitBox1>
-__device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka, uint32_t qb, WaitBox1&& wait_box1) {
+template <int D>
+__device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka, uint32_t qb) {
   auto step = [](int rows, int ks) -> uint32_t {
     return static_cast<uint32_t>(((ks >> 2) * rows * hw::kSw128RowBytes + (ks & 3) * 32) >> 4);
   };
   hw::wgmma_fence();
   hw::wgmma_ss_m64n128k16_overwrite<0, 0>(acc, desc_of(ka), desc_of(qb));
 #pragma unroll
-  for (int ks = 1; ks < D / 16; ++ks) {
-    if (kSplit && ks == 4) {
-      hw::wgmma_commit();
-      wait_box1();
-    }
+  for (int ks = 1; ks < D / 16; ++ks)
     hw::wgmma_ss_m64n128k16<0, 0>(acc, desc_of(ka + step(kTileKeys, ks)), desc_of(qb + step(kCols, ks)), true);
-  }
   hw::wgmma_commit();
-}
-template <int D>
-__device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka, uint32_t qb) {
-  issue_wg_mma<D, false>(acc, ka, qb, [] {});
 }
 
 // kSampled: the instance for inputs with T_kv >= kSampleMinTiles (64) tiles at D_I = 128 (the host picks it),
@@ -222,7 +183,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     indexer_topk_v2_kernel(const __grid_constant__ KernelArgsV2 args) {
   using Cfg = Config<H, D>;
   constexpr int NT = Cfg::kTokens, NTW = Cfg::kTokensPerWg, S = Cfg::kStages, V = Cfg::kValsPerLane;
-  constexpr int NB = Cfg::kBars;  // ring barriers per stage (2: the half-release A/B build)
   const KernelArgs& a = args.base;
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Smem<H, D>*>(hw::align_smem(smem_raw));
@@ -244,10 +204,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   int* const my_list_i = cand_i + static_cast<size_t>(my_row) * a.cap;
 
   if (tid == 0) {
-    init_tile_ring<S * NB>(sm.full, sm.done, &args.tmap_k, a.T_kv);
+    init_tile_ring<S>(sm.full, sm.done, &args.tmap_k, a.T_kv);
     if (kSampled) sm.redo_blk = -1;
   }
-  constexpr bool kNoBar = FLASHDSA_V2_NOBAR != 0 && D == 128 && NB == 1;
   const uint32_t k_desc0 = desc_lo(hw::smem_u32(sm.k[0]));
   const uint32_t q_desc = desc_lo(hw::smem_u32(sm.q)) + static_cast<uint32_t>(wg * kWgCols * hw::kSw128RowBytes >> 4);
   uint32_t ring = 0;  // tiles this CTA has consumed: tile `it` of a block sits in ring slot (ring + it) % S
@@ -291,36 +250,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if (kSampled) set_row_cuts<NT>(sampled, tile0, lg, a.K, sm.k_start, sm.k_end, sm.cut);
 
     // Thread 0 loads step i's tile of the block into ring slot (ring + i) % S.
-    // (box >= 0: only that box, on its own barrier: the half-release A/B build; box 0 writes tile_key, and is
-    // always issued before box 1 of the same tile)
-    auto issue_key_tile = [&](int i, int box = -1, uint32_t cmp = 0u) {
+    auto issue_key_tile = [&](int i) {
       const uint32_t pos = ring + static_cast<uint32_t>(i), slot = pos % S;
       const int key_base = (tile0 + walk_tile(i, walk)) * kTileKeys;
-      if (kSampled && box <= 0) sm.tile_key[pos % (2 * S)] = key_base;
-#if FLASHDSA_V2_NOBAR
-      if (kNoBar) sm.tile_cmp[pos % (2 * S)] = cmp;
-#else
-      (void)cmp;
-#endif
-      if (NB == 1) {
-        hw::mbar_arrive_expect_tx(&sm.full[slot], Cfg::kTileBytes);
+      if (kSampled) sm.tile_key[pos % (2 * S)] = key_base;
+      hw::mbar_arrive_expect_tx(&sm.full[slot], Cfg::kTileBytes);
 #pragma unroll
-        for (int b = 0; b < D / 64; ++b)
-          hw::tma_load_2d(&sm.k[slot][b * kTileKeys * 64], &args.tmap_k, &sm.full[slot], 64 * b, key_base);
-      } else {
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-          if (box >= 0 && b != box) continue;
-          uint64_t* bar = &sm.full[slot * NB + b];
-          hw::mbar_arrive_expect_tx(bar, Cfg::kTileBytes / NB);
-          hw::tma_load_2d(&sm.k[slot][b * kTileKeys * 64], &args.tmap_k, bar, 64 * b, key_base);
-        }
-      }
+      for (int b = 0; b < D / 64; ++b)
+        hw::tma_load_2d(&sm.k[slot][b * kTileKeys * 64], &args.tmap_k, &sm.full[slot], 64 * b, key_base);
     };
     if (tid == 0) {
-#if FLASHDSA_V2_NOBAR
-      if (kNoBar) sm.cmp_flag = 0u;  // fresh lists (published by the barrier below)
-#endif
       for (int i = 0; i < S && i < ntiles; ++i) issue_key_tile(i);
     }
     if (ntiles > 0) {
@@ -333,13 +272,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
     bool list_nearly_full = false;
     for (int it = 0; it < ntiles; ++it) {
-#if FLASHDSA_V2_HALF == 0
       const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
-#else
-      const uint32_t g_pos = ring + static_cast<uint32_t>(it), slot = g_pos % S, g_par = (g_pos / S) & 1u;
-      hw::mbar_wait(&sm.full[slot * NB], g_par);
-      if (NB > 1 && FLASHDSA_V2_HALF == 1) hw::mbar_wait(&sm.full[slot * NB + NB - 1], g_par);
-#endif
       float acc[kHalfAcc];
       {
         // Both operands' descriptors through a shuffle per tile: warp-uniform for the compiler, so they
@@ -347,61 +280,22 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         // per wgmma).
         const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
         const uint32_t uq = __shfl_sync(0xffffffffu, q_desc, 0);
-#if FLASHDSA_V2_HALF == 0
         issue_wg_mma<D>(acc, k_desc0 + uslot * (Cfg::kTileBytes >> 4), uq);
-#else
-        issue_wg_mma<D, (NB > 1)>(acc, k_desc0 + uslot * (Cfg::kTileBytes >> 4), uq, [&] {
-          if (NB > 1 && FLASHDSA_V2_HALF == 2) hw::mbar_wait(&sm.full[slot * NB + NB - 1], g_par);
-        });
-#endif
       }
       // While the MMA runs: OR the flags of the previous tile's appends.
       // it == walk_na - 1: the last tile of phase A; after its appends the long rows are cut to their r best
       // instead of the usual compaction (kernel.cuh "sampled threshold").
       const bool cut_now = walk_na != 0 && it == walk_na - 1;
-#if FLASHDSA_V2_NOBAR
-      bool compact;
-      if (kNoBar) {
-        compact = cut_now || sm.tile_cmp[(ring + static_cast<uint32_t>(it)) % (2 * S)] != 0u;
-      } else {
-        compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
-        list_nearly_full = false;
-      }
-#else
       const bool compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
       list_nearly_full = false;
-#endif
-#if FLASHDSA_V2_HALF != 0
-      if (NB > 1) {
-        // box 0's group is complete: release (and refill) box 0 half an MMA early
-        hw::wgmma_wait<1>();
-        if (lane == 0) {
-          if (atomicAdd(&sm.done[slot * NB], 1u) % (kThreads / 32) == kThreads / 32 - 1 && it + S < ntiles)
-            issue_key_tile(it + S, 0);
-        }
-      }
-#endif
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
       // This warp is done reading the stage. The last of the 8 warps to get here refills it with tile
       // it + S at once (the "empty" side of the ring, without a barrier: it does not wait for the
       // epilogues). The counter only grows (8 per use of the stage), so nothing but atomics touch it.
       if (lane == 0) {
-#if FLASHDSA_V2_NOBAR
-        if (kNoBar) __threadfence_block();  // this warp's flag (tile it-1's appends) before its done count
-#endif
-        if (atomicAdd(&sm.done[slot * NB + NB - 1], 1u) % (kThreads / 32) == kThreads / 32 - 1 && it + S < ntiles) {
-#if FLASHDSA_V2_NOBAR
-          uint32_t cmp = 0u;
-          if (kNoBar) {
-            __threadfence_block();
-            cmp = atomicExch(&sm.cmp_flag, 0u);
-          }
-          issue_key_tile(it + S, NB - 1, cmp);
-#else
-          issue_key_tile(it + S, NB - 1);
-#endif
-        }
+        if (atomicAdd(&sm.done[slot], 1u) % (kThreads / 32) == kThreads / 32 - 1 && it + S < ntiles)
+          issue_key_tile(it + S);
       }
 
 #if FLASHDSA_V2_ABLATE == 1
@@ -446,12 +340,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         append_quad_group(pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
 #endif
       }
-#if FLASHDSA_V2_NOBAR
-      if (kNoBar) {
-        if (__any_sync(0xffffffffu, list_nearly_full) && lane == 0) atomicOr(&sm.cmp_flag, 1u);
-        list_nearly_full = false;
-      }
-#endif
 #endif
       // A row flagged by tile it-1's appends is compacted after tile it's (at most 2 x 64 appends
       // past the flag: kMinCapacitySlack).

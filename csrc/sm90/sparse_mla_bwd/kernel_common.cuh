@@ -8,7 +8,6 @@
 
 #include <cuda_bf16.h>
 
-#include <climits>
 #include <cstdint>
 
 #include "sm90/common/hopper.cuh"
@@ -155,31 +154,6 @@ __device__ __forceinline__ void build_block_list(const MainParams& p, SmemPlan& 
       const uint32_t issued = *reinterpret_cast<volatile uint32_t*>(p.sweep_counter);
       const int position = static_cast<int>((issued / static_cast<uint32_t>(p.resident_ctas)) % num_row_blocks);
       rot = position * total / num_row_blocks;
-#if defined(FLASHDSA_BWD_LOCAL_NOROT)
-      // A/B build: a row whose valid keys span less than twice its blocks' width (a sliding window) walks in
-      // index order, as without the sweep. (The rotation is a schedule choice only: any order gives the same
-      // dkv up to the fast mode's atomic order.)
-      int fb = 0, lb = 0;
-#pragma unroll
-      for (int r = kMaxBlocksPerRow / 32 - 1; r >= 0; --r)
-        if (ballot[r] != 0u) fb = 32 * r + __ffs(ballot[r]) - 1;
-#pragma unroll
-      for (int r = 0; r < kMaxBlocksPerRow / 32; ++r)
-        if (ballot[r] != 0u) lb = 32 * r + 31 - __clz(ballot[r]);
-      int lo = INT_MAX, hi = INT_MIN;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int k0 = idx_row[fb * kBlockKeys + 32 * h + lane], k1 = idx_row[lb * kBlockKeys + 32 * h + lane];
-        if (key_valid(k0, p.T_kv)) lo = min(lo, k0);
-        if (key_valid(k1, p.T_kv)) hi = max(hi, k1);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-      }
-      if (hi >= lo && static_cast<int64_t>(hi) - lo < 2 * static_cast<int64_t>(total) * kBlockKeys) rot = 0;
-#endif
     }
     int before = 0;
 #pragma unroll
