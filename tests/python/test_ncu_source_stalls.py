@@ -1,18 +1,16 @@
 """scripts/ncu_source_stalls.py: parsing of an Nsight Compute source-page CSV and the stall summary (no GPU)."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import ncu_source_stalls  # noqa: E402  (a script, not a package module)
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("ncu_source_stalls", ROOT / "scripts" / "ncu_source_stalls.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return ncu_source_stalls
 
 
 CSV = '''"Kernel Name","void k<(int)32>(Args)",
