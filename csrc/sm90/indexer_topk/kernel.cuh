@@ -359,4 +359,34 @@ __device__ __forceinline__ void append_quad_group(bool pass, float s, int key, i
   }
 }
 
+// Two candidates per lane for the same row (the bf16 walk at H_I = 32: keys k and k + 8): as append_quad_group,
+// with one shared atomic per quad group for both (the first candidates of the group first, then the second).
+__device__ __forceinline__ void append_quad_group2(bool pass0, float s0, int key0, bool pass1, float s1, int key1,
+                                                   int quad, int* count, float* list_s, int* list_i, int cap,
+                                                   bool& nearly_full) {
+  const int lane = threadIdx.x & 31;
+  const unsigned ballot0 = __ballot_sync(0xffffffffu, pass0), ballot1 = __ballot_sync(0xffffffffu, pass1);
+  if ((ballot0 | ballot1) == 0u) return;
+  const unsigned mask = 0x11111111u << quad;
+  const unsigned group0 = ballot0 & mask, group1 = ballot1 & mask;
+  const unsigned group = group0 | group1;
+  const int leader = group != 0u ? __ffs(group) - 1 : lane;
+  int base = 0;
+  if ((pass0 || pass1) && lane == leader) base = atomicAdd(count, __popc(group0) + __popc(group1));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  const unsigned below = (1u << lane) - 1u;
+  if (pass0) {
+    const int pos = base + __popc(group0 & below);
+    list_s[pos] = s0;
+    list_i[pos] = key0;
+    nearly_full |= pos >= cap - kMinCapacitySlack;
+  }
+  if (pass1) {
+    const int pos = base + __popc(group0) + __popc(group1 & below);
+    list_s[pos] = s1;
+    list_i[pos] = key1;
+    nearly_full |= pos >= cap - kMinCapacitySlack;
+  }
+}
+
 }  // namespace flashdsa::sm90::indexer_topk_impl

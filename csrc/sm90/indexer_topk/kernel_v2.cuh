@@ -328,18 +328,23 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // (the sampled instance reads the tile's first key from the ring table: no walk arithmetic per tile)
       const int key0 = (kSampled ? sm.tile_key[(ring + static_cast<uint32_t>(it)) % (2 * S)] : (tile0 + it) * kTileKeys) +
                        acc_row + my_key_off;
+      bool pass[V];
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const int key = key0 + 8 * v;
-        const float s = sums[v];
-        const bool pass = key >= row_start && key < row_end && score_key(s) > row_thr;
+      for (int v = 0; v < V; ++v)
+        pass[v] = key0 + 8 * v >= row_start && key0 + 8 * v < row_end && score_key(sums[v]) > row_thr;
 #if FLASHDSA_V2_ABLATE == 2
-        ablate_sink += pass ? static_cast<uint32_t>(key) : 0u;
+#pragma unroll
+      for (int v = 0; v < V; ++v) ablate_sink += pass[v] ? static_cast<uint32_t>(key0 + 8 * v) : 0u;
 #else
-        // The lanes with the same quad position append to the same row: one shared atomic per group.
-        append_quad_group(pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
+      // The lanes with the same quad position append to the same row: one shared atomic per group (for both of
+      // a lane's keys at H_I = 32).
+      if constexpr (V == 2)
+        append_quad_group2(pass[0], sums[0], key0, pass[1], sums[V - 1], key0 + 8, quad, &sm.count[my_row], my_list_s,
+                           my_list_i, a.cap, list_nearly_full);
+      else
+        append_quad_group(pass[0], sums[0], key0, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap,
+                          list_nearly_full);
 #endif
-      }
 #endif
       // A row flagged by tile it-1's appends is compacted after tile it's (at most 2 x 64 appends
       // past the flag: kMinCapacitySlack).
