@@ -6,11 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import ncu_source_stalls  # noqa: E402  (a script, not a package module)
-
-
-def _load():
-    return ncu_source_stalls
+import ncu_source_stalls as mod  # noqa: E402  (a script, not a package module)
 
 
 CSV = '''"Kernel Name","void k<(int)32>(Args)",
@@ -22,7 +18,6 @@ CSV = '''"Kernel Name","void k<(int)32>(Args)",
 
 
 def test_parse_and_summary_ranks_instructions_and_reasons():
-    mod = _load()
     kernel, rows = mod.parse(CSV.splitlines())
     assert kernel.startswith("void k")
     assert [r["samples"] for r in rows] == [30, 60, 10]
@@ -40,7 +35,6 @@ def test_parse_and_summary_ranks_instructions_and_reasons():
 
 
 def test_rejects_other_pages():
-    mod = _load()
     with pytest.raises(ValueError):
         mod.parse(['"ID","Kernel Name","Metric Name"', '"0","k","Duration"'])
     with pytest.raises(ValueError):
@@ -48,7 +42,6 @@ def test_rejects_other_pages():
 
 
 def test_command_line(tmp_path, capsys):
-    mod = _load()
     f = tmp_path / "src.csv"
     f.write_text(CSV)
     assert mod.main([str(f), "--top", "1"]) == 0

@@ -315,30 +315,6 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       const uint32_t row_thr = sm.thr[my_row];
       const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
       const int key0 = tile_key_of(tile) + acc_row + my_key_off;
-#if defined(FLASHDSA_FP8V2_APPEND2) && FLASHDSA_FP8V2_ABLATE != 3
-      // A/B build, not yet measured (2026-12-03): the bf16 walk's two-candidate appends (kernel.cuh
-      // append_quad_group2, 1.02-1.03x there) at H_I = 32.
-      if constexpr (V == 2) {
-        bool pass[V];
-        float sc[V];
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          const int key = key0 + 8 * v;
-          sc[v] = sums[v] * ksv[v];
-          const bool visible = key >= row_start && key < row_end;
-          if (row_thr == 0u && visible) {  // dense row: every visible key passes (score_key >= 1)
-            const int pos = key - row_start;
-            my_list_s[pos] = sc[v];
-            my_list_i[pos] = key;
-            list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
-          }
-          pass[v] = row_thr != 0u && visible && score_key(sc[v]) > row_thr;
-        }
-        append_quad_group2(pass[0], sc[0], key0, pass[1], sc[V - 1], key0 + 8, quad, &sm.count[my_row], my_list_s,
-                           my_list_i, a.cap, list_nearly_full);
-        return;
-      }
-#endif
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
