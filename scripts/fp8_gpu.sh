@@ -6,7 +6,8 @@
 # the rest linked from $LIB, default build/libflashdsa.a):
 #   fp8 = the default build (the library's FP8 pass);
 #   ab  = only with AB_FLAGS="-D..." set: indexer_topk_fp8.cu again with those nvcc flags, for an A/B
-#         of a compile-time change (benchmarked alternately with fp8, checked, not sanitized).
+#         of a compile-time change (benchmarked alternately with fp8, checked and sanitized);
+#   ab2 = only with AB2_FLAGS="-D..." set (and AB_FLAGS): a third build, as ab.
 #
 #   BUILD_ONLY=1 bash scripts/fp8_gpu.sh    (any machine with nvcc 13 and $LIB: builds the binaries and
 #        packs them into $BIN/fp8_bins.tar.xz, BIN default build-fp8; ≈ 2–3 min on 2 cores)
@@ -33,7 +34,9 @@ ROUNDS=${ROUNDS:-2}
 BENCH_T=${BENCH_T:-8192,32768,131072}
 BENCH_H=${BENCH_H:-32,64}
 AB_FLAGS=${AB_FLAGS:-}
+AB2_FLAGS=${AB2_FLAGS:-}
 VARIANTS="fp8"; [ -n "$AB_FLAGS" ] && VARIANTS="fp8 ab"
+[ -n "$AB_FLAGS" ] && [ -n "$AB2_FLAGS" ] && VARIANTS="fp8 ab ab2"
 NVFLAGS=(-gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Iinclude -Icsrc)
 source scripts/lib/gpu_steps.sh  # row_step, fp8_bench_results_py; NVCC, SAN
 
@@ -47,6 +50,7 @@ if [ "${PREBUILT:-0}" != 1 ]; then
     >"$OUT/build_check.log" 2>&1 & pids+=($!)
   for v in $VARIANTS; do
     vflags=(); [ "$v" = ab ] && read -r -a vflags <<<"$AB_FLAGS"
+    [ "$v" = ab2 ] && read -r -a vflags <<<"$AB2_FLAGS"
     # (this object defines every symbol of the library's indexer_topk_fp8 member: the linker never pulls it)
     timeout 600 "$NVCC" "${NVFLAGS[@]}" -DFLASHDSA_WITH_CUDA=1 -Xptxas -v "${vflags[@]}" -c \
       csrc/sm90/indexer_topk/indexer_topk_fp8.cu -o "$OBJ/fp8_$v.o" >"$OUT/build_$v.log" 2>&1 & pids+=($!)
@@ -73,6 +77,7 @@ if [ ! -x "$X/fp8check_fp8" ]; then
   mkdir -p "$X" && tar -xJf "$BIN/fp8_bins.tar.xz" -C "$X" || { echo "cannot unpack $BIN/fp8_bins.tar.xz"; exit 2; }
 fi
 [ -n "$AB_FLAGS" ] || [ ! -x "$X/fp8check_ab" ] || VARIANTS="fp8 ab"  # prebuilt with an ab binary
+[ -n "$AB2_FLAGS" ] || [ ! -x "$X/fp8check_ab2" ] || VARIANTS="fp8 ab ab2"
 
 rows=()
 step() { row_step "$@"; }
@@ -88,10 +93,14 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
   for v in $VARIANTS; do
     bg_step "check $v" 240 "check_$v.log" "$X/fp8check_$v" --no-bench --seed 1
   done
-  bg_step "check fp8 tight (tol8 0.005, info)" 240 check_fp8_tight.log "$X/fp8check_fp8" --no-bench --seed 1 --tol8 0.005
+  for v in $VARIANTS; do
+    bg_step "check $v tight (tol8 0.005, info)" 240 "check_${v}_tight.log" "$X/fp8check_$v" --no-bench --seed 1 --tol8 0.005
+  done
   if [ -x "$SAN" ]; then
-    for tool in memcheck racecheck synccheck; do
-      bg_step "$tool fp8 --small" 240 "${tool}_fp8.log" "$SAN" --tool $tool --error-exitcode 3 "$X/fp8check_fp8" --small --seed 3
+    for v in $VARIANTS; do
+      for tool in memcheck racecheck synccheck; do
+        bg_step "$tool $v --small" 240 "${tool}_$v.log" "$SAN" --tool $tool --error-exitcode 3 "$X/fp8check_$v" --small --seed 3
+      done
     done
   else
     rows+=("sanitizers | NO compute-sanitizer | - | -")
@@ -108,12 +117,14 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 # ---- summary
-for f in check_fp8 check_ab check_fp8_tight; do
+for f in check_fp8 check_ab check_ab2 check_fp8_tight check_ab_tight check_ab2_tight; do
   [ -f "$OUT/$f.log" ] && echo "==== $f: $(grep -cE '^  .* PASS' "$OUT/$f.log") PASS, $(grep -cE '^  .* FAIL' "$OUT/$f.log") FAIL; $(tail -1 "$OUT/$f.log")" \
     && grep -E "FAIL|bad rows" "$OUT/$f.log" | head -5
 done
-for tool in memcheck racecheck synccheck; do
-  [ -f "$OUT/${tool}_fp8.log" ] && echo "==== $tool fp8 --small: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/${tool}_fp8.log" | tail -1)"
+for v in $VARIANTS; do
+  for tool in memcheck racecheck synccheck; do
+    [ -f "$OUT/${tool}_$v.log" ] && echo "==== $tool $v --small: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/${tool}_$v.log" | tail -1)"
+  done
 done
 echo "==== steps (logs in $OUT)"
 printf 'step | status | time | log\n'

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "flashdsa/status.h"
 #include "sm90/common/cuda_check.cuh"
@@ -166,6 +167,23 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
 __device__ __forceinline__ float sum_bf16x2(uint32_t p) {
   return __uint_as_float(p << 16) + __uint_as_float(p & 0xffff0000u);
 }
+// a + b per bf16 lane (one rounding).
+__device__ __forceinline__ uint32_t add_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// (lo, lo) and (hi, hi) of a bf16x2: ptxas folds them into the using instruction's operand (.H0_H0 / .H1_H1).
+__device__ __forceinline__ uint32_t bf16x2_lo_lo(uint32_t p) {
+  uint32_t d;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {l, l};\n}\n" : "=r"(d) : "r"(p));
+  return d;
+}
+__device__ __forceinline__ uint32_t bf16x2_hi_hi(uint32_t p) {
+  uint32_t d;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {h, h};\n}\n" : "=r"(d) : "r"(p));
+  return d;
+}
 
 // cp.async of the block's e4m3 queries [t0, t0 + NT) x H heads (row = token * H + head, 128 bytes);
 // rows of tokens >= T are zero-filled. All 256 threads.
@@ -196,6 +214,14 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
   static_assert(D == 128, "the v2 FP8 walk takes D_I = 128 (one 128-byte TMA box row per key)");
   using C = Cfg<H>;
   constexpr int NT = C::kTokens, NTW = C::kTokensPerWg, V = C::kVals, CPT = C::kChunksPerToken, S = kRing;
+  // H_I = 32: the head sums packed by key (one bf16x2 per token holds keys acc_row and acc_row + 8; the quad
+  // reduce-scatter in bf16x2, one unpack at the end) and one shared atomic per quad group for both of a lane's
+  // candidates (append_quad_group2). H_I = 64 packs by head pair and appends one candidate per lane.
+  constexpr bool KP = H == 32;
+  constexpr bool A2 = V == 2;
+  // A tile's head sums between its wait and its appends: 2 NTW f32 (token, key) partials, or (KP) one
+  // bf16x2 (key acc_row, key acc_row + 8) per token.
+  using Part = std::conditional_t<KP, uint32_t[NTW], float[2 * NTW]>;
   const Fp8KernelArgs& a = args.base;
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Smem<H>*>(hw::align_smem(smem_raw));
@@ -304,9 +330,21 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     bool list_nearly_full = false;
     // From this thread's partial head sums part[2 tl + r] (warpgroup token tl, key acc_row + 8 r): the
     // quad reduce-scatter, the key scale, the pass test and the appends of tile `tile`.
-    auto finish_tile = [&](int tile, const float (&part)[2 * NTW], const float (&ksv)[V]) {
+    auto finish_tile = [&](int tile, const Part& part, const float (&ksv)[V]) {
       float sums[V];
-      quad_reduce_scatter<NTW>(part, sums, quad);
+      if constexpr (KP) {
+        // The quad reduce-scatter in bf16x2 (lane quad keeps token quad, both keys), then one unpack.
+        const bool upper = (quad & 2) != 0, odd = (quad & 1) != 0;
+        uint32_t half[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          half[i] = add_bf16x2(upper ? part[2 + i] : part[i], __shfl_xor_sync(0xffffffffu, upper ? part[i] : part[2 + i], 2));
+        const uint32_t both = add_bf16x2(odd ? half[1] : half[0], __shfl_xor_sync(0xffffffffu, odd ? half[0] : half[1], 1));
+        sums[0] = __uint_as_float(both << 16);
+        sums[V - 1] = __uint_as_float(both & 0xffff0000u);
+      } else {
+        quad_reduce_scatter<NTW>(part, sums, quad);
+      }
       // Rows not yet compacted (threshold 0) hold every visible key in order: key k at slot k - k_start.
       if (tid < NT && sm.thr[tid] == 0u) {
         const int e = min((tile0 + tile + 1) * kTileKeys, sm.k_end[tid]);
@@ -315,6 +353,8 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       const uint32_t row_thr = sm.thr[my_row];
       const int row_start = sm.k_start[my_row], row_end = sm.k_end[my_row];
       const int key0 = tile_key_of(tile) + acc_row + my_key_off;
+      bool passes[V] = {};
+      float scores[V] = {};
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int key = key0 + 8 * v;
@@ -331,14 +371,41 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
           list_nearly_full |= pos >= a.cap - kMinCapacitySlack;
         }
         const bool pass = row_thr != 0u && visible && score_key(s) > row_thr;
-        append_quad_group(pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
+        if constexpr (!A2) append_quad_group(pass, s, key, quad, &sm.count[my_row], my_list_s, my_list_i, a.cap, list_nearly_full);
+        passes[v] = pass;
+        scores[v] = s;
       }
+      if constexpr (A2)
+        append_quad_group2(passes[0], scores[0], key0, passes[V - 1], scores[V - 1], key0 + 8, quad, &sm.count[my_row],
+                           my_list_s, my_list_i, a.cap, list_nearly_full);
     };
 
     // The head sums of a complete accumulator in bf16x2: chunk j's values f(acc[4 j + 2 r]),
     // f(acc[4 j + 2 r + 1]) (key acc_row + 8 r, heads 2 quad + {0, 1} of the chunk's 8) are packed
     // with the ReLU fused, multiplied by the bf16x2 weights and summed per lane half over the token's
     // chunks (fma.rn.bf16x2), then the two halves are added in f32.
+    // KP: per token one bf16x2 chain over the lane's 2 x CPT heads, both keys at once: (f(acc[4 j]), f(acc[4 j + 2]))
+    // (head 2 quad of chunk j, keys acc_row and acc_row + 8) times the head's weight in both halves, and the same
+    // for acc[4 j + 1], acc[4 j + 3] (head 2 quad + 1).
+    auto keypacked_head_sums = [&](const float (&acc)[kHalfAcc], uint32_t (&part)[NTW]) {
+      const uint4* w2 = reinterpret_cast<const uint4*>(sm.w2[wg][quad]);
+#pragma unroll
+      for (int tl = 0; tl < NTW; ++tl) {
+        uint32_t p = 0u;
+#pragma unroll
+        for (int q4 = 0; q4 < CPT / 4; ++q4) {
+          const uint4 wv = w2[(tl * CPT) / 4 + q4];
+          const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = tl * CPT + 4 * q4 + e;
+            p = fma_bf16x2(bf16x2_lo_lo(ws[e]), cvt_bf16x2<kRelu>(acc[4 * j], acc[4 * j + 2]), p);
+            p = fma_bf16x2(bf16x2_hi_hi(ws[e]), cvt_bf16x2<kRelu>(acc[4 * j + 1], acc[4 * j + 3]), p);
+          }
+        }
+        part[tl] = p;
+      }
+    };
     auto packed_head_sums = [&](const float (&acc)[kHalfAcc], float (&part)[2 * NTW]) {
       const uint4* w2 = reinterpret_cast<const uint4*>(sm.w2[wg][quad]);
 #pragma unroll
@@ -362,7 +429,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     // Iteration it: issue MMA(it); the barrier (flags of tile it-2's appends); with MMA(it) in flight,
     // the reduce-scatter and the appends of tile it-1 (from part, 8 or 4 f32 per thread); wait MMA(it);
     // its head sums into part; compaction of the flagged lists. No wgmma is in flight across the back edge.
-    float part[2 * NTW];
+    Part part;
     float ksv[V];
     for (int it = 0; it < ntiles; ++it) {
       const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
@@ -381,7 +448,10 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
       release_stage(slot, it);
-      packed_head_sums(acc, part);
+      if constexpr (KP)
+        keypacked_head_sums(acc, part);
+      else
+        packed_head_sums(acc, part);
       load_kscales(it, ksv);
       // A row flagged by tile it-2's appends is compacted after tile it-1's (at most 2 x 64 appends
       // past the flag, as in kernel.cuh).
