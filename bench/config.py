@@ -11,7 +11,8 @@ SECTIONS = ("kernels", "layer", "baselines", "peers")
 # Run when --only is not given; "peers" (bench/peers: public peers A/B) is opt-in (--peers / --only peers).
 DEFAULT_SECTIONS = ("kernels", "layer", "baselines")
 # Selection pass of FlashDSA's indexer_topk in the peers A/B (flashdsa.indexer_topk's `selection`).
-INDEXER_SELECTIONS = ("bf16", "fp8")
+# "fp8-band": the FP8 selection with the band re-score (fp8_band = topk / 4: indices only, docs/spec.md §3)
+INDEXER_SELECTIONS = ("bf16", "fp8", "fp8-band")
 
 KIB = 1024
 MIB = 1024 * KIB

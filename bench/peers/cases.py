@@ -181,11 +181,12 @@ def ours_indexer(ctx: Context) -> Callable:
     cfg.indexer_selection == "fp8" the public flashdsa.indexer_topk(..., selection="fp8") (e4m3 selection
     of the default candidate count, exact re-score; the quantization of q_idx / k_idx is in the call)."""
     k = ctx.shape.topk
-    if ctx.cfg.indexer_selection == "fp8":
+    if ctx.cfg.indexer_selection in ("fp8", "fp8-band"):
         from flashdsa import ops as flashdsa_ops  # the public function, as a user calls it
         indexer_topk = flashdsa_ops.indexer_topk
+        band = k // 4 if ctx.cfg.indexer_selection == "fp8-band" else None  # indices only (scores None)
         return lambda a: indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True,
-                                      selection="fp8")
+                                      selection="fp8", fp8_band=band)
     return lambda a: ctx.ops.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True)
 
 
@@ -216,7 +217,7 @@ def indexer_check(ctx: Context, ours_sets: List[dict], check: Callable) -> Calla
     (cfg.indexer_selection), our exact bf16 top-k (the raw op) is computed on the checked input set,
     outside the timing; `check` compares the peer with it, as in a bf16 run, and the fp8 selection's
     recall of it is added: fp8_recall_mean (over rows) and fp8_recall_min (the worst row)."""
-    if ctx.cfg.indexer_selection != "fp8":
+    if ctx.cfg.indexer_selection == "bf16":
         return check
     k = ctx.shape.topk
 

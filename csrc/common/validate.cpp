@@ -229,6 +229,19 @@ Status check_generic(const IndexerTopkParams& p) {
       return c.fail("candidates", p.candidates, "must be 0 (default) or in [K, 16384]");
     }
   }
+  if (p.rescore_band != 0) {
+    if (p.indexer.dtype != DType::kFP8E4M3) {
+      return c.fail("rescore_band", p.rescore_band, "is an option of the FP8 selection (indexer dtype fp8_e4m3)");
+    }
+    if (p.rescore_band < 0 || p.rescore_band >= p.K) {
+      return c.fail("rescore_band", p.rescore_band, "must be 0 (re-score every candidate) or in [1, K - 1]");
+    }
+    if (p.scores != nullptr) {
+      return c.fail("scores", "non-null",
+                    "must be null with rescore_band (the band re-score returns indices only: the other scores are "
+                    "FP8 estimates)");
+    }
+  }
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", p.indices, p.T * p.K));
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
 }

@@ -98,8 +98,11 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
       const int n = static_cast<int>(p.k_end[t] - ks);
       const int C = std::min(n, cand_max);
 
+      // The band re-score (p.rescore_band = b > 0, indices only) on a row with more than K visible keys: the
+      // K - b best candidates by the FP8 score are kept as they are, the others re-scored, and their b best join.
+      const bool band = p.rescore_band > 0 && n > K;
       // 1. The candidates: every visible key when n <= C, else the C best by the FP8 score.
-      if (n > C) {
+      if (n > C || band) {
         for (int h = 0; h < H; ++h) {
           const fp8_e4m3* qh = q_src + t * in8.q_idx_stride_t + h * in8.q_idx_stride_h;
           for (int i = 0; i < D; ++i) q[h * D + i] = fp8_e4m3_to_float(qh[i]);
@@ -113,12 +116,26 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
           for (int i = 0; i < c; ++i) score8[i0 + i] *= static_cast<double>(in8.k_idx_scale[ks + i0 + i]);
         }
         for (int i = 0; i < n; ++i) cand8[i] = {score8[i], static_cast<int32_t>(ks + i)};
-        std::nth_element(cand8, cand8 + C, cand8 + n, ranks_before<double>);
+        if (n > C) std::nth_element(cand8, cand8 + C, cand8 + n, ranks_before<double>);
         for (int i = 0; i < C; ++i) cand[i].key = cand8[i].key;
       } else {
         for (int i = 0; i < C; ++i) cand[i].key = static_cast<int32_t>(ks + i);
       }
 
+      if (band) {
+        const int b = p.rescore_band, sure = K - b, rest = C - sure;  // rest >= b since C >= K
+        std::nth_element(cand8, cand8 + sure, cand8 + C, ranks_before<double>);
+        for (int i = 0; i < rest; ++i) cand[i].key = cand8[sure + i].key;
+        exact.load_q(t, r.q);
+        exact.template score_keys<kKeyTile>(t, r.q, rest, [&](int i) { return cand[i].key; }, r.rows, r.qk, r.score);
+        for (int i = 0; i < rest; ++i) cand[i].score = r.score[i];
+        std::nth_element(cand, cand + b, cand + rest, ranks_before<Acc>);
+        int32_t* out = p.indices + t * K;
+        for (int i = 0; i < sure; ++i) out[i] = cand8[i].key;
+        for (int i = 0; i < b; ++i) out[sure + i] = cand[i].key;
+        std::sort(out, out + K);
+        continue;
+      }
       // 2. The exact re-score of the candidates (the unquantized op's arithmetic).
       exact.load_q(t, r.q);
       exact.template score_keys<kKeyTile>(t, r.q, C, [&](int i) { return cand[i].key; }, r.rows, r.qk, r.score);

@@ -36,13 +36,14 @@ std::tuple<Tensor, Tensor> run_topk_op(IndexerTopkParams& p, const IndexerInputs
   const CallScope scope(q_idx);
   scope.fill(p);
   Tensor indices = at::empty({in.T, K}, q_idx.options().dtype(at::kInt));
-  Tensor scores = at::empty({in.T, K}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
+  // (the band re-score returns indices only: an empty [T, 0] scores tensor, never written)
+  Tensor scores = at::empty({in.T, p.rescore_band > 0 ? 0 : K}, q_idx.options().dtype(stat_scalar_type(in.dtype)));
   p.T = in.T;
   p.T_kv = in.T_kv;
   p.k_start = starts.data_ptr<int32_t>();
   p.k_end = ends.data_ptr<int32_t>();
   p.indices = indices.data_ptr<int32_t>();
-  p.scores = scores.data_ptr();
+  p.scores = p.rescore_band > 0 ? nullptr : scores.data_ptr();
   p.K = K;
   // The workspace size is only defined for valid params. The ranges were just checked: do not copy
   // them to the host (a CUDA sync) a second time in run_indexer_topk.
@@ -95,7 +96,7 @@ std::tuple<Tensor, Tensor> quantize_fp8(const Tensor& x) {
 std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, const Tensor& q_scale,
                                             const Tensor& k_scale, const Tensor& q_idx, const Tensor& k_idx,
                                             const Tensor& weights, const Tensor& k_start, const Tensor& k_end,
-                                            int64_t topk, bool relu, int64_t candidates) {
+                                            int64_t topk, bool relu, int64_t candidates, int64_t band) {
   const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
   check_same_device(q8, q_idx, "q8");
   check_same_device(k8, q_idx, "k8");
@@ -123,6 +124,7 @@ std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, 
   p.indexer.q_idx_scale = qs.data_ptr<float>();
   p.indexer.k_idx_scale = kscale.data_ptr<float>();
   p.candidates = to_int(candidates, "candidates");
+  p.rescore_band = to_int(band, "band");
   return run_topk_op(p, in, q_idx, k_start, k_end, topk, "indexer_topk_fp8");
 }
 
@@ -367,7 +369,7 @@ TORCH_LIBRARY(flashdsa, m) {
         "bool relu) -> (Tensor indices, Tensor scores)",
         traceable);
   m.def("indexer_topk_fp8(Tensor q8, Tensor k8, Tensor q_scale, Tensor k_scale, Tensor q_idx, Tensor k_idx, "
-        "Tensor weights, Tensor k_start, Tensor k_end, int topk, bool relu, int candidates) "
+        "Tensor weights, Tensor k_start, Tensor k_end, int topk, bool relu, int candidates, int band=0) "
         "-> (Tensor indices, Tensor scores)",
         traceable);
   m.def("quantize_fp8(Tensor x) -> (Tensor out, Tensor scale)", traceable);

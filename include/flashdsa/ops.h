@@ -120,6 +120,11 @@ struct IndexerTopkParams : CallContext {
   int K = 0;
   void* workspace = nullptr;     // CUDA only: indexer_topk_workspace_size() bytes
   size_t workspace_bytes = 0;
+  // FP8 selection only: 0 (default) = every candidate re-scored exactly (the returned scores are exact);
+  // b in [1, K - 1] = the band re-score (docs/spec.md §3): when a row has more than K candidates, its K - b best
+  // by the FP8 score are returned as they are, only the other candidates are re-scored exactly and the b best of
+  // them join. Indices only: requires scores == nullptr. (CUDA: D_I = 128 and at most 4096 candidates.)
+  int rescore_band = 0;
 };
 
 // The default candidate count of the FP8 selection: K + max(64 * ceil(K / 256), 256), i.e. K plus a

@@ -149,12 +149,13 @@ def _indexer_topk_fake(q_idx, k_idx, weights, k_start, k_end, topk, relu):
 
 
 @torch.library.register_fake("flashdsa::indexer_topk_fp8")
-def _indexer_topk_fp8_fake(q8, k8, q_scale, k_scale, q_idx, k_idx, weights, k_start, k_end, topk, relu, candidates):
+def _indexer_topk_fp8_fake(q8, k8, q_scale, k_scale, q_idx, k_idx, weights, k_start, k_end, topk, relu, candidates,
+                           band=0):
     _check_same_device("indexer_topk_fp8", q8=q8, k8=k8, q_scale=q_scale, k_scale=k_scale, q_idx=q_idx, k_idx=k_idx,
                        weights=weights, k_start=k_start, k_end=k_end)
     T = q_idx.shape[0]
     return (q_idx.new_empty((T, topk), dtype=torch.int32),
-            q_idx.new_empty((T, topk), dtype=_stat_dtype(q_idx.dtype)))
+            q_idx.new_empty((T, 0 if band > 0 else topk), dtype=_stat_dtype(q_idx.dtype)))
 
 
 @torch.library.register_fake("flashdsa::quantize_fp8")
@@ -416,7 +417,8 @@ def quantize_indexer_fp8(q_idx: torch.Tensor, k_idx: torch.Tensor) -> tuple[torc
 
 def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, k_start: torch.Tensor,
                  k_end: torch.Tensor, topk: int, relu: bool = True, *, selection: str = "bf16",
-                 fp8_candidates: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 fp8_candidates: int | None = None,
+                 fp8_band: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Lightning indexer scores and fused top-k selection (no gradient).
 
     score(t, s) = sum_h weights[t, h] * f(q_idx[t, h] . k_idx[s]), f = relu if `relu` else identity,
@@ -439,21 +441,32 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
         fp8_candidates: fp8 only: the candidates re-scored per row, in [topk, 16384]; None =
             :func:`fp8_selection_candidates` (topk + max(64 * ceil(topk / 256), 256); CUDA: a
             multiple of 64).
+        fp8_band: fp8 only: None (default) re-scores every candidate exactly; b in [1, topk - 1] is the
+            *band re-score* (docs/spec.md §3): on a row with more than `topk` candidates the ``topk - b``
+            best by the FP8 score are kept as they are and only the other candidates are re-scored
+            exactly, their ``b`` best joining (faster: fewer exact re-scores). It returns indices only
+            (``scores`` is None). CUDA: D_I = 128 and at most 4096 candidates.
     Returns:
         indices: [T, K] int32, unordered within a row; a row with fewer than K visible keys holds
             all of them followed by -1.
-        scores: [T, K] stat, the score of each selected key (-inf for empty slots).
+        scores: [T, K] stat, the score of each selected key (-inf for empty slots); None with
+            ``fp8_band``.
     """
     _check_same_device("indexer_topk", q_idx=q_idx, k_idx=k_idx, weights=weights, k_start=k_start, k_end=k_end)
     weights = weights.detach().to(_stat_dtype(q_idx.dtype))
     if check_selection(selection) == "bf16":
-        if fp8_candidates is not None:
-            raise ValueError("fp8_candidates is only read with selection='fp8'")
+        if fp8_candidates is not None or fp8_band is not None:
+            raise ValueError("fp8_candidates and fp8_band are only read with selection='fp8'")
         return _ops.indexer_topk(q_idx.detach(), k_idx.detach(), weights, k_start, k_end, topk, relu)
     candidates = 0 if fp8_candidates is None else int(fp8_candidates)
+    if fp8_band is not None and (isinstance(fp8_band, bool) or not isinstance(fp8_band, int)
+                                 or not 1 <= fp8_band < topk):
+        raise ValueError(f"fp8_band must be None or an int in [1, topk - 1 = {topk - 1}], got {fp8_band!r}")
+    band = 0 if fp8_band is None else fp8_band
     q8, q_scale, k8, k_scale = quantize_indexer_fp8(q_idx, k_idx)
-    return _ops.indexer_topk_fp8(q8, k8, q_scale, k_scale, q_idx.detach(), k_idx.detach(), weights, k_start, k_end,
-                                 topk, relu, candidates)
+    indices, scores = _ops.indexer_topk_fp8(q8, k8, q_scale, k_scale, q_idx.detach(), k_idx.detach(), weights,
+                                            k_start, k_end, topk, relu, candidates, band)
+    return (indices, None) if band else (indices, scores)
 
 
 def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, *,

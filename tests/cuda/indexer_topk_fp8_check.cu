@@ -9,6 +9,8 @@
 //   indexer_topk_fp8_check [--small] [--no-bench] [--bench-only] [--bench-T 8192,32768,131072]
 //                          [--bench-H 32] [--bench-data spread|uniform] [--seed N] [--tol8 R]
 //                          [--bench-candidates 2304,2048]   (extra C values: speed and recall on the same inputs)
+//                          [--bench-bands 512,256]   (rescore_band values: speed, recall and a validity check of
+//                                                     the indices-only band re-score on the same inputs)
 // Exit code: 0 all cases pass, 1 a case failed, 77 no CUDA device.
 //
 // Every call goes through the public entry points (flashdsa::run_quantize_fp8, run_indexer_topk with
@@ -162,7 +164,8 @@ flashdsa::IndexerTopkParams fp8_params(int64_t T, int64_t T_kv, int H, int D, in
   return prm;
 }
 
-bool run_gpu(const Problem& p, Run& out) {
+// band > 0: the band re-score (rescore_band, indices only: no scores requested; out.scores stays unset).
+bool run_gpu(const Problem& p, Run& out, int band = 0) {
   DeviceBuffer q(p.q.size() * 2), k(p.k.size() * 2), w(p.w.size() * 4);
   DeviceBuffer q8(size_t(p.T) * p.H * p.D + 16), k8(size_t(p.T_kv) * p.D + 16);
   DeviceBuffer qs(size_t(p.T) * p.H * 4 + 16), ks(size_t(p.T_kv) * 4 + 16);
@@ -178,6 +181,8 @@ bool run_gpu(const Problem& p, Run& out) {
       fp8_params(p.T, p.T_kv, p.H, p.D, p.K, p.C, p.relu, q8.ptr, k8.ptr, qs.as<float>(), ks.as<float>(), q.ptr, p.q_st,
                  p.q_sh, k.ptr, p.k_st, w.as<float>(), kb.as<int32_t>(), ke.as<int32_t>(), idx.as<int32_t>(),
                  sc.as<float>());
+  prm.rescore_band = band;
+  if (band > 0) prm.scores = nullptr;
   const size_t ws_bytes = flashdsa::indexer_topk_workspace_size(prm);
   DeviceBuffer ws(ws_bytes);
   prm.workspace = ws.ptr, prm.workspace_bytes = ws.bytes;
@@ -192,7 +197,7 @@ bool run_gpu(const Problem& p, Run& out) {
   out.qs = download<float>(qs.ptr, size_t(p.T) * p.H);
   out.ks = download<float>(ks.ptr, size_t(p.T_kv));
   out.idx = download<int32_t>(idx.ptr, size_t(p.T) * p.K);
-  out.scores = download<float>(sc.ptr, size_t(p.T) * p.K);
+  if (band == 0) out.scores = download<float>(sc.ptr, size_t(p.T) * p.K);
   return true;
 }
 
@@ -359,6 +364,43 @@ double max_norm(int64_t rows, int D, const std::function<double(int64_t, int)>& 
   return m;
 }
 
+// The band re-score (D_I = 128, b = K / 4) on the same problem: every row holds min(K, visible) distinct visible
+// keys, then -1; its overlap with the full re-score's row (which the band rule may differ from only near the K-th
+// score) is reported, and a row sharing less than half of it fails.
+bool check_band(const Problem& p, const Run& full) {
+  if (p.D != 128) return true;
+  Run rb;
+  if (!run_gpu(p, rb, p.K / 4)) {
+    std::printf("  %-34s FAIL (band launch)\n", (p.name + " band").c_str());
+    return false;
+  }
+  int64_t bad = 0, first = -1, counted = 0;
+  double overlap_sum = 0, overlap_min = 1;
+  for (int64_t t = 0; t < p.T; ++t) {
+    const int64_t n = std::min<int64_t>(p.K, p.k_end[t] - p.k_start[t]);
+    std::vector<int32_t> a(rb.idx.begin() + t * p.K, rb.idx.begin() + t * p.K + n);
+    std::vector<int32_t> b(full.idx.begin() + t * p.K, full.idx.begin() + t * p.K + n);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    bool ok = std::adjacent_find(a.begin(), a.end()) == a.end() &&
+              (n == 0 || (a.front() >= p.k_start[t] && a.back() < p.k_end[t]));
+    for (int64_t j = n; j < p.K; ++j) ok = ok && rb.idx[t * p.K + j] == -1;
+    if (n > 0) {
+      std::vector<int32_t> common;
+      std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+      const double ov = double(common.size()) / double(n);
+      ok = ok && ov >= 0.5;
+      ++counted, overlap_sum += ov, overlap_min = std::min(overlap_min, ov);
+    }
+    if (!ok && bad++ == 0) first = t;
+  }
+  std::printf("  %-34s T %5lld b %5d  overlap with the full re-score mean %.5f min %.4f  %s\n",
+              (p.name + " band").c_str(), (long long)p.T, p.K / 4, counted ? overlap_sum / counted : 1.0, overlap_min,
+              bad == 0 ? "PASS" : "FAIL");
+  if (first >= 0) std::printf("    %lld bad rows; first: row %lld\n", (long long)bad, (long long)first);
+  return bad == 0;
+}
+
 bool check_problem(const Problem& p) {
   Run r;
   if (!run_gpu(p, r)) {
@@ -400,7 +442,7 @@ bool check_problem(const Problem& p) {
               (long long)p.T, p.candidates(), (long long)qbad, counted ? recall_sum / counted : 1.0, recall_min,
               pass ? "PASS" : "FAIL", nan_note.c_str());
   if (first >= 0) std::printf("    %lld bad rows; first: row %lld: %s\n", (long long)bad, (long long)first, rows[first].why.c_str());
-  return pass;
+  return check_band(p, r) && pass;
 }
 
 std::vector<Problem> problems(bool small, std::mt19937_64& rng) {
@@ -466,7 +508,8 @@ __global__ void fill_weights(float* x, int64_t n, uint64_t seed) {
 // cands: extra candidate counts C (fp8_candidates) timed on the same inputs after the default, each with
 // its recall (the speed / recall trade-off of the C - K slack).
 bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs, bool spread,
-               const std::vector<int64_t>& cands) {
+               const std::vector<int64_t>& cands, const std::vector<int64_t>& bands) {
+  bool all_band_ok = true;
   const int D = 128, K = 2048;
   std::printf("\nBenchmark: one causal sequence, D_I = %d, K = %d, relu, %s data, median of 10 (CUDA events)\n", D, K,
               spread ? "spread" : "uniform");
@@ -556,9 +599,37 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
         std::printf("  %-3d %7lld   candidates %5lld: fp8 sel ms %.3f (default again %.3f: %.3fx) "
                     "recall mean %.5f min %.4f\n", H, (long long)T, (long long)c, ms_c, ms_d, ms_d / ms_c, rmean, rmin);
       }
+      for (int64_t b : bands) {  // the band re-score (indices only) on the same inputs
+        flashdsa::IndexerTopkParams fb = f8;
+        fb.rescore_band = static_cast<int>(b);
+        fb.scores = nullptr;
+        check_status(flashdsa::run_indexer_topk(fb), "fp8 indexer_topk (band)");
+        FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+        const double ms_b = flashdsa_check::median_ms([&] { (void)flashdsa::run_indexer_topk(fb); }, 0, 10);
+        const double ms_d = flashdsa_check::median_ms([&] { (void)flashdsa::run_indexer_topk(f8); }, 0, 10);
+        check_status(flashdsa::run_indexer_topk(fb), "fp8 indexer_topk (band)");  // idx8 of the band run
+        FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+        recall(rmean, rmin);
+        // Every sampled row: min(K, t + 1) distinct keys in [0, t] (causal rows), then -1.
+        int64_t bad_rows = 0;
+        for (int64_t t : rows) {
+          auto o = download<int32_t>(idx8.as<int32_t>() + t * K, K);
+          const int64_t n = std::min<int64_t>(K, t + 1);
+          std::vector<int32_t> v(o.begin(), o.begin() + n);
+          std::sort(v.begin(), v.end());
+          bool good = std::adjacent_find(v.begin(), v.end()) == v.end() && (n == 0 || (v.front() >= 0 && v.back() <= t));
+          for (int64_t j = n; j < K; ++j) good = good && o[j] == -1;
+          bad_rows += good ? 0 : 1;
+        }
+        all_band_ok = all_band_ok && bad_rows == 0;
+        std::printf("  %-3d %7lld   band %5lld: fp8 sel ms %.3f (default again %.3f: %.3fx) recall mean %.5f min %.4f, "
+                    "%s\n", H, (long long)T, (long long)b, ms_b, ms_d, ms_d / ms_b, rmean, rmin,
+                    bad_rows == 0 ? "indices valid" : "INVALID ROWS");
+      }
     }
   }
-  return true;
+  if (!all_band_ok) std::printf("band re-score: INVALID ROWS (see above)\n");
+  return all_band_ok;
 }
 
 }  // namespace
@@ -570,6 +641,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> bench_T = {8192, 32768, 131072};
   std::vector<int> bench_H = {32};
   std::vector<int64_t> bench_cands;  // --bench-candidates: extra C values (speed / recall trade-off)
+  std::vector<int64_t> bench_bands;  // --bench-bands: rescore_band values
   auto parse_list = [](const char* text) {
     std::vector<int64_t> v;
     for (const char* c = text; *c;) {
@@ -588,6 +660,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--bench-T") && i + 1 < argc) bench_T = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-candidates") && i + 1 < argc) bench_cands = parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--bench-bands") && i + 1 < argc) bench_bands = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-data") && i + 1 < argc) spread = std::strcmp(argv[++i], "uniform") != 0;
     else if (!std::strcmp(argv[i], "--bench-H") && i + 1 < argc) {
       bench_H.clear();
@@ -609,7 +682,7 @@ int main(int argc, char** argv) {
     std::printf("  %-34s %s\n", "T = 0", pass ? "PASS" : "FAIL");
     ok = ok && pass;
   }
-  if (bench) ok = benchmark(seed, bench_T, bench_H, spread, bench_cands) && ok;
+  if (bench) ok = benchmark(seed, bench_T, bench_H, spread, bench_cands, bench_bands) && ok;
   std::printf("%s\n", ok ? "ALL PASS" : "SOME FAILED");
   return ok ? 0 : 1;
 }

@@ -230,3 +230,96 @@ def test_fp8_selection_cuda_recall_and_exact_scores(device):
         want = ref.indexer_logits(q_c[t:t + 1], k_c[keys][None], w_c[t:t + 1], True)[0]
         tol = 1e-5 * (1 + want.abs().max().item())
         assert (sc[t, :n].cpu().double() - want).abs().max() <= tol, f"row {t}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The band re-score (fp8_band: indices only)
+
+
+def expected_band_selection(q_idx, k_idx, weights, k_start, k_end, topk, relu, candidates, band):
+    """Per row, the sorted keys of the band rule (docs/spec.md §3): rows with at most K visible keys keep
+    them all; otherwise the C candidates in FP8 order (NaN first, larger, smaller key), the first K - b as
+    they are, plus the b best of the others by the exact score the bf16 op computes."""
+    s8 = ref.fp8_selection_scores(q_idx, k_idx, weights, k_start, k_end, relu)
+    all_idx, all_scores = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, k_idx.shape[0], relu=relu)
+
+    def order(keys, score_of):
+        return sorted(keys, key=lambda s: (0 if math.isnan(score_of(s)) else 1,
+                                           -score_of(s) if not math.isnan(score_of(s)) else 0, s))
+    out = []
+    for t in range(q_idx.shape[0]):
+        lo, hi = int(k_start[t]), int(k_end[t])
+        n = hi - lo
+        if n <= topk:
+            out.append(list(range(lo, hi)))
+            continue
+        exact = {int(i): float(s) for i, s in zip(all_idx[t, :n].tolist(), all_scores[t, :n].tolist())}
+        ranked = order(range(lo, hi), lambda s: float(s8[t, s]))[:candidates]
+        sure, rest = ranked[:topk - band], ranked[topk - band:]
+        out.append(sorted(sure + order(rest, lambda s: exact[s])[:band]))
+    return out
+
+
+@pytest.mark.parametrize("band", [16, 48])
+def test_fp8_band_equals_contract(band):
+    """CPU: the band re-score's indices equal the rule exactly (FP8 order from the bitwise fp64 reference
+    scores, the band ranked by the bf16 op's exact scores); no scores are returned."""
+    topk = 64
+    k_start, k_end = ref.causal_ranges([700, 90, 1, 400])
+    T = k_start.shape[0]
+    q_idx, k_idx, weights = realistic_indexer(T, T, 8, 32)
+    k_start[5], k_end[5] = 10, 10  # an empty row
+    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8", fp8_band=band)
+    assert sc is None
+    C = flashdsa.fp8_selection_candidates(topk)
+    expected = expected_band_selection(q_idx, k_idx, weights, k_start, k_end, topk, True, C, band)
+    for t, keys in enumerate(expected):
+        n = len(keys)
+        assert idx[t, :n].tolist() == keys, f"row {t}"
+        assert (idx[t, n:] == -1).all()
+
+
+def test_fp8_band_recall_and_options():
+    """CPU: the band re-score with b = K / 4 recalls the exact top-K as well as the full re-score on the
+    recall test's data (mean >= 0.999); bad options are refused."""
+    T_kv, rows, topk = 4096, 96, 256
+    k_start = torch.zeros(rows, dtype=torch.int32)
+    k_end = torch.arange(T_kv - rows + 1, T_kv + 1, dtype=torch.int32)
+    q_idx, k_idx, weights = realistic_indexer(rows, T_kv, 16, 64)
+    exact, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk)
+    banded, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8",
+                                      fp8_band=topk // 4)
+    rec = recall_of_exact(banded, exact, k_start, k_end, topk)
+    print(f"band recall mean {rec.mean():.5f} min {rec.min():.4f}")
+    assert rec.mean() >= 0.999 and rec.min() >= 0.98
+    for bad in (0, topk, -1, True, 2.0):
+        with pytest.raises(ValueError, match="fp8_band"):
+            flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8", fp8_band=bad)
+    with pytest.raises(ValueError, match="fp8_band"):
+        flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, fp8_band=64)
+
+
+def test_fp8_band_cuda(device):
+    """CUDA (sm90 FP8 walk, D_I = 128): the band re-score returns min(K, visible) distinct visible keys per
+    row, then -1, with a recall of the CUDA bf16 top-K >= 0.99; D_I = 64 is refused with a clear error."""
+    if device != "cuda":
+        pytest.skip("the CPU path is checked against the rule above")
+    T, topk = 4096, 256
+    k_start, k_end = ref.causal_ranges([T])
+    q_idx, k_idx, weights = realistic_indexer(T, T, 32, 128, device=device)
+    ks, ke = k_start.to(device), k_end.to(device)
+    exact, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, ks, ke, topk)
+    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, ks, ke, topk, selection="fp8", fp8_band=topk // 4)
+    assert sc is None
+    idx = idx.cpu()
+    for t in range(T):
+        n = min(topk, t + 1)
+        row = idx[t, :n]
+        assert len(set(row.tolist())) == n and int(row.min()) >= 0 and int(row.max()) <= t, f"row {t}"
+        assert (idx[t, n:] == -1).all()
+    rec = recall_of_exact(idx, exact.cpu(), k_start, k_end, topk)
+    print(f"cuda band recall mean {rec.mean():.5f} min {rec.min():.4f}")
+    assert rec.mean() >= 0.99
+    q64, k64, w64 = realistic_indexer(T, T, 32, 64, device=device)
+    with pytest.raises(RuntimeError, match="rescore_band"):
+        flashdsa.indexer_topk(q64, k64, w64, ks, ke, topk, selection="fp8", fp8_band=64)

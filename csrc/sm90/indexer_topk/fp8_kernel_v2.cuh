@@ -209,7 +209,7 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
 // re-scores it exactly from bf16 and writes the top K (indices and exact scores, -1 / -inf padding).
 // kSampled: the instance for inputs with T_kv >= kSampleMinTiles tiles (the host picks it), whose long blocks
 // take the sampled threshold; the other instance has none of its code in the tile loop.
-template <int H, int D, bool kRelu, bool kSampled>
+template <int H, int D, bool kRelu, bool kSampled, bool kBand>
 __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const __grid_constant__ Fp8V2Args args) {
   static_assert(D == 128, "the v2 FP8 walk takes D_I = 128 (one 128-byte TMA box row per key)");
   using C = Cfg<H>;
@@ -316,6 +316,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         if (atomicAdd(&sm.done[slot], 1u) % kNWarps == kNWarps - 1 && it + S < ntiles) issue_key_tile(it + S);
       }
     };
+
     // First key of the block's tile `tile` (the sampled instance: from the ring table, written at its issue)
     auto tile_key_of = [&](int tile) {
       return kSampled ? sm.tile_key[(ring + static_cast<uint32_t>(tile)) % (2 * S)] : (tile0 + tile) * kTileKeys;
@@ -490,6 +491,21 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       continue;
 #endif
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+      if constexpr (kBand) {
+        // Band re-score (indices only, docs/spec.md §3): a row with more than K candidates sends its K - band best
+        // by the FP8 score straight to the output; only the others are re-scored exactly, and their best fill the
+        // row. (Its own kernel instance: in the default one this code made ptxas spill and cost 2% of the walk.)
+        int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+        int sure = 0;
+        if (m > a.K) {
+          sure = split_top_k(list_s, list_i, m, a.K - a.band, out_i, list_i, sm.sel);
+          m -= sure;
+          rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
+        }
+        const int kept = keep_top_k(list_s, list_i, m, a.K - sure, static_cast<float*>(nullptr), out_i + sure, sm.sel).count;
+        for (int j = sure + kept + tid; j < a.K; j += kNth) out_i[j] = -1;
+        continue;
+      }
 #if FLASHDSA_FP8V2_ABLATE != 1
       // Heads in rolled passes of 32 (H_I = 64: two), which keeps the tail within the 128 registers.
       rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
@@ -517,15 +533,21 @@ inline Status make_k8_tensor_map(const Fp8KernelArgs& a, CUtensorMap* map) {
 }
 
 // Launches one instance with its dynamic shared memory.
-template <int H, bool kRelu>
-Status launch(const Fp8V2Args& args, int grid, cudaStream_t stream) {
+template <int H, bool kRelu, bool kBand>
+Status launch_instance(const Fp8V2Args& args, int grid, cudaStream_t stream) {
   constexpr int kSmem = static_cast<int>(smem_bytes<H>());
   // Only inputs with enough keys for a long block take the instance with the sampled threshold.
   if (sampled_walk_allowed(args.base.T_kv))
-    return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu, true>, dim3(grid), kNth, kSmem, stream,
+    return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu, true, kBand>, dim3(grid), kNth, kSmem, stream,
                             "indexer_topk_fp8_v2_kernel", args);
-  return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu, false>, dim3(grid), kNth, kSmem, stream,
+  return launch_with_smem(indexer_topk_fp8_v2_kernel<H, 128, kRelu, false, kBand>, dim3(grid), kNth, kSmem, stream,
                           "indexer_topk_fp8_v2_kernel", args);
+}
+// The band re-score (args.base.band > 0) has instances of its own.
+template <int H, bool kRelu>
+Status launch(const Fp8V2Args& args, int grid, cudaStream_t stream) {
+  return args.base.band > 0 ? launch_instance<H, kRelu, true>(args, grid, stream)
+                            : launch_instance<H, kRelu, false>(args, grid, stream);
 }
 
 // Runs the v2 FP8 selection pass with the host's Fp8KernelArgs (the same workspace layout, grid and

@@ -67,6 +67,10 @@ int candidates(const IndexerTopkParams& p) { return p.candidates ? p.candidates 
 #endif
 int candidate_capacity(int C) { return std::max(FLASHDSA_FP8_MIN_CAPACITY, C + 1024); }
 
+// The band re-score splits a row's candidates in registers (select.cuh split_top_k): at most kResidentElems.
+constexpr int kBandMaxCandidates = indexer_topk_impl::kResidentElems;
+bool fp8v2_supports(int H, int D) { return indexer_topk_impl::fp8v2::supports_shape(H, D); }
+
 Status supports(const IndexerTopkParams& p, const char* op) {
   const Check c{op};
   const IndexerTensors& in = p.indexer;
@@ -85,6 +89,10 @@ Status supports(const IndexerTopkParams& p, const char* op) {
   const int C = candidates(p);
   if (C % kTopKMultiple != 0 || C < p.K || C > kMaxCandidates) {
     return c.fail("candidates", C, "must be a multiple of 64 in [K, 16384] on CUDA");
+  }
+  if (p.rescore_band != 0 && (!fp8v2_supports(in.H_I, in.D_I) || C > kBandMaxCandidates)) {
+    return c.unsupported("rescore_band needs D_I = 128 and at most " + std::to_string(kBandMaxCandidates) +
+                         " candidates on CUDA (got D_I " + std::to_string(in.D_I) + ", " + std::to_string(C) + ")");
   }
   if (p.T == 0) return Status::OK();
   if (!aligned16(in.q_idx) || in.q_idx_stride_t % 16 != 0 || in.q_idx_stride_h % 16 != 0 ||
@@ -120,6 +128,7 @@ Status run(const IndexerTopkParams& p) {
   fill_fp8_inputs(p.indexer, &args);
   indexer_topk_impl::fill_bf16_inputs(p.rescore, &args);
   args.C = C;
+  args.band = p.rescore_band;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
   static_assert(indexer_topk_impl::fp8v2::smem_bytes<32>() <= static_cast<size_t>(kSmemPerCtaBudget) &&
