@@ -158,17 +158,24 @@ def recall_of_exact(idx_fp8, idx_exact, k_start, k_end, topk):
     return torch.tensor(out, dtype=torch.float64)
 
 
+def last_rows_case(rows: int, T_kv: int = 4096, topk: int = 256):
+    """The recall tests' data: the last `rows` rows of a T_kv-key causal sequence (H_I = 16, D_I = 64) and their
+    exact (bf16) top-k: (k_start, k_end, q_idx, k_idx, weights, exact indices)."""
+    k_start = torch.zeros(rows, dtype=torch.int32)
+    k_end = torch.arange(T_kv - rows + 1, T_kv + 1, dtype=torch.int32)
+    q_idx, k_idx, weights = realistic_indexer(rows, T_kv, 16, 64)
+    exact, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk)
+    return k_start, k_end, q_idx, k_idx, weights, exact
+
+
 def test_fp8_selection_recall():
     """Recall of the exact (bf16) top-K on realistic data: the last 192 rows of a 4096-key causal
     sequence (n = 3905…4096 visible keys, K = 256, H_I = 16, D_I = 64). Plain FP8 selection (no
     margin) misses a few keys near the K-th score; the default margin (256 → 512 candidates) recovers
     them. Measured (seeded data): no margin mean ≈ 0.985, min row ≈ 0.95; default mean ≥ 0.9999,
     min row ≥ 0.996. The asserted bounds leave room for other seeds."""
-    T_kv, rows, topk = 4096, 192, 256
-    k_start = torch.zeros(rows, dtype=torch.int32)
-    k_end = torch.arange(T_kv - rows + 1, T_kv + 1, dtype=torch.int32)
-    q_idx, k_idx, weights = realistic_indexer(rows, T_kv, 16, 64)
-    exact, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk)
+    topk = 256
+    k_start, k_end, q_idx, k_idx, weights, exact = last_rows_case(192, topk=topk)
     plain, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8",
                                      fp8_candidates=topk)
     fp8, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8")
@@ -282,11 +289,8 @@ def test_fp8_band_equals_contract(band):
 def test_fp8_band_recall_and_options():
     """CPU: the band re-score with b = K / 4 recalls the exact top-K as well as the full re-score on the
     recall test's data (mean >= 0.999); bad options are refused."""
-    T_kv, rows, topk = 4096, 96, 256
-    k_start = torch.zeros(rows, dtype=torch.int32)
-    k_end = torch.arange(T_kv - rows + 1, T_kv + 1, dtype=torch.int32)
-    q_idx, k_idx, weights = realistic_indexer(rows, T_kv, 16, 64)
-    exact, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk)
+    topk = 256
+    k_start, k_end, q_idx, k_idx, weights, exact = last_rows_case(96, topk=topk)
     banded, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8",
                                       fp8_band=topk // 4)
     rec = recall_of_exact(banded, exact, k_start, k_end, topk)

@@ -385,29 +385,13 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     // f(acc[4 j + 2 r + 1]) (key acc_row + 8 r, heads 2 quad + {0, 1} of the chunk's 8) are packed
     // with the ReLU fused, multiplied by the bf16x2 weights and summed per lane half over the token's
     // chunks (fma.rn.bf16x2), then the two halves are added in f32.
-    // KP: per token one bf16x2 chain over the lane's 2 x CPT heads, both keys at once: (f(acc[4 j]), f(acc[4 j + 2]))
-    // (head 2 quad of chunk j, keys acc_row and acc_row + 8) times the head's weight in both halves, and the same
-    // for acc[4 j + 1], acc[4 j + 3] (head 2 quad + 1).
-    auto keypacked_head_sums = [&](const float (&acc)[kHalfAcc], uint32_t (&part)[NTW]) {
-      const uint4* w2 = reinterpret_cast<const uint4*>(sm.w2[wg][quad]);
-#pragma unroll
-      for (int tl = 0; tl < NTW; ++tl) {
-        uint32_t p = 0u;
-#pragma unroll
-        for (int q4 = 0; q4 < CPT / 4; ++q4) {
-          const uint4 wv = w2[(tl * CPT) / 4 + q4];
-          const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = tl * CPT + 4 * q4 + e;
-            p = fma_bf16x2(bf16x2_lo_lo(ws[e]), cvt_bf16x2<kRelu>(acc[4 * j], acc[4 * j + 2]), p);
-            p = fma_bf16x2(bf16x2_hi_hi(ws[e]), cvt_bf16x2<kRelu>(acc[4 * j + 1], acc[4 * j + 3]), p);
-          }
-        }
-        part[tl] = p;
-      }
-    };
-    auto packed_head_sums = [&](const float (&acc)[kHalfAcc], float (&part)[2 * NTW]) {
+    // The head sums of a complete accumulator in bf16x2. Chunk j's values f(acc[4 j + 2 r]), f(acc[4 j + 2 r + 1])
+    // (key acc_row + 8 r, heads 2 quad + {0, 1} of the chunk's 8) are packed with the ReLU fused and multiplied by the
+    // bf16x2 weights, per token: KP (H_I = 32) packs by key — (f(acc[4 j]), f(acc[4 j + 2])) is head 2 quad for keys
+    // acc_row and acc_row + 8, times that head's weight in both halves (ptxas folds the duplication into the HFMA2
+    // operand), likewise head 2 quad + 1: one chain holds both keys, part[tl] = that bf16x2; otherwise by head pair —
+    // one chain per key, each summed per lane half, the two halves then added in f32 into part[2 tl + r].
+    auto head_sums = [&](const float (&acc)[kHalfAcc], Part& part) {
       const uint4* w2 = reinterpret_cast<const uint4*>(sm.w2[wg][quad]);
 #pragma unroll
       for (int tl = 0; tl < NTW; ++tl) {
@@ -419,12 +403,21 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = tl * CPT + 4 * q4 + e;
-            p0 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j], acc[4 * j + 1]), p0);
-            p1 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j + 2], acc[4 * j + 3]), p1);
+            if constexpr (KP) {
+              p0 = fma_bf16x2(bf16x2_lo_lo(ws[e]), cvt_bf16x2<kRelu>(acc[4 * j], acc[4 * j + 2]), p0);
+              p0 = fma_bf16x2(bf16x2_hi_hi(ws[e]), cvt_bf16x2<kRelu>(acc[4 * j + 1], acc[4 * j + 3]), p0);
+            } else {
+              p0 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j], acc[4 * j + 1]), p0);
+              p1 = fma_bf16x2(ws[e], cvt_bf16x2<kRelu>(acc[4 * j + 2], acc[4 * j + 3]), p1);
+            }
           }
         }
-        part[2 * tl] = sum_bf16x2(p0);
-        part[2 * tl + 1] = sum_bf16x2(p1);
+        if constexpr (KP) {
+          part[tl] = p0;
+        } else {
+          part[2 * tl] = sum_bf16x2(p0);
+          part[2 * tl + 1] = sum_bf16x2(p1);
+        }
       }
     };
     // Iteration it: issue MMA(it); the barrier (flags of tile it-2's appends); with MMA(it) in flight,
@@ -449,10 +442,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
       release_stage(slot, it);
-      if constexpr (KP)
-        keypacked_head_sums(acc, part);
-      else
-        packed_head_sums(acc, part);
+      head_sums(acc, part);
       load_kscales(it, ksv);
       // A row flagged by tile it-2's appends is compacted after tile it-1's (at most 2 x 64 appends
       // past the flag, as in kernel.cuh).
