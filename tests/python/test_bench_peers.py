@@ -490,7 +490,7 @@ def test_indexer_selection_option_reaches_config_meta_and_report():
     from bench import run as bench_run
     from bench.report import render_markdown
     from bench.config import INDEXER_SELECTIONS
-    assert INDEXER_SELECTIONS == ("bf16", "fp8")
+    assert INDEXER_SELECTIONS == ("bf16", "fp8", "fp8-band")
     assert bench_run.parse_args([]).indexer_selection == "bf16"
     args = bench_run.parse_args(["--only", "peers", "--indexer-selection", "fp8"])
     assert args.indexer_selection == "fp8"
@@ -535,7 +535,15 @@ def test_ours_indexer_routes_to_the_fp8_path(monkeypatch):
         return real(*call_args, **kwargs)
     monkeypatch.setattr(flashdsa_ops, "indexer_topk", spy)
     ours_indexer(ctx)(a)
-    assert seen == [{"selection": "fp8"}] and ctx.ops.indexer_calls == 0
+    assert seen == [{"selection": "fp8", "fp8_band": None}] and ctx.ops.indexer_calls == 0
+
+    # fp8-band: the same public function with the band re-score of K / 4 (indices only).
+    band_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, indexer_selection="fp8-band"))
+    seen.clear()
+    monkeypatch.setattr(flashdsa_ops, "indexer_topk", lambda *call_args, **kwargs: seen.append(kwargs))
+    ours_indexer(band_ctx)(a)
+    assert seen == [{"selection": "fp8", "fp8_band": cfg.dsa.topk // 4}] and band_ctx.ops.indexer_calls == 0
+    monkeypatch.setattr(flashdsa_ops, "indexer_topk", spy)
 
     bf16_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, indexer_selection="bf16"))
     idx, scores = ours_indexer(bf16_ctx)(a)
