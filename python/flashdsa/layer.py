@@ -56,6 +56,16 @@ def _check_fp8_candidates(selection: str, fp8_candidates: Optional[int], topk: i
         raise ValueError(f"fp8_candidates must be in [topk={topk}, 16384], got {fp8_candidates}")
 
 
+def _check_fp8_band(selection: str, fp8_band: Optional[int], topk: int) -> None:
+    """Checks the FP8 band re-score option: None, or (selection "fp8" only) an int in [1, topk - 1]."""
+    if fp8_band is None:
+        return
+    if selection != "fp8":
+        raise ValueError(f"fp8_band is only read with selection='fp8' (selection={selection!r})")
+    if isinstance(fp8_band, bool) or not isinstance(fp8_band, int) or not 1 <= fp8_band < topk:
+        raise ValueError(f"fp8_band must be None or an int in [1, topk - 1 = {topk - 1}], got {fp8_band!r}")
+
+
 class DSAAttentionOutput(NamedTuple):
     """Result of :func:`dsa_attention` / :class:`DSAAttention`.
 
@@ -196,6 +206,7 @@ def dsa_attention(
     indexer_loss_in_backward: Optional[bool] = None,
     selection: str = "bf16",
     fp8_candidates: Optional[int] = None,
+    fp8_band: Optional[int] = None,
 ) -> DSAAttentionOutput:
     """DSA attention core on a packed (THD) batch, optionally context-parallel.
 
@@ -238,6 +249,10 @@ def dsa_attention(
         fp8_candidates: with ``selection="fp8"``, the candidates re-scored per row (in [topk, 16384];
             None = ``flashdsa.fp8_selection_candidates(topk)``). Fewer is faster and recalls less of
             the exact top-k (measured trade-off: docs/kernels/indexer_topk.md). Must be None with bf16.
+        fp8_band: with ``selection="fp8"``, the band re-score (docs/spec.md §3; see
+            :func:`flashdsa.indexer_topk`): only the candidates below the ``topk - fp8_band`` best by the FP8
+            score are re-scored exactly (an int in [1, topk - 1]; None = every candidate). The layer uses the
+            indices only, so nothing else changes. Must be None with bf16.
 
     Returns:
         :class:`DSAAttentionOutput` ``(out [T, H, D_v], indices [T, K] int32, indexer_loss)``.
@@ -254,6 +269,7 @@ def dsa_attention(
     if loss_formulation not in _FORMULATIONS:
         raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
     _check_fp8_candidates(selection, fp8_candidates, topk)
+    _check_fp8_band(selection, fp8_band, topk)
     needs_indexer_inputs = indices is None or loss_coeff is not None
     if needs_indexer_inputs and (q_idx is None or k_idx is None or weights is None):
         why = "indices is None (the indexer must run)" if indices is None else "loss_coeff is set"
@@ -277,7 +293,7 @@ def dsa_attention(
     if indices is None:
         with torch.no_grad():
             indices, _ = _ops.indexer_topk(q_idx, k_idx_all, weights, geo.k_start, geo.k_end, topk, relu,
-                                           selection=selection, fp8_candidates=fp8_candidates)
+                                           selection=selection, fp8_candidates=fp8_candidates, fp8_band=fp8_band)
     elif indices.dim() != 2 or indices.shape[0] != q.shape[0] or indices.dtype != torch.int32:
         raise ValueError(
             f"indices must be int32 [T={q.shape[0]}, K], got {indices.dtype} {tuple(indices.shape)}"
@@ -402,9 +418,11 @@ class DSAAttention(torch.nn.Module):
         indexer_loss_in_backward: Optional[bool] = None,
         selection: str = "bf16",
         fp8_candidates: Optional[int] = None,
+        fp8_band: Optional[int] = None,
     ) -> None:
         super().__init__()
         _check_fp8_candidates(selection, fp8_candidates, topk)
+        _check_fp8_band(selection, fp8_band, topk)
         if index_share not in (FULL, SHARED):
             raise ValueError(f"index_share must be 'full' or 'shared', got {index_share!r}")
         if index_share == SHARED and loss_coeff is not None:
@@ -426,6 +444,7 @@ class DSAAttention(torch.nn.Module):
         self.indexer_loss_in_backward = indexer_loss_in_backward
         self.selection = selection
         self.fp8_candidates = fp8_candidates
+        self.fp8_band = fp8_band
         self.last_indexer_loss: Optional[torch.Tensor] = None
 
     def forward(
@@ -456,7 +475,7 @@ class DSAAttention(torch.nn.Module):
             relu=self.relu, loss_coeff=self.loss_coeff, loss_formulation=self.loss_formulation,
             indices=indices, deterministic=self.deterministic, cp_group=self.cp_group,
             indexer_loss_in_backward=self.indexer_loss_in_backward, selection=self.selection,
-            fp8_candidates=self.fp8_candidates,
+            fp8_candidates=self.fp8_candidates, fp8_band=self.fp8_band,
         )
         if self.index_share == FULL and index_share_ctx is not None:
             index_share_ctx.publish(result.indices, layer=self.layer_id)
@@ -470,6 +489,7 @@ class DSAAttention(torch.nn.Module):
         return (
             f"topk={self.topk}, scale={self.scale:g}, index_share={self.index_share!r}, relu={self.relu}, "
             f"loss_coeff={self.loss_coeff}, loss_formulation={self.loss_formulation!r}, selection={self.selection!r}, "
-            + (f"fp8_candidates={self.fp8_candidates}, " if self.fp8_candidates is not None else "") +
+            + (f"fp8_candidates={self.fp8_candidates}, " if self.fp8_candidates is not None else "")
+            + (f"fp8_band={self.fp8_band}, " if self.fp8_band is not None else "") +
             f"cp={'off' if self.cp_group is None else dist.get_world_size(self.cp_group)}"
         )

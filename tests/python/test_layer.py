@@ -120,6 +120,30 @@ def test_layer_fp8_candidates(device):
             DSAAttention(TOPK, 0.1, **bad)
 
 
+@pytest.mark.kernels("indexer_topk_fp8", "quantize_fp8", "sparse_mla_fwd")
+def test_layer_fp8_band(device):
+    """fp8_band reaches the selection (the layer's indices are the op's band re-score) and is checked up front:
+    fp8 only, an int in [1, topk - 1]."""
+    inputs = ref.make_inputs([700, 150], dtype=torch.bfloat16, device=device, seed=7)
+    if device == "cuda" and inputs.k_idx.shape[-1] != 128:
+        pytest.skip("the CUDA band re-score takes D_I = 128")
+    k_start, k_end = flashdsa.build_key_ranges(inputs.cu_seqlens, device=device)
+    with torch.no_grad():
+        res = dsa_attention(inputs.q, inputs.kv, inputs.q_idx, inputs.k_idx, inputs.weights, inputs.cu_seqlens,
+                            TOPK, 0.1, selection="fp8", fp8_band=TOPK // 4)
+        want, none = flashdsa.indexer_topk(inputs.q_idx, inputs.k_idx, inputs.weights, k_start, k_end, TOPK,
+                                           selection="fp8", fp8_band=TOPK // 4)
+    assert none is None and torch.equal(res.indices.sort(dim=1).values, want.sort(dim=1).values)
+    layer = DSAAttention(TOPK, 0.1, selection="fp8", fp8_band=16)
+    assert "fp8_band=16" in repr(layer)
+    for bad, match in (({"fp8_band": 16}, "only read with selection='fp8'"),
+                       ({"selection": "fp8", "fp8_band": TOPK}, r"\[1, topk - 1"),
+                       ({"selection": "fp8", "fp8_band": 0}, r"\[1, topk - 1"),
+                       ({"selection": "fp8", "fp8_band": True}, r"\[1, topk - 1")):
+        with pytest.raises(ValueError, match=match):
+            DSAAttention(TOPK, 0.1, **bad)
+
+
 @pytest.mark.kernels(*LAYER_OPS)
 def test_layer_full_width_shapes(device):
     """The production widths (D_qk = 576, D_v = 512) at tiny T, short sequences (< K visible keys)."""

@@ -83,3 +83,30 @@ def test_fp8_candidates_variable(monkeypatch):
     monkeypatch.setenv(hooks.FP8_CANDIDATES_ENV, "many")
     with pytest.raises(ValueError, match="FLASHDSA_FP8_CANDIDATES"):
         hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+
+
+def test_fp8_band_variable(monkeypatch):
+    """$FLASHDSA_FP8_BAND reaches flashdsa.indexer_topk with the fp8 selection only (the op's own band result);
+    a bad value is a ValueError at the call."""
+    q, k, w, starts, ends = megatron_indexer_inputs()
+    topk = 64
+    want = flashdsa.indexer_topk(q[:, 0], k[:, 0], w[:, 0], starts, ends, topk, selection="fp8", fp8_band=16)[0]
+    seen = []
+    real = hooks._ops.indexer_topk
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("selection"), kwargs.get("fp8_band")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hooks._ops, "indexer_topk", spy)
+    monkeypatch.setenv(hooks.SELECTION_ENV, "fp8")
+    monkeypatch.setenv(hooks.FP8_BAND_ENV, "16")
+    got, _ = hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+    assert torch.equal(got[0], want) and seen[-1] == ("fp8", 16)
+    monkeypatch.setenv(hooks.SELECTION_ENV, "bf16")  # ignored with bf16 (not an error)
+    hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+    assert seen[-1] == ("bf16", None)
+    monkeypatch.setenv(hooks.SELECTION_ENV, "fp8")
+    monkeypatch.setenv(hooks.FP8_BAND_ENV, "wide")
+    with pytest.raises(ValueError, match="FLASHDSA_FP8_BAND"):
+        hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)

@@ -73,19 +73,41 @@ def fp8_candidates() -> Optional[int]:
         ValueError: the variable is set to something that is not an integer (the range is checked by
             :func:`flashdsa.indexer_topk` against the call's topk).
     """
-    text = os.environ.get(FP8_CANDIDATES_ENV, "").strip()
+    return _int_env(FP8_CANDIDATES_ENV)
+
+
+#: Environment variable read with ``FLASHDSA_INDEXER_SELECTION=fp8``: the band re-score's b (an integer in
+#: [1, topk - 1]: only the candidates below the topk - b best by the FP8 score are re-scored exactly; docs/spec.md
+#: §3). Unset or empty: every candidate is re-scored. Read at each call; ignored with the bf16 selection.
+FP8_BAND_ENV = "FLASHDSA_FP8_BAND"
+
+
+def _int_env(name: str) -> Optional[int]:
+    text = os.environ.get(name, "").strip()
     if not text:
         return None
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"${FP8_CANDIDATES_ENV} must be an integer, got {text!r}") from None
+        raise ValueError(f"${name} must be an integer, got {text!r}") from None
+
+
+def fp8_band() -> Optional[int]:
+    """The band re-score option the hooks pass on: ``$FLASHDSA_FP8_BAND`` as an int, None when unset.
+
+    Raises:
+        ValueError: the variable is set to something that is not an integer (the range is checked by
+            :func:`flashdsa.indexer_topk` against the call's topk).
+    """
+    return _int_env(FP8_BAND_ENV)
 
 
 def _selection_kwargs() -> dict:
-    """selection= and fp8_candidates= for flashdsa.indexer_topk, from the two environment variables."""
+    """selection=, fp8_candidates= and fp8_band= for flashdsa.indexer_topk, from the environment variables."""
     selection = indexer_selection()
-    return {"selection": selection, "fp8_candidates": fp8_candidates() if selection == "fp8" else None}
+    fp8 = selection == "fp8"
+    return {"selection": selection, "fp8_candidates": fp8_candidates() if fp8 else None,
+            "fp8_band": fp8_band() if fp8 else None}
 
 
 def reset_stats() -> None:
