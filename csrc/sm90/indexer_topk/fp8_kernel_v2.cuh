@@ -16,11 +16,14 @@
 //   - the epilogue in packed bf16x2 arithmetic: as soon as the tile's MMA is complete, its 64 f32
 //     accumulators are converted with the ReLU fused (cvt.rn.relu.bf16x2.f32: 32 instructions) into
 //     32 registers, the accumulator is free for the next tile's MMA, and the head sums (fma.rn.bf16x2
-//     with bf16x2 weights, then the two halves added in f32), the quad reduce-scatter and the appends
-//     of tile it-1 run while the MMA of tile it is in flight. The error bound vs the C - K slack is
+//     with bf16x2 weights; H_I = 64: per head pair, the two halves then added in f32; H_I = 32: packed by key,
+//     the quad reduce-scatter in bf16x2 too), the quad reduce-scatter and the appends of tile it-1 run while
+//     the MMA of tile it is in flight. The error bound vs the C - K slack is
 //     argued in the design section (the f32 epilogue, A/B-tested on the H200, was slower: removed);
 //   - rows of a never-compacted list (threshold 0) store key k at slot k - k_start without atomics
-//     (dense appends); the other rows append by ballot + one shared atomic per (row, warp, key);
+//     (dense appends); the other rows append by ballot + one shared atomic per (row, warp, key) — at H_I = 32
+//     one per (row, warp) for both of a lane's keys;
+//   - the band re-score (args.band > 0, indices only; kernel instances of its own): see the per-row tail;
 //   - inputs with T_kv >= kSampleMinTiles (64) tiles run the kSampled instance: blocks of >= 64 tiles walk
 //     every 16th, 32nd or 64th tile first, cut their long rows to about their share of the C best, then walk
 //     the rest above that threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
@@ -316,7 +319,6 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         if (atomicAdd(&sm.done[slot], 1u) % kNWarps == kNWarps - 1 && it + S < ntiles) issue_key_tile(it + S);
       }
     };
-
     // First key of the block's tile `tile` (the sampled instance: from the ring table, written at its issue)
     auto tile_key_of = [&](int tile) {
       return kSampled ? sm.tile_key[(ring + static_cast<uint32_t>(tile)) % (2 * S)] : (tile0 + tile) * kTileKeys;
@@ -329,8 +331,9 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     };
 
     bool list_nearly_full = false;
-    // From this thread's partial head sums part[2 tl + r] (warpgroup token tl, key acc_row + 8 r): the
-    // quad reduce-scatter, the key scale, the pass test and the appends of tile `tile`.
+    // From this thread's partial head sums (head_sums below: part[2 tl + r] for warpgroup token tl, key acc_row + 8 r;
+    // KP: part[tl] holding both keys): the quad reduce-scatter, the key scale, the pass test and the appends of tile
+    // `tile`.
     auto finish_tile = [&](int tile, const Part& part, const float (&ksv)[V]) {
       float sums[V];
       if constexpr (KP) {
@@ -381,10 +384,6 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
                            my_list_s, my_list_i, a.cap, list_nearly_full);
     };
 
-    // The head sums of a complete accumulator in bf16x2: chunk j's values f(acc[4 j + 2 r]),
-    // f(acc[4 j + 2 r + 1]) (key acc_row + 8 r, heads 2 quad + {0, 1} of the chunk's 8) are packed
-    // with the ReLU fused, multiplied by the bf16x2 weights and summed per lane half over the token's
-    // chunks (fma.rn.bf16x2), then the two halves are added in f32.
     // The head sums of a complete accumulator in bf16x2. Chunk j's values f(acc[4 j + 2 r]), f(acc[4 j + 2 r + 1])
     // (key acc_row + 8 r, heads 2 quad + {0, 1} of the chunk's 8) are packed with the ReLU fused and multiplied by the
     // bf16x2 weights, per token: KP (H_I = 32) packs by key — (f(acc[4 j]), f(acc[4 j + 2])) is head 2 quad for keys
