@@ -53,6 +53,19 @@ def test_qk_topk_hook_follows_the_variable(monkeypatch):
         assert seen[-1] == selection
 
 
+def spy_indexer_topk(monkeypatch, option: str) -> list:
+    """Wraps the hooks' flashdsa.indexer_topk: every call appends (selection, kwargs[option]) to the returned list."""
+    seen = []
+    real = hooks._ops.indexer_topk
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("selection"), kwargs.get(option)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hooks._ops, "indexer_topk", spy)
+    return seen
+
+
 def test_fp8_candidates_variable(monkeypatch):
     """$FLASHDSA_FP8_CANDIDATES reaches flashdsa.indexer_topk with the fp8 selection only; a bad value is a
     ValueError at the call; fewer candidates give the op's own result for that count."""
@@ -60,14 +73,7 @@ def test_fp8_candidates_variable(monkeypatch):
     topk = 64
     want = {c: flashdsa.indexer_topk(q[:, 0], k[:, 0], w[:, 0], starts, ends, topk, selection="fp8",
                                      fp8_candidates=c)[0] for c in (64, 128)}
-    seen = []
-    real = hooks._ops.indexer_topk
-
-    def spy(*args, **kwargs):
-        seen.append((kwargs.get("selection"), kwargs.get("fp8_candidates")))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hooks._ops, "indexer_topk", spy)
+    seen = spy_indexer_topk(monkeypatch, "fp8_candidates")
     monkeypatch.setenv(hooks.SELECTION_ENV, "fp8")
     for c in (64, 128):
         monkeypatch.setenv(hooks.FP8_CANDIDATES_ENV, str(c))
@@ -91,14 +97,7 @@ def test_fp8_band_variable(monkeypatch):
     q, k, w, starts, ends = megatron_indexer_inputs()
     topk = 64
     want = flashdsa.indexer_topk(q[:, 0], k[:, 0], w[:, 0], starts, ends, topk, selection="fp8", fp8_band=16)[0]
-    seen = []
-    real = hooks._ops.indexer_topk
-
-    def spy(*args, **kwargs):
-        seen.append((kwargs.get("selection"), kwargs.get("fp8_band")))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hooks._ops, "indexer_topk", spy)
+    seen = spy_indexer_topk(monkeypatch, "fp8_band")
     monkeypatch.setenv(hooks.SELECTION_ENV, "fp8")
     monkeypatch.setenv(hooks.FP8_BAND_ENV, "16")
     got, _ = hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
