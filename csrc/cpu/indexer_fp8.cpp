@@ -122,27 +122,26 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
         for (int i = 0; i < C; ++i) cand[i].key = static_cast<int32_t>(ks + i);
       }
 
+      // Band: the K - b best candidates by the FP8 score are kept as they are (`sure`), the others re-scored.
+      int sure = 0, m = C;
       if (band) {
-        const int b = p.rescore_band, sure = K - b, rest = C - sure;  // rest >= b since C >= K
+        sure = K - p.rescore_band;
         std::nth_element(cand8, cand8 + sure, cand8 + C, ranks_before<double>);
-        for (int i = 0; i < rest; ++i) cand[i].key = cand8[sure + i].key;
-        exact.load_q(t, r.q);
-        exact.template score_keys<kKeyTile>(t, r.q, rest, [&](int i) { return cand[i].key; }, r.rows, r.qk, r.score);
-        for (int i = 0; i < rest; ++i) cand[i].score = r.score[i];
-        std::nth_element(cand, cand + b, cand + rest, ranks_before<Acc>);
-        int32_t* out = p.indices + t * K;
-        for (int i = 0; i < sure; ++i) out[i] = cand8[i].key;
-        for (int i = 0; i < b; ++i) out[sure + i] = cand[i].key;
-        std::sort(out, out + K);
-        continue;
+        m = C - sure;  // >= b since C >= K
+        for (int i = 0; i < m; ++i) cand[i].key = cand8[sure + i].key;
       }
       // 2. The exact re-score of the candidates (the unquantized op's arithmetic).
       exact.load_q(t, r.q);
-      exact.template score_keys<kKeyTile>(t, r.q, C, [&](int i) { return cand[i].key; }, r.rows, r.qk, r.score);
-      for (int i = 0; i < C; ++i) cand[i].score = r.score[i];
+      exact.template score_keys<kKeyTile>(t, r.q, m, [&](int i) { return cand[i].key; }, r.rows, r.qk, r.score);
+      for (int i = 0; i < m; ++i) cand[i].score = r.score[i];
 
-      // 3. The K best of the candidates, in increasing key order.
-      write_row_top_k(cand, C, K, p.indices + t * K, scores_out ? scores_out + t * K : nullptr);
+      // 3. The K best of the candidates (band: the b best after the sure ones), in increasing key order.
+      int32_t* out = p.indices + t * K;
+      write_row_top_k(cand, m, K - sure, out + sure, scores_out ? scores_out + t * K : nullptr);
+      if (band) {
+        for (int i = 0; i < sure; ++i) out[i] = cand8[i].key;
+        std::sort(out, out + K);
+      }
     }
   });
   return Status::OK();

@@ -56,16 +56,6 @@ def _check_fp8_candidates(selection: str, fp8_candidates: Optional[int], topk: i
         raise ValueError(f"fp8_candidates must be in [topk={topk}, 16384], got {fp8_candidates}")
 
 
-def _check_fp8_band(selection: str, fp8_band: Optional[int], topk: int) -> None:
-    """Checks the FP8 band re-score option: None, or (selection "fp8" only) an int in [1, topk - 1]."""
-    if fp8_band is None:
-        return
-    if selection != "fp8":
-        raise ValueError(f"fp8_band is only read with selection='fp8' (selection={selection!r})")
-    if isinstance(fp8_band, bool) or not isinstance(fp8_band, int) or not 1 <= fp8_band < topk:
-        raise ValueError(f"fp8_band must be None or an int in [1, topk - 1 = {topk - 1}], got {fp8_band!r}")
-
-
 class DSAAttentionOutput(NamedTuple):
     """Result of :func:`dsa_attention` / :class:`DSAAttention`.
 
@@ -269,7 +259,7 @@ def dsa_attention(
     if loss_formulation not in _FORMULATIONS:
         raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
     _check_fp8_candidates(selection, fp8_candidates, topk)
-    _check_fp8_band(selection, fp8_band, topk)
+    _ops.check_fp8_band(selection, fp8_band, topk)
     needs_indexer_inputs = indices is None or loss_coeff is not None
     if needs_indexer_inputs and (q_idx is None or k_idx is None or weights is None):
         why = "indices is None (the indexer must run)" if indices is None else "loss_coeff is set"
@@ -422,7 +412,7 @@ class DSAAttention(torch.nn.Module):
     ) -> None:
         super().__init__()
         _check_fp8_candidates(selection, fp8_candidates, topk)
-        _check_fp8_band(selection, fp8_band, topk)
+        _ops.check_fp8_band(selection, fp8_band, topk)
         if index_share not in (FULL, SHARED):
             raise ValueError(f"index_share must be 'full' or 'shared', got {index_share!r}")
         if index_share == SHARED and loss_coeff is not None:

@@ -388,6 +388,17 @@ def check_selection(selection: str) -> str:
     return selection
 
 
+def check_fp8_band(selection: str, fp8_band: int | None, topk: int) -> None:
+    """Checks the FP8 band re-score option: None, or (``selection="fp8"`` only) an int in [1, topk - 1];
+    else raises ValueError."""
+    if fp8_band is None:
+        return
+    if selection != "fp8":
+        raise ValueError(f"fp8_band is only read with selection='fp8' (selection={selection!r})")
+    if isinstance(fp8_band, bool) or not isinstance(fp8_band, int) or not 1 <= fp8_band < topk:
+        raise ValueError(f"fp8_band must be None or an int in [1, topk - 1 = {topk - 1}], got {fp8_band!r}")
+
+
 def quantize_indexer_fp8(q_idx: torch.Tensor, k_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                              torch.Tensor, torch.Tensor]:
     """Quantizes the indexer inputs to fp8 e4m3 with per-row scales (docs/spec.md §3, "FP8 selection").
@@ -459,9 +470,7 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
             raise ValueError("fp8_candidates and fp8_band are only read with selection='fp8'")
         return _ops.indexer_topk(q_idx.detach(), k_idx.detach(), weights, k_start, k_end, topk, relu)
     candidates = 0 if fp8_candidates is None else int(fp8_candidates)
-    if fp8_band is not None and (isinstance(fp8_band, bool) or not isinstance(fp8_band, int)
-                                 or not 1 <= fp8_band < topk):
-        raise ValueError(f"fp8_band must be None or an int in [1, topk - 1 = {topk - 1}], got {fp8_band!r}")
+    check_fp8_band(selection, fp8_band, topk)
     band = 0 if fp8_band is None else fp8_band
     q8, q_scale, k8, k_scale = quantize_indexer_fp8(q_idx, k_idx)
     indices, scores = _ops.indexer_topk_fp8(q8, k8, q_scale, k_scale, q_idx.detach(), k_idx.detach(), weights,

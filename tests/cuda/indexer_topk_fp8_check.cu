@@ -364,6 +364,15 @@ double max_norm(int64_t rows, int D, const std::function<double(int64_t, int)>& 
   return m;
 }
 
+// Whether an output row of K slots holds n distinct keys in [lo, hi), then -1 (the band re-score's rows).
+bool valid_index_row(const int32_t* row, int64_t n, int K, int64_t lo, int64_t hi) {
+  std::vector<int32_t> v(row, row + n);
+  std::sort(v.begin(), v.end());
+  bool ok = std::adjacent_find(v.begin(), v.end()) == v.end() && (n == 0 || (v.front() >= lo && v.back() < hi));
+  for (int64_t j = n; j < K; ++j) ok = ok && row[j] == -1;
+  return ok;
+}
+
 // The band re-score (D_I = 128, b = K / 4) on the same problem: every row holds min(K, visible) distinct visible
 // keys, then -1; its overlap with the full re-score's row (which the band rule may differ from only near the K-th
 // score) is reported, and a row sharing less than half of it fails.
@@ -378,13 +387,11 @@ bool check_band(const Problem& p, const Run& full) {
   double overlap_sum = 0, overlap_min = 1;
   for (int64_t t = 0; t < p.T; ++t) {
     const int64_t n = std::min<int64_t>(p.K, p.k_end[t] - p.k_start[t]);
+    bool ok = valid_index_row(&rb.idx[t * p.K], n, p.K, p.k_start[t], p.k_end[t]);
     std::vector<int32_t> a(rb.idx.begin() + t * p.K, rb.idx.begin() + t * p.K + n);
     std::vector<int32_t> b(full.idx.begin() + t * p.K, full.idx.begin() + t * p.K + n);
     std::sort(a.begin(), a.end());
     std::sort(b.begin(), b.end());
-    bool ok = std::adjacent_find(a.begin(), a.end()) == a.end() &&
-              (n == 0 || (a.front() >= p.k_start[t] && a.back() < p.k_end[t]));
-    for (int64_t j = n; j < p.K; ++j) ok = ok && rb.idx[t * p.K + j] == -1;
     if (n > 0) {
       std::vector<int32_t> common;
       std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
@@ -614,12 +621,7 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
         int64_t bad_rows = 0;
         for (int64_t t : rows) {
           auto o = download<int32_t>(idx8.as<int32_t>() + t * K, K);
-          const int64_t n = std::min<int64_t>(K, t + 1);
-          std::vector<int32_t> v(o.begin(), o.begin() + n);
-          std::sort(v.begin(), v.end());
-          bool good = std::adjacent_find(v.begin(), v.end()) == v.end() && (n == 0 || (v.front() >= 0 && v.back() <= t));
-          for (int64_t j = n; j < K; ++j) good = good && o[j] == -1;
-          bad_rows += good ? 0 : 1;
+          bad_rows += valid_index_row(o.data(), std::min<int64_t>(K, t + 1), K, 0, t + 1) ? 0 : 1;
         }
         all_band_ok = all_band_ok && bad_rows == 0;
         std::printf("  %-3d %7lld   band %5lld: fp8 sel ms %.3f (default again %.3f: %.3fx) recall mean %.5f min %.4f, "
