@@ -11,8 +11,21 @@ SECTIONS = ("kernels", "layer", "baselines", "peers")
 # Run when --only is not given; "peers" (bench/peers: public peers A/B) is opt-in (--peers / --only peers).
 DEFAULT_SECTIONS = ("kernels", "layer", "baselines")
 # Selection pass of FlashDSA's indexer_topk in the peers A/B (flashdsa.indexer_topk's `selection`).
-# "fp8-band": the FP8 selection with the band re-score (fp8_band = topk / 4: indices only, docs/spec.md §3)
-INDEXER_SELECTIONS = ("bf16", "fp8", "fp8-band")
+# "fp8-band": the FP8 selection with the band re-score (fp8_band = topk / 4: indices only, docs/spec.md §3);
+# "fp8-fast": the band re-score with the narrower setting fp8_band = topk / 8, fp8_candidates = topk + topk / 8
+# (FP8_FAST_SETTINGS; recall measured in docs/kernels/indexer_topk.md)
+INDEXER_SELECTIONS = ("bf16", "fp8", "fp8-band", "fp8-fast")
+
+
+def fp8_selection_kwargs(indexer_selection: str, topk: int) -> dict:
+    """The keyword arguments of flashdsa.indexer_topk for one of the FP8 INDEXER_SELECTIONS."""
+    if indexer_selection == "fp8-band":
+        return {"selection": "fp8", "fp8_band": topk // 4}
+    if indexer_selection == "fp8-fast":
+        return {"selection": "fp8", "fp8_band": topk // 8, "fp8_candidates": topk + topk // 8}
+    if indexer_selection == "fp8":
+        return {"selection": "fp8", "fp8_band": None}
+    raise ValueError(f"not an FP8 selection: {indexer_selection!r}")
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -67,9 +67,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="order of each row's sparse-attention indices: ascending key index (default) or "
                         "shuffled, the order a top-k selection returns them in (bench/inputs.py)")
     p.add_argument("--indexer-selection", choices=INDEXER_SELECTIONS, default="bf16",
-                   help="selection pass of FlashDSA's indexer_topk in the peers A/B: bf16 (exact, default) or "
+                   help="selection pass of FlashDSA's indexer_topk in the peers A/B: bf16 (exact, default), "
                         "fp8 (flashdsa.indexer_topk(..., selection='fp8'), the per-row e4m3 quantization "
-                        "included in the timed call)")
+                        "included in the timed call), fp8-band (fp8_band=K/4, indices only) or fp8-fast "
+                        "(fp8_band=K/8, fp8_candidates=K+K/8, indices only)")
     return p.parse_args(argv)
 
 

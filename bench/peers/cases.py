@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import flops
-from ..config import BenchConfig, DsaShape
+from ..config import BenchConfig, DsaShape, fp8_selection_kwargs
 from ..inputs import causal_ranges, causal_topk_indices, input_set_count
 from .ab import ABPrepared, Side, max_abs_err, rel_err, topk_recall
 from .registry import PeerStatus
@@ -178,15 +178,16 @@ def ours_bwd(ctx: Context) -> Callable:
 
 def ours_indexer(ctx: Context) -> Callable:
     """FlashDSA's fused indexer_topk (ReLU): the raw op's exact bf16 selection, or with
-    cfg.indexer_selection == "fp8" the public flashdsa.indexer_topk(..., selection="fp8") (e4m3 selection
-    of the default candidate count, exact re-score; the quantization of q_idx / k_idx is in the call)."""
+    an FP8 cfg.indexer_selection the public flashdsa.indexer_topk(..., selection="fp8", ...) with that selection's
+    settings (config.fp8_selection_kwargs: e4m3 selection, exact re-score of the candidates or of the band; the
+    quantization of q_idx / k_idx is in the call)."""
     k = ctx.shape.topk
-    if ctx.cfg.indexer_selection in ("fp8", "fp8-band"):
+    if ctx.cfg.indexer_selection != "bf16":
         from flashdsa import ops as flashdsa_ops  # the public function, as a user calls it
         indexer_topk = flashdsa_ops.indexer_topk
-        band = k // 4 if ctx.cfg.indexer_selection == "fp8-band" else None  # indices only (scores None)
+        kwargs = fp8_selection_kwargs(ctx.cfg.indexer_selection, k)  # a band: indices only (scores None)
         return lambda a: indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True,
-                                      selection="fp8", fp8_band=band)
+                                      **kwargs)
     return lambda a: ctx.ops.indexer_topk(a["q_idx"], a["k_idx"], a["weights"], a["k_start"], a["k_end"], k, True)
 
 

@@ -60,10 +60,11 @@ def selection_text(indexer_selection: str) -> str:
     """The report line saying which selection pass our indexer_topk ran, and what its checks compare."""
     if indexer_selection == "bf16":
         return "ours: indexer_topk selection=bf16 (the raw op, exact top-k)."
-    how = ("selection=\"fp8\", fp8_band=topk // 4 (indices only)" if indexer_selection == "fp8-band"
-           else f"selection=\"{indexer_selection}\"")
+    how = {"fp8-band": "selection=\"fp8\", fp8_band=topk // 4 (indices only), default candidate count",
+           "fp8-fast": "selection=\"fp8\", fp8_band=topk // 8, fp8_candidates=topk + topk // 8 (indices only)"}.get(
+               indexer_selection, f"selection=\"{indexer_selection}\", default candidate count")
     return (f"ours: indexer_topk selection={indexer_selection} (flashdsa.indexer_topk(..., "
-            f"{how}), default candidate count; the per-row e4m3 quantization of q_idx / "
+            f"{how}); the per-row e4m3 quantization of q_idx / "
             "k_idx is inside the timed call). The indexer cross-checks compare the peer with our exact bf16 "
             "top-k, computed on the same inputs outside the timing; fp8 recall = the fp8 selection's recall "
             "of that exact top-k (mean over rows, worst row).")

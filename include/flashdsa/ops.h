@@ -123,7 +123,7 @@ struct IndexerTopkParams : CallContext {
   // FP8 selection only: 0 (default) = every candidate re-scored exactly (the returned scores are exact);
   // b in [1, K - 1] = the band re-score (docs/spec.md §3): when a row has more than K candidates, its K - b best
   // by the FP8 score are returned as they are, only the other candidates are re-scored exactly and the b best of
-  // them join. Indices only: requires scores == nullptr. (CUDA: D_I = 128 and at most 4096 candidates.)
+  // them join. Indices only: requires scores == nullptr. (CUDA: D_I = 128.)
   int rescore_band = 0;
 };
 

@@ -456,7 +456,7 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
             *band re-score* (docs/spec.md §3): on a row with more than `topk` candidates the ``topk - b``
             best by the FP8 score are kept as they are and only the other candidates are re-scored
             exactly, their ``b`` best joining (faster: fewer exact re-scores). It returns indices only
-            (``scores`` is None). CUDA: D_I = 128 and at most 4096 candidates.
+            (``scores`` is None). CUDA: D_I = 128.
     Returns:
         indices: [T, K] int32, unordered within a row; a row with fewer than K visible keys holds
             all of them followed by -1.

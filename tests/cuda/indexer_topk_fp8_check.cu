@@ -9,8 +9,9 @@
 //   indexer_topk_fp8_check [--small] [--no-bench] [--bench-only] [--bench-T 8192,32768,131072]
 //                          [--bench-H 32] [--bench-data spread|uniform] [--seed N] [--tol8 R]
 //                          [--bench-candidates 2304,2048]   (extra C values: speed and recall on the same inputs)
-//                          [--bench-bands 512,256]   (rescore_band values: speed, recall and a validity check of
-//                                                     the indices-only band re-score on the same inputs)
+//                          [--bench-bands 512,256,256/2304]   (rescore_band values, each optionally with its own C:
+//                                                     speed, recall and a validity check of the indices-only band
+//                                                     re-score on the same inputs)
 // Exit code: 0 all cases pass, 1 a case failed, 77 no CUDA device.
 //
 // Every call goes through the public entry points (flashdsa::run_quantize_fp8, run_indexer_topk with
@@ -476,6 +477,9 @@ std::vector<Problem> problems(bool small, std::mt19937_64& rng) {
   add("causal H64 D64 K64 relu C=K", 64, 64, 64, true, thd_causal_ranges({2000}), 64);
   add("causal H32 D128 K2048 relu", 32, 128, 2048, true, thd_causal_ranges({4500}));
   add("causal H64 D128 K128 relu C=1024", 64, 128, 128, true, thd_causal_ranges({3000}), 1024);
+  // lists longer than the register-resident select takes (cap = C + 1024 = 5632): the streamed cuts, and the band's
+  // warp selects on lists of more than 4096 entries
+  add("causal H32 D128 K1024 relu C=4608", 32, 128, 1024, true, thd_causal_ranges({5200}), 4608);
   add("cp2 H64 D64 K64 linear", 64, 64, 64, false, cp_zigzag_ranges({2048, 512}, 2, 1));
   add("cp4 H32 D128 K128 relu", 32, 128, 128, true, cp_zigzag_ranges({4096}, 4, 2));
   add("strided H32 D128 K64 relu", 32, 128, 64, true, thd_causal_ranges({900, 450}), 0, 16);
@@ -515,7 +519,7 @@ __global__ void fill_weights(float* x, int64_t n, uint64_t seed) {
 // cands: extra candidate counts C (fp8_candidates) timed on the same inputs after the default, each with
 // its recall (the speed / recall trade-off of the C - K slack).
 bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs, bool spread,
-               const std::vector<int64_t>& cands, const std::vector<int64_t>& bands) {
+               const std::vector<int64_t>& cands, const std::vector<std::pair<int64_t, int64_t>>& bands) {
   bool all_band_ok = true;
   const int D = 128, K = 2048;
   std::printf("\nBenchmark: one causal sequence, D_I = %d, K = %d, relu, %s data, median of 10 (CUDA events)\n", D, K,
@@ -606,10 +610,13 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
         std::printf("  %-3d %7lld   candidates %5lld: fp8 sel ms %.3f (default again %.3f: %.3fx) "
                     "recall mean %.5f min %.4f\n", H, (long long)T, (long long)c, ms_c, ms_d, ms_d / ms_c, rmean, rmin);
       }
-      for (int64_t b : bands) {  // the band re-score (indices only) on the same inputs
+      for (const auto& [b, band_c] : bands) {  // the band re-score (indices only) on the same inputs
         flashdsa::IndexerTopkParams fb = f8;
         fb.rescore_band = static_cast<int>(b);
+        if (band_c > 0) fb.candidates = static_cast<int>(band_c);
         fb.scores = nullptr;
+        DeviceBuffer ws_b(flashdsa::indexer_topk_workspace_size(fb));
+        fb.workspace = ws_b.ptr, fb.workspace_bytes = ws_b.bytes;
         check_status(flashdsa::run_indexer_topk(fb), "fp8 indexer_topk (band)");
         FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
         const double ms_b = flashdsa_check::median_ms([&] { (void)flashdsa::run_indexer_topk(fb); }, 0, 10);
@@ -624,8 +631,9 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
           bad_rows += valid_index_row(o.data(), std::min<int64_t>(K, t + 1), K, 0, t + 1) ? 0 : 1;
         }
         all_band_ok = all_band_ok && bad_rows == 0;
-        std::printf("  %-3d %7lld   band %5lld: fp8 sel ms %.3f (default again %.3f: %.3fx) recall mean %.5f min %.4f, "
-                    "%s\n", H, (long long)T, (long long)b, ms_b, ms_d, ms_d / ms_b, rmean, rmin,
+        std::printf("  %-3d %7lld   band %5lld C %5d: fp8 sel ms %.3f (default again %.3f: %.3fx) recall mean %.5f "
+                    "min %.4f, %s\n", H, (long long)T, (long long)b, fb.candidates > 0 ? fb.candidates : flashdsa::fp8_selection_candidates(K), ms_b, ms_d,
+                    ms_d / ms_b, rmean, rmin,
                     bad_rows == 0 ? "indices valid" : "INVALID ROWS");
       }
     }
@@ -643,7 +651,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> bench_T = {8192, 32768, 131072};
   std::vector<int> bench_H = {32};
   std::vector<int64_t> bench_cands;  // --bench-candidates: extra C values (speed / recall trade-off)
-  std::vector<int64_t> bench_bands;  // --bench-bands: rescore_band values
+  std::vector<std::pair<int64_t, int64_t>> bench_bands;  // --bench-bands: rescore_band values [/ C]
   auto parse_list = [](const char* text) {
     std::vector<int64_t> v;
     for (const char* c = text; *c;) {
@@ -662,7 +670,17 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--bench-T") && i + 1 < argc) bench_T = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-candidates") && i + 1 < argc) bench_cands = parse_list(argv[++i]);
-    else if (!std::strcmp(argv[i], "--bench-bands") && i + 1 < argc) bench_bands = parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--bench-bands") && i + 1 < argc) {
+      for (const char* c = argv[++i]; *c;) {  // "b" or "b/C", comma-separated
+        char* end = nullptr;
+        const int64_t b = std::strtoll(c, &end, 10);
+        if (end == c) break;
+        int64_t cand = 0;  // 0: the default C
+        if (*end == '/') cand = std::strtoll(end + 1, &end, 10);
+        bench_bands.emplace_back(b, cand);
+        c = *end == ',' ? end + 1 : end;
+      }
+    }
     else if (!std::strcmp(argv[i], "--bench-data") && i + 1 < argc) spread = std::strcmp(argv[++i], "uniform") != 0;
     else if (!std::strcmp(argv[i], "--bench-H") && i + 1 < argc) {
       bench_H.clear();

@@ -5,7 +5,11 @@
 // separate output (as the final select does), with and without scores. Checked per list: the count kept
 // (min(n, k)), that the kept entries are distinct entries of the list (index and score as given), that their
 // scores are exactly the k largest as a multiset, and the threshold of the rule (the k-th largest score's
-// key when n > k). Exit: 0 all pass, 1 a failure, 77 no GPU (CTest skip).
+// key when n > k). Also the one-warp selections of the FP8 band re-score (warp_select.cuh; four warps per CTA,
+// each on its own list, of any length): warp_split_top_k's three-way split by rank (the k largest to one output,
+// the entries ranked k + 1 .. k_keep to the list itself, as the kernel does) and warp_keep_top_k: the counts,
+// distinct entries, disjoint sides and exact multisets on every side (ties included).
+// Exit: 0 all pass, 1 a failure, 77 no GPU (CTest skip).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +23,7 @@
 
 #include "check_common.cuh"
 #include "sm90/indexer_topk/select.cuh"
+#include "sm90/indexer_topk/warp_select.cuh"
 
 namespace {
 
@@ -26,6 +31,9 @@ using flashdsa::sm90::indexer_topk_impl::Kept;
 using flashdsa::sm90::indexer_topk_impl::keep_top_k;
 using flashdsa::sm90::indexer_topk_impl::Scratch;
 using flashdsa::sm90::indexer_topk_impl::score_key;
+using flashdsa::sm90::indexer_topk_impl::kWarpHistBins;
+using flashdsa::sm90::indexer_topk_impl::warp_keep_top_k;
+using flashdsa::sm90::indexer_topk_impl::warp_split_top_k;
 using flashdsa_check::DeviceBuffer;
 using flashdsa_check::download;
 using flashdsa_check::upload;
@@ -49,10 +57,30 @@ __global__ void __launch_bounds__(NTH) select_lists(float* scores, int* idx, con
   }
 }
 
+// The one-warp selections (warp_select.cuh): warp w of CTA c takes list b = 4 c + w: warp_keep_top_k of its k
+// largest into keep_i at the list's offset (count to res[3 b + 2]), then warp_split_top_k as split_lists does.
+constexpr int kListWarps = 4;
+__global__ void __launch_bounds__(32 * kListWarps) warp_split_lists(const float* scores, int* idx, const int* off,
+                                                                   const int* n, const int* k, const int* k_keep,
+                                                                   int* out_i, int* keep_i, int* res, int L) {
+  __shared__ uint32_t hist[kListWarps][kWarpHistBins];
+  const int w = threadIdx.x >> 5, b = blockIdx.x * kListWarps + w;
+  if (b >= L) return;
+  const int kept = warp_keep_top_k(scores + off[b], idx + off[b], n[b], k[b], keep_i + off[b], hist[w]);
+  const int2 r = warp_split_top_k(scores + off[b], idx + off[b], n[b], k[b], k_keep[b], out_i + off[b], idx + off[b],
+                                  hist[w]);
+  if ((threadIdx.x & 31) == 0) {
+    res[3 * b] = r.x;
+    res[3 * b + 1] = r.y;
+    res[3 * b + 2] = kept;
+  }
+}
+
 struct List {
   std::string kind;
   std::vector<float> s;
   int k;
+  int k_keep = 0;  // split_top_k only
 };
 
 std::vector<float> make_scores(const std::string& kind, int n, std::mt19937& rng) {
@@ -73,23 +101,31 @@ std::vector<float> make_scores(const std::string& kind, int n, std::mt19937& rng
   return s;
 }
 
+// Lays the lists out back to back, 16-byte aligned (as the kernels' lists are); ids are distinct and not
+// positions: entry i of list b has id 1000001 + off[b] + i.
+void pack_lists(const std::vector<List>& lists, std::vector<int>& off, std::vector<float>& s, std::vector<int>& id) {
+  for (const List& l : lists) {
+    off.push_back(static_cast<int>(s.size()));
+    for (size_t i = 0; i < l.s.size(); ++i) {
+      s.push_back(l.s[i]);
+      id.push_back(static_cast<int>(1000000 + s.size()));
+    }
+    while (s.size() % 4 != 0) {
+      s.push_back(NAN);
+      id.push_back(-7);
+    }
+  }
+}
+
 template <int NTH>
 bool run_case_set(const std::vector<List>& lists, bool in_place, bool with_scores) {
   std::vector<int> off, n, k;
   std::vector<float> s;
   std::vector<int> id;
+  pack_lists(lists, off, s, id);
   for (const List& l : lists) {
-    off.push_back(static_cast<int>(s.size()));
     n.push_back(static_cast<int>(l.s.size()));
     k.push_back(l.k);
-    for (size_t i = 0; i < l.s.size(); ++i) {
-      s.push_back(l.s[i]);
-      id.push_back(static_cast<int>(1000000 + s.size()));  // distinct, not the position
-    }
-    while (s.size() % 4 != 0) {  // lists start 16-byte aligned, as the kernels' lists do
-      s.push_back(NAN);
-      id.push_back(-7);
-    }
   }
   const int L = static_cast<int>(lists.size());
   const size_t total = s.size();
@@ -148,6 +184,76 @@ bool run_case_set(const std::vector<List>& lists, bool in_place, bool with_score
   return failures == 0;
 }
 
+// The one-warp selections on every list: warp_split_top_k (top to one output, the rest in place) and
+// warp_keep_top_k (the top again, to a third output).
+bool run_warp_split_set(const std::vector<List>& lists) {
+  std::vector<int> off, n, k, kk;
+  std::vector<float> s;
+  std::vector<int> id;
+  pack_lists(lists, off, s, id);
+  for (const List& l : lists) {
+    n.push_back(static_cast<int>(l.s.size()));
+    k.push_back(l.k);
+    kk.push_back(l.k_keep);
+  }
+  const int L = static_cast<int>(lists.size());
+  const size_t total = s.size();
+  constexpr int R = 3;  // results per list: top count, rest count, warp_keep_top_k's count
+  DeviceBuffer d_s(total * 4), d_i(total * 4), d_oi(total * 4), d_ki(total * 4), d_off(L * 4), d_n(L * 4), d_k(L * 4),
+      d_kk(L * 4), d_res(R * L * 4);
+  upload(d_s, s), upload(d_i, id), upload(d_off, off), upload(d_n, n), upload(d_k, k), upload(d_kk, kk);
+  FLASHDSA_CHECK_CUDA(cudaMemset(d_oi.ptr, 0xff, total * 4));
+  FLASHDSA_CHECK_CUDA(cudaMemset(d_ki.ptr, 0xff, total * 4));
+  warp_split_lists<<<(L + kListWarps - 1) / kListWarps, 32 * kListWarps>>>(
+      d_s.as<float>(), d_i.as<int>(), d_off.as<int>(), d_n.as<int>(), d_k.as<int>(), d_kk.as<int>(), d_oi.as<int>(),
+      d_ki.as<int>(), d_res.as<int>(), L);
+  FLASHDSA_CHECK_CUDA(cudaGetLastError());
+  FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<int> top = download<int>(d_oi.ptr, total), rest = download<int>(d_i.ptr, total),
+                         keep = download<int>(d_ki.ptr, total), res = download<int>(d_res.ptr, R * L);
+  int failures = 0;
+  for (int b = 0; b < L; ++b) {
+    const List& l = lists[b];
+    const int nb = n[b], want_top = std::min(nb, k[b]), want_rest = std::min(nb, kk[b]) - want_top;
+    std::vector<uint32_t> keys(nb);
+    for (int i = 0; i < nb; ++i) keys[i] = score_key(l.s[i]);
+    std::vector<uint32_t> sorted = keys;
+    std::sort(sorted.begin(), sorted.end(), std::greater<uint32_t>());
+    std::string why;
+    if (res[R * b] != want_top || res[R * b + 1] != want_rest || res[R * b + 2] != want_top)
+      why = "counts " + std::to_string(res[R * b]) + " / " + std::to_string(res[R * b + 1]) + " != " +
+            std::to_string(want_top) + " / " + std::to_string(want_rest);
+    std::vector<char> used(nb, 0);
+    // side 0: the top (out_i), side 1: the rest (the list's own slots), side 2: warp_keep_top_k's output; each must
+    // be the exact multiset of its ranks
+    for (int side = 0; side < 3 && why.empty(); ++side) {
+      const std::vector<int>& got_i = side == 0 ? top : (side == 1 ? rest : keep);
+      const int cnt = side == 1 ? want_rest : want_top;
+      if (side == 2) std::fill(used.begin(), used.end(), 0);
+      std::vector<uint32_t> got;
+      for (int j = 0; j < cnt; ++j) {
+        const int pos = got_i[off[b] + j] - 1000001 - off[b];
+        if (pos < 0 || pos >= nb || used[pos]) {
+          why = std::string(side == 0 ? "top" : (side == 1 ? "rest" : "keep")) + " slot " + std::to_string(j) +
+                ": not a distinct entry";
+          break;
+        }
+        used[pos] = 1;
+        got.push_back(keys[pos]);
+      }
+      if (!why.empty()) break;
+      std::sort(got.begin(), got.end(), std::greater<uint32_t>());
+      const auto first = sorted.begin() + (side == 1 ? want_top : 0);
+      if (!std::equal(got.begin(), got.end(), first))
+        why = side == 1 ? "rest: not ranks k+1..k_keep" : (side == 0 ? "top: not the k largest" : "keep: not the k largest");
+    }
+    if (!why.empty() && ++failures <= 10)
+      std::printf("  FAIL warp split %s n %d k %d k_keep %d: %s\n", l.kind.c_str(), nb, k[b], kk[b], why.c_str());
+  }
+  std::printf("one warp split + keep %4d lists: %s\n", L, failures == 0 ? "PASS" : "FAIL");
+  return failures == 0;
+}
+
 }  // namespace
 
 int main() {
@@ -177,6 +283,20 @@ int main() {
       ok &= run_case_set<128>(lists, in_place, with_scores);
       ok &= run_case_set<256>(lists, in_place, with_scores);
     }
+  // The one-warp split: k_keep >= k; the band re-score's k = K - b, k_keep = C, and the edges (k_keep = k,
+  // k_keep >= n, n <= k), lists of every length above.
+  std::vector<List> splits;
+  for (const List& l : lists) {
+    const int n = static_cast<int>(l.s.size());
+    for (int extra : {0, 5, 512, 4096}) splits.push_back(List{l.kind, l.s, l.k, l.k + extra});
+    if (n > 4) splits.push_back(List{l.kind, l.s, n / 3, n - 1});
+  }
+  for (int r = 0; r < 200; ++r) {  // the band's shape: C = 2560 of up to 4096 candidates, K - b = 1536 / 1792
+    const int n = 2000 + static_cast<int>(rng() % 2097);
+    const char* kind = r % 3 == 0 ? "clustered" : (r % 3 == 1 ? "normal" : "positive");
+    splits.push_back(List{kind, make_scores(kind, n, rng), r % 2 ? 1536 : 1792, 2560});
+  }
+  ok &= run_warp_split_set(splits);
   std::printf("%s\n", ok ? "ALL PASS" : "SOME FAILED");
   return ok ? 0 : 1;
 }

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 import flashdsa  # noqa: E402,F401 - registers torch.ops.flashdsa
 from flashdsa import reference  # noqa: E402
 from bench import unfused  # noqa: E402
-from bench.config import GLM5_DSA, make_config  # noqa: E402
+from bench.config import GLM5_DSA, fp8_selection_kwargs, make_config  # noqa: E402
 from bench.peers import (ABPrepared, ABResult, ABTimer, PeerPath, PeerPlan, Side, build_peer_cases,  # noqa: E402
                          discover, make_plan, peers_table, rel_err, render_peers_section, run_peers, topk_recall)
 from bench.peers import registry  # noqa: E402
@@ -490,7 +490,7 @@ def test_indexer_selection_option_reaches_config_meta_and_report():
     from bench import run as bench_run
     from bench.report import render_markdown
     from bench.config import INDEXER_SELECTIONS
-    assert INDEXER_SELECTIONS == ("bf16", "fp8", "fp8-band")
+    assert INDEXER_SELECTIONS == ("bf16", "fp8", "fp8-band", "fp8-fast")
     assert bench_run.parse_args([]).indexer_selection == "bf16"
     args = bench_run.parse_args(["--only", "peers", "--indexer-selection", "fp8"])
     assert args.indexer_selection == "fp8"
@@ -543,6 +543,14 @@ def test_ours_indexer_routes_to_the_fp8_path(monkeypatch):
     monkeypatch.setattr(flashdsa_ops, "indexer_topk", lambda *call_args, **kwargs: seen.append(kwargs))
     ours_indexer(band_ctx)(a)
     assert seen == [{"selection": "fp8", "fp8_band": cfg.dsa.topk // 4}] and band_ctx.ops.indexer_calls == 0
+    # fp8-fast: the band of K / 8 over K + K / 8 candidates.
+    fast_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, indexer_selection="fp8-fast"))
+    seen.clear()
+    ours_indexer(fast_ctx)(a)
+    k = cfg.dsa.topk
+    assert seen == [{"selection": "fp8", "fp8_band": k // 8, "fp8_candidates": k + k // 8}]
+    with pytest.raises(ValueError, match="not an FP8 selection"):
+        fp8_selection_kwargs("bf16", k)
     monkeypatch.setattr(flashdsa_ops, "indexer_topk", spy)
 
     bf16_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, indexer_selection="bf16"))

@@ -23,7 +23,8 @@
 //   - rows of a never-compacted list (threshold 0) store key k at slot k - k_start without atomics
 //     (dense appends); the other rows append by ballot + one shared atomic per (row, warp, key) — at H_I = 32
 //     one per (row, warp) for both of a lane's keys;
-//   - the band re-score (args.band > 0, indices only; kernel instances of its own): see the per-row tail;
+//   - the band re-score (args.band > 0, indices only; kernel instances of its own): its per-row tail (band_tail,
+//     not inlined) selects with one warp per row (warp_select.cuh), all rows of the block at once;
 //   - inputs with T_kv >= kSampleMinTiles (64) tiles run the kSampled instance: blocks of >= 64 tiles walk
 //     every 16th, 32nd or 64th tile first, cut their long rows to about their share of the C best, then walk
 //     the rest above that threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
@@ -51,12 +52,19 @@
 #include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/indexer_topk/launch.cuh"
 #include "sm90/indexer_topk/select.cuh"
+#include "sm90/indexer_topk/warp_select.cuh"
 
 // Attribution builds of the FP8 check program only (docs/kernels/indexer_topk.md, "FP8 selection
 // pass"; never defined in the library build; their outputs are wrong by design): 1 = no exact re-score
 // (the C cut and the final select run on the FP8 scores), 2 = no per-row tail at all (no C cut, no
 // re-score, no final select: the outputs are left unwritten), 3 = as 2 and no appends (the pass test is
 // computed into a sink; no list fills, so no compaction).
+// FLASHDSA_FP8_BAND_ABLATE=1 (attribution builds only, wrong results): the band instances skip the exact re-score.
+#if defined(FLASHDSA_FP8_BAND_ABLATE)
+#define FLASHDSA_FP8V2_BAND_ABLATE FLASHDSA_FP8_BAND_ABLATE
+#else
+#define FLASHDSA_FP8V2_BAND_ABLATE 0
+#endif
 #if defined(FLASHDSA_FP8_ABLATE)
 #define FLASHDSA_FP8V2_ABLATE FLASHDSA_FP8_ABLATE
 #else
@@ -203,6 +211,54 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
     const uint8_t* src =
         a.q8 + (valid ? static_cast<int64_t>(t) * a.q8_st + static_cast<int64_t>(h) * a.q8_sh + chunk * 16 : 0);
     hw::cp_async_16(qs + hw::sw128_offset(row, chunk), src, valid);
+  }
+}
+
+// The per-row tail of the band re-score (indices only, docs/spec.md §3) for the block of rows t0 .. t0 + NT - 1: a row
+// with more than K candidates sends its K - band best by the FP8 score straight to the output; only its candidates
+// ranked K - band + 1 .. C are re-scored exactly, and their best fill the row. The two selections run one warp per
+// row (warp_select.cuh), all rows at once, with a 2048-bin histogram per warp in the Q block + key ring (free after
+// the walk; the re-score's ring between them). Not inlined: its registers stay out of the walk's allocation (inlined,
+// ptxas spilled inside the tile loop). All threads; the caller's next barrier follows.
+template <int H, int D, bool kRelu>
+__device__ __noinline__ void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int t0, float* cand_s, int* cand_i) {
+  constexpr int NT = Cfg<H>::kTokens;
+  using RS = RescoreSmemV2<H, D>;
+  const int warp = warp_in_cta();  // (opaque: nothing of the tail is hoisted into the walk's registers)
+  uint32_t* const hist = reinterpret_cast<uint32_t*>(sm.q) + warp * kWarpHistBins;
+  static_assert(kNWarps * kWarpHistBins * 4 <= RS::kArea, "the warps' histograms fit the re-score area");
+  // 1. Split (warp r: row r): the K - band best to the output, the candidates ranked K - band + 1 .. C
+  //    compacted to the list's front; sm.thr[r] = how many went out, sm.count[r] = how many to re-score.
+  for (int r = warp; r < NT && t0 + r < a.T; r += kNWarps) {
+    const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+    int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+    int32_t* out_i = a.out_idx + static_cast<int64_t>(t0 + r) * a.K;
+    const int m = sm.count[r];
+    const int2 split = m > a.K ? warp_split_top_k(list_s, list_i, m, a.K - a.band, a.C, out_i, list_i, hist)
+                               : warp_filter<false>(list_s, list_i, m, keep_all(), keep_all(), out_i, nullptr);
+    if (warp_lane() == 0) {
+      sm.thr[r] = static_cast<uint32_t>(split.x);
+      sm.count[r] = split.y;
+    }
+  }
+  __syncthreads();  // the splits are written (rows and counts) and the histograms are free
+  // 2. The exact re-score of each row's rest (all warps, row by row; it ends with a barrier).
+  for (int r = 0; r < NT && t0 + r < a.T; ++r) {
+    if (sm.count[r] == 0) continue;
+#if FLASHDSA_FP8V2_BAND_ABLATE != 1
+    rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t0 + r, cand_s + static_cast<size_t>(r) * a.cap,
+                                                     cand_i + static_cast<size_t>(r) * a.cap, sm.count[r],
+                                                     *reinterpret_cast<RS*>(sm.q));
+#endif
+  }
+  __syncthreads();  // every re-score is complete (the histograms' area is free again)
+  // 3. Warp r: the rest's best by the exact score fill row r after the first sm.thr[r] slots; -1 padding.
+  for (int r = warp; r < NT && t0 + r < a.T; r += kNWarps) {
+    int32_t* out_i = a.out_idx + static_cast<int64_t>(t0 + r) * a.K;
+    const int sure = static_cast<int>(sm.thr[r]);
+    const int kept = warp_keep_top_k(cand_s + static_cast<size_t>(r) * a.cap, cand_i + static_cast<size_t>(r) * a.cap,
+                                     sm.count[r], a.K - sure, out_i + sure, hist);
+    for (int j = sure + kept + warp_lane(); j < a.K; j += 32) out_i[j] = -1;
   }
 }
 
@@ -470,6 +526,13 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     static_assert(sizeof(RS) <= RS::kArea && offsetof(Smem<H>, k) == sizeof(Smem<H>::q) &&
                       offsetof(Smem<H>, unused_w) >= RS::kArea,
                   "the re-score ring overlays the Q block and the key ring, which are contiguous");
+    if constexpr (kBand) {
+#if FLASHDSA_FP8V2_ABLATE >= 2
+      continue;
+#endif
+      band_tail<H, D, kRelu>(a, sm, t0, cand_s, cand_i);
+      continue;  // (the next block's claim starts with a barrier: the histograms and sm.count / thr are done)
+    }
     for (int r = 0; r < NT; ++r) {
       const int t = t0 + r;
       if (t >= a.T) break;
@@ -480,21 +543,6 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       continue;
 #endif
       if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
-      if constexpr (kBand) {
-        // Band re-score (indices only, docs/spec.md §3): a row with more than K candidates sends its K - band best
-        // by the FP8 score straight to the output; only the others are re-scored exactly, and their best fill the
-        // row. (Its own kernel instance: in the default one this code made ptxas spill and cost 2% of the walk.)
-        int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
-        int sure = 0;
-        if (m > a.K) {
-          sure = split_top_k(list_s, list_i, m, a.K - a.band, out_i, list_i, sm.sel);
-          m -= sure;
-          rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
-        }
-        const int kept = keep_top_k(list_s, list_i, m, a.K - sure, static_cast<float*>(nullptr), out_i + sure, sm.sel).count;
-        for (int j = sure + kept + tid; j < a.K; j += kNth) out_i[j] = -1;
-        continue;
-      }
 #if FLASHDSA_FP8V2_ABLATE != 1
       // Heads in rolled passes of 32 (H_I = 64: two), which keeps the tail within the 128 registers.
       rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));

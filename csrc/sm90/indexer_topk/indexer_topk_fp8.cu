@@ -67,8 +67,6 @@ int candidates(const IndexerTopkParams& p) { return p.candidates ? p.candidates 
 #endif
 int candidate_capacity(int C) { return std::max(FLASHDSA_FP8_MIN_CAPACITY, C + 1024); }
 
-// The band re-score splits a row's candidates in registers (select.cuh split_top_k): at most kResidentElems.
-constexpr int kBandMaxCandidates = indexer_topk_impl::kResidentElems;
 bool fp8v2_supports(int H, int D) { return indexer_topk_impl::fp8v2::supports_shape(H, D); }
 
 Status supports(const IndexerTopkParams& p, const char* op) {
@@ -90,9 +88,8 @@ Status supports(const IndexerTopkParams& p, const char* op) {
   if (C % kTopKMultiple != 0 || C < p.K || C > kMaxCandidates) {
     return c.fail("candidates", C, "must be a multiple of 64 in [K, 16384] on CUDA");
   }
-  if (p.rescore_band != 0 && (!fp8v2_supports(in.H_I, in.D_I) || C > kBandMaxCandidates)) {
-    return c.unsupported("rescore_band needs D_I = 128 and at most " + std::to_string(kBandMaxCandidates) +
-                         " candidates on CUDA (got D_I " + std::to_string(in.D_I) + ", " + std::to_string(C) + ")");
+  if (p.rescore_band != 0 && !fp8v2_supports(in.H_I, in.D_I)) {
+    return c.unsupported("rescore_band needs D_I = 128 on CUDA (got D_I " + std::to_string(in.D_I) + ")");
   }
   if (p.T == 0) return Status::OK();
   if (!aligned16(in.q_idx) || in.q_idx_stride_t % 16 != 0 || in.q_idx_stride_h % 16 != 0 ||

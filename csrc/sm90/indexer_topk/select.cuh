@@ -390,31 +390,20 @@ __device__ __forceinline__ KeepRule resident_select(const ResidentList<NTH>& lis
 // arbitrary order, and returns kept (same value in every thread). One shared-memory atomic per warp
 // hands out the warp's slots; lanes write consecutive positions per register slot, so the stores
 // coalesce. dst may alias the list's memory (every thread read all of it before the barrier in
-// load_resident). dst_scores may be null. kRest: the indices of the entries not kept go to
-// rest_idx[0, n - kept) as well (both counts in one 32-bit counter, the kept ones in its low half);
-// rest_idx may alias the list too. All threads, after resident_range.
-template <int NTH, bool kRest = false>
+// load_resident). dst_scores may be null. All threads, after resident_range.
+template <int NTH>
 __device__ __forceinline__ int resident_filter(const ResidentList<NTH>& list, KeepRule rule, float* dst_scores,
-                                               int* dst_idx, Scratch<NTH>& sc, int* rest_idx = nullptr) {
-  static_assert(!kRest || kResidentElems < (1 << 16), "the two counts share one 32-bit counter");
+                                               int* dst_idx, Scratch<NTH>& sc) {
   constexpr int kSlots = Shape<NTH>::kResidentSlots;
-  uint32_t keep = 0u, rest = 0u;  // bit s: slot s is kept / is not (kRest)
+  uint32_t keep = 0u;  // bit s: slot s is kept
 #pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    if (list.key[s] != 0u && rule_keeps(list.key[s], rule, sc)) {
-      keep |= 1u << s;
-    } else if constexpr (kRest) {
-      if (list.key[s] != 0u) rest |= 1u << s;
-    }
-  }
+  for (int s = 0; s < kSlots; ++s)
+    if (list.key[s] != 0u && rule_keeps(list.key[s], rule, sc)) keep |= 1u << s;
   const int lane = threadIdx.x & 31;
-  int warp_total = __reduce_add_sync(0xffffffffu, __popc(keep));
-  if constexpr (kRest) warp_total += __reduce_add_sync(0xffffffffu, __popc(rest)) << 16;
+  const int warp_total = __reduce_add_sync(0xffffffffu, __popc(keep));
   int pos = 0;
   if (lane == 0) pos = atomicAdd(&sc.out_count, warp_total);
   pos = __shfl_sync(0xffffffffu, pos, 0);
-  int pos_rest = 0;
-  if constexpr (kRest) pos_rest = pos >> 16, pos &= 0xffff;
   const unsigned lanes_below = (1u << lane) - 1u;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
@@ -426,30 +415,9 @@ __device__ __forceinline__ int resident_filter(const ResidentList<NTH>& list, Ke
       if (dst_scores != nullptr) dst_scores[at] = score_from_key(list.key[s]);
     }
     pos += __popc(ballot);
-    if constexpr (kRest) {
-      const bool other = ((rest >> s) & 1u) != 0u;
-      const unsigned ballot_rest = __ballot_sync(0xffffffffu, other);
-      if (other) rest_idx[pos_rest + __popc(ballot_rest & lanes_below)] = list.idx[s];
-      pos_rest += __popc(ballot_rest);
-    }
   }
   __syncthreads();
-  return kRest ? (sc.out_count & 0xffff) : sc.out_count;
-}
-
-// Splits a list of n <= kResidentElems entries: the indices of its k largest entries (all of them when n <= k; ties
-// broken arbitrarily) go to top_idx[0, kept), the indices of the others to rest_idx[0, n - kept), both in arbitrary
-// order; rest_idx may alias idx. Returns kept (same value in every thread). The FP8 selection's band re-score
-// (fp8_kernel_v2.cuh). All NTH threads.
-template <int NTH>
-__device__ __forceinline__ int split_top_k(const float* scores, const int* idx, int n, int k, int* top_idx,
-                                           int* rest_idx, Scratch<NTH>& sc) {
-  ResidentList<NTH> list;
-  load_resident(scores, idx, n, list);
-  uint32_t lo, hi;
-  resident_range(list, lo, hi, sc);
-  const KeepRule rule = n > k ? resident_select(list, lo, hi, k, sc) : keep_all();
-  return resident_filter<NTH, true>(list, rule, static_cast<float*>(nullptr), top_idx, sc, rest_idx);
+  return sc.out_count;
 }
 
 // ---- entry point ---------------------------------------------------------------------------------

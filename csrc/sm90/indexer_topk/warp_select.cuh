@@ -1,0 +1,287 @@
+// Internal: exact top-k selection by ONE warp over a candidate list in global memory, for the per-row tail of the
+// FP8 selection's band re-score (fp8_kernel_v2.cuh): each warp of a CTA selects its own row, so the rows of a
+// block are selected concurrently and without CTA barriers (select.cuh's routines use the whole CTA for one list
+// and pay five CTA barriers per radix pass, which made the tail's selections cost more than its re-score).
+//
+// The list is streamed from memory on every pass (16-byte vectors, kWarpSweepVecs per lane in flight), so any
+// length works and nothing is held in registers. The rule is found by an exact MSB-first radix select over the
+// offsets key - lo (lo / hi: the list's smallest / largest key, one pass), in 11-bit digits starting at the top bit
+// of hi - lo, on a 2048-bin histogram of the warp's own in shared memory; it is the same KeepRule as select.cuh's
+// (keep every key > thr and, of the keys == thr, the first `quota` met). The filter hands out slots and the tickets
+// of keys equal to a threshold with ballots in list order (no atomics): the result is deterministic.
+// The lists are rewritten by the kernel that reads them: their pointers are not __restrict__.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "sm90/indexer_topk/select.cuh"
+
+namespace flashdsa::sm90::indexer_topk_impl {
+
+constexpr int kWarpHistBins = 2048;  // 11-bit digits
+constexpr int kWarpBinsPerLane = kWarpHistBins / 32;
+constexpr int kWarpSweepVecs = 4;                          // 16-byte score vectors per lane per sweep step
+constexpr int kWarpSweepElems = 32 * 4 * kWarpSweepVecs;  // 512 entries per step
+constexpr int kWarpFilterVecs = 2;                         // the filter's: scores and indices (the kernel's registers)
+constexpr int kWarpFilterElems = 32 * 4 * kWarpFilterVecs;
+
+// This thread's lane, read through a volatile asm: nothing derived from it (bin addresses, lane masks) can be
+// hoisted out of the calling kernel's loops into registers that the kernel's walk would then carry (that made
+// ptxas spill inside the FP8 walk's tile loop).
+__device__ __forceinline__ int warp_lane() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
+
+// This thread's warp in the CTA (a 1-D block), read the same way.
+__device__ __forceinline__ int warp_in_cta() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid >> 5;
+}
+
+// Calls f(key) for every entry of scores[0, n) (key = score_key of the entry), kWarpSweepVecs vectors per lane
+// in flight. All 32 lanes.
+template <class F>
+__device__ __forceinline__ void warp_for_each_key(const float* scores, int n, F&& f) {
+  const int lane = warp_lane();
+  for (int base = 0; base < n; base += kWarpSweepElems) {
+    float4 v[kWarpSweepVecs];
+#pragma unroll
+    for (int i = 0; i < kWarpSweepVecs; ++i) v[i] = load_scores4(scores, base + 4 * (lane + 32 * i), n);
+#pragma unroll
+    for (int i = 0; i < kWarpSweepVecs; ++i) {
+      const int e = base + 4 * (lane + 32 * i);
+      const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+        if (e + x < n) f(score_key(s[x]));
+    }
+  }
+}
+
+// The smallest and the largest key of scores[0, n) (UINT_MAX and 0 when n == 0), in every lane.
+__device__ __forceinline__ void warp_key_range(const float* scores, int n, uint32_t& lo, uint32_t& hi) {
+  uint32_t l = UINT_MAX, h = 0u;
+  warp_for_each_key(scores, n, [&](uint32_t key) {
+    l = min(l, key);
+    h = max(h, key);
+  });
+  lo = __reduce_min_sync(0xffffffffu, l);
+  hi = __reduce_max_sync(0xffffffffu, h);
+}
+
+// The bin holding the need-th largest key counted in hist (larger keys in higher bins; the histogram counts at
+// least `need` keys), the number of keys in the bins above it and in it; in every lane. Lane l sums the bins
+// [2048 - 64 (l + 1), 2048 - 64 l) (its 16-byte loads rotated by l: no bank conflicts), a scan over the lanes
+// counts the keys above each lane's bins, and the one lane whose bins hold the need-th key walks them.
+__device__ __forceinline__ BinPick warp_pick_bin(const uint32_t* hist, int need) {
+  const int lane = warp_lane();
+  const int top = kWarpHistBins - lane * kWarpBinsPerLane;
+  const uint4* mine = reinterpret_cast<const uint4*>(hist + top - kWarpBinsPerLane);
+  int local = 0;
+#pragma unroll
+  for (int i = 0; i < kWarpBinsPerLane / 4; ++i) {
+    const uint4 v = mine[(i + lane) % (kWarpBinsPerLane / 4)];
+    local += static_cast<int>(v.x + v.y + v.z + v.w);
+  }
+  int incl = local;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  const int above = incl - local;
+  const bool holds = above < need && need <= incl;
+  int bin = 0, before = above, count = 0;
+  if (holds) {
+    for (int b = top - 1; b >= top - kWarpBinsPerLane; --b) {
+      const int c = static_cast<int>(hist[b]);
+      if (before + c >= need) {
+        bin = b;
+        count = c;
+        break;
+      }
+      before += c;
+    }
+  }
+  const int src = __ffs(__ballot_sync(0xffffffffu, holds)) - 1;
+  return BinPick{__shfl_sync(0xffffffffu, bin, src), __shfl_sync(0xffffffffu, before, src),
+                 __shfl_sync(0xffffffffu, count, src)};
+}
+
+// An MSB-first radix select in progress over the offsets key - lo: it goes on among the offsets o with
+// (o & mask) == prefix, for the need-th largest, with `shift` bits still below the digits done.
+struct WarpRadix {
+  uint32_t lo, prefix, mask;
+  int need, shift;
+};
+
+// Starts the select of the k-th largest key in [lo, hi]: the first digit starts at the top bit of hi - lo.
+__device__ __forceinline__ WarpRadix warp_radix_start(uint32_t lo, uint32_t hi, int k) {
+  const uint32_t span = hi - lo;
+  return WarpRadix{lo, 0u, 0u, k, span == 0u ? 0 : 32 - __clz(static_cast<int>(span))};  // every offset < 2^shift
+}
+
+// The width of the select's next digit (11 bits, fewer at the end).
+__device__ __forceinline__ int warp_radix_bits(const WarpRadix& st) { return min(st.shift, 11); }
+
+// Counts the next digit (warp_radix_bits(st) bits) of the keys still in the select into hist (cleared first).
+__device__ __forceinline__ void warp_radix_count(const float* scores, int n, const WarpRadix& st, uint32_t* hist) {
+  const int lane = warp_lane();
+  const int shift = st.shift - warp_radix_bits(st);
+  const uint32_t digit_mask = (1u << warp_radix_bits(st)) - 1u;
+  __syncwarp();  // every lane is done reading the histogram of the previous pass
+#pragma unroll
+  for (int i = lane; i < kWarpHistBins / 4; i += 32) reinterpret_cast<uint4*>(hist)[i] = make_uint4(0u, 0u, 0u, 0u);
+  __syncwarp();
+  warp_for_each_key(scores, n, [&](uint32_t key) {
+    const uint32_t off = key - st.lo;
+    if ((off & st.mask) == st.prefix) atomicAdd(&hist[(off >> shift) & digit_mask], 1u);
+  });
+  __syncwarp();
+}
+
+// Takes the counted digit into the select: picks the bin of the need-th largest key. Returns true, with the rule
+// in *rule, when the select is complete (the bin is taken whole, or no bits are left).
+__device__ __forceinline__ bool warp_radix_step(const uint32_t* hist, WarpRadix& st, KeepRule* rule) {
+  const int bits = warp_radix_bits(st);
+  st.shift -= bits;
+  const BinPick pick = warp_pick_bin(hist, st.need);
+  st.need -= pick.above;
+  st.prefix |= static_cast<uint32_t>(pick.bin) << st.shift;
+  st.mask |= ((1u << bits) - 1u) << st.shift;
+  if (pick.count == st.need) {
+    *rule = keep_from_edge(st.lo + st.prefix);
+    return true;
+  }
+  // Out of bits: lo + prefix is one exact key: all above it, `need` equal to it.
+  *rule = KeepRule{st.lo + st.prefix, st.need};
+  return st.shift == 0;
+}
+
+// The rule that keeps exactly the k largest entries of scores[0, n), n > k >= 1, whose keys lie in [lo, hi].
+// hist: this warp's kWarpHistBins words of shared memory. All 32 lanes.
+__device__ __forceinline__ KeepRule warp_select(const float* scores, int n, int k, uint32_t lo, uint32_t hi,
+                                                uint32_t* hist) {
+  WarpRadix st = warp_radix_start(lo, hi, k);
+  KeepRule rule{lo, k};  // (span 0: every key equals lo)
+  while (st.shift > 0) {
+    warp_radix_count(scores, n, st, hist);
+    if (warp_radix_step(hist, st, &rule)) break;
+  }
+  return rule;
+}
+
+// The rule that keeps the k largest entries of scores[0, n) (every entry when n <= k). All 32 lanes.
+__device__ __forceinline__ KeepRule warp_top_k_rule(const float* scores, int n, int k, uint32_t* hist) {
+  if (n <= k) return keep_all();
+  uint32_t lo, hi;
+  warp_key_range(scores, n, lo, hi);
+  return warp_select(scores, n, k, lo, hi, hist);
+}
+
+// Writes the indices of the entries of (scores, idx)[0, n) that `top` keeps to top_idx[0, x) and, kRest, those of
+// the other entries that `rest` keeps to rest_idx[0, y); returns {x, y} in every lane. Slots and the tickets of
+// keys equal to a threshold go in list order (an entry at a threshold the two rules share takes a ticket of `top`
+// first, so rest.quota counts only the entries `top` left). rest_idx may alias idx: each sweep step's entries are
+// read before any of them is written, and the compacted writes never pass them. All 32 lanes.
+template <bool kRest>
+__device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx, int n, KeepRule top, KeepRule rest,
+                                            int* top_idx, int* rest_idx) {
+  const int lane = warp_lane();
+  const unsigned below = (1u << lane) - 1u;
+  int n_top = 0, n_rest = 0, eq_top = 0, eq_rest = 0;  // warp-uniform running counts
+  for (int base = 0; base < n; base += kWarpFilterElems) {
+    float4 v[kWarpFilterVecs];
+    int4 w[kWarpFilterVecs];
+#pragma unroll
+    for (int i = 0; i < kWarpFilterVecs; ++i) {
+      v[i] = load_scores4(scores, base + 4 * (lane + 32 * i), n);
+      w[i] = load_index4(idx, base + 4 * (lane + 32 * i), n);
+    }
+    __syncwarp();  // the whole step is read before any of it is written (rest_idx may alias idx)
+#pragma unroll
+    for (int i = 0; i < kWarpFilterVecs; ++i) {
+      const int e = base + 4 * (lane + 32 * i);
+      const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+      const int id[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const bool valid = e + x < n;
+        const uint32_t key = score_key(s[x]);
+        const unsigned eq1 = __ballot_sync(0xffffffffu, valid && key == top.thr);
+        const bool is_top =
+            valid && (key > top.thr || (key == top.thr && eq_top + __popc(eq1 & below) < top.quota));
+        eq_top += __popc(eq1);
+        const unsigned took = __ballot_sync(0xffffffffu, is_top);
+        if (is_top) top_idx[n_top + __popc(took & below)] = id[x];
+        n_top += __popc(took);
+        if constexpr (kRest) {
+          const bool other = valid && !is_top;
+          const unsigned eq2 = __ballot_sync(0xffffffffu, other && key == rest.thr);
+          const bool is_rest =
+              other && (key > rest.thr || (key == rest.thr && eq_rest + __popc(eq2 & below) < rest.quota));
+          eq_rest += __popc(eq2);
+          const unsigned went = __ballot_sync(0xffffffffu, is_rest);
+          if (is_rest) rest_idx[n_rest + __popc(went & below)] = id[x];
+          n_rest += __popc(went);
+        }
+      }
+    }
+  }
+  return make_int2(n_top, n_rest);
+}
+
+// Splits (scores, idx)[0, n) by rank (ties broken in list order): the indices of its k largest entries go to
+// top_idx[0, top), those ranked k + 1 .. k_keep to rest_idx[0, rest), the others are dropped; returns
+// {top, rest} = {min(n, k), min(n, k_keep) - top}. rest_idx may alias idx. Requires 1 <= k <= k_keep.
+// hist: this warp's kWarpHistBins words of shared memory. All 32 lanes.
+__device__ __forceinline__ int2 warp_split_top_k(const float* scores, const int* idx, int n, int k, int k_keep,
+                                                 int* top_idx, int* rest_idx, uint32_t* hist) {
+  KeepRule keep = keep_all(), top = keep_all();
+  if (n > k) {
+    uint32_t lo, hi;
+    warp_key_range(scores, n, lo, hi);
+    // The two selects share their first digit's count (one pass over the list instead of two).
+    WarpRadix st_top = warp_radix_start(lo, hi, k), st_keep = warp_radix_start(lo, hi, k_keep);
+    top = keep = KeepRule{lo, 0};  // (span 0: every key equals lo; quotas below)
+    bool top_done = st_top.shift == 0, keep_done = n <= k_keep || st_keep.shift == 0;
+    if (top_done) top.quota = k;
+    if (n <= k_keep) keep = keep_all();
+    else if (keep_done) keep.quota = k_keep;
+    if (!top_done) {
+      warp_radix_count(scores, n, st_top, hist);
+      if (!keep_done) {
+        keep_done = warp_radix_step(hist, st_keep, &keep);
+        __syncwarp();
+      }
+      top_done = warp_radix_step(hist, st_top, &top);
+    }
+    while (!keep_done) {
+      warp_radix_count(scores, n, st_keep, hist);
+      keep_done = warp_radix_step(hist, st_keep, &keep);
+    }
+    while (!top_done) {
+      warp_radix_count(scores, n, st_top, hist);
+      top_done = warp_radix_step(hist, st_top, &top);
+    }
+  }
+  // The rest: what `keep` takes and `top` does not (at a shared threshold the top's tickets come first).
+  const KeepRule rest{keep.thr, keep.thr == top.thr ? keep.quota - top.quota : keep.quota};
+  return warp_filter<true>(scores, idx, n, top, rest, top_idx, rest_idx);
+}
+
+// Writes the indices of the k largest entries of (scores, idx)[0, n) (all of them when n <= k; ties broken in
+// list order) to dst_idx[0, count) and returns count. All 32 lanes.
+__device__ __forceinline__ int warp_keep_top_k(const float* scores, const int* idx, int n, int k, int* dst_idx,
+                                               uint32_t* hist) {
+  const KeepRule rule = warp_top_k_rule(scores, n, k, hist);
+  return warp_filter<false>(scores, idx, n, rule, keep_all(), dst_idx, nullptr).x;
+}
+
+}  // namespace flashdsa::sm90::indexer_topk_impl
