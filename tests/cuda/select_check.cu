@@ -63,7 +63,7 @@ constexpr int kListWarps = 4;
 __global__ void __launch_bounds__(32 * kListWarps) warp_split_lists(const float* scores, int* idx, const int* off,
                                                                    const int* n, const int* k, const int* k_keep,
                                                                    int* out_i, int* keep_i, int* res, int L) {
-  __shared__ uint32_t hist[kListWarps][kWarpHistBins];
+  __shared__ __align__(16) uint32_t hist[kListWarps][kWarpHistBins];
   const int w = threadIdx.x >> 5, b = blockIdx.x * kListWarps + w;
   if (b >= L) return;
   const int kept = warp_keep_top_k(scores + off[b], idx + off[b], n[b], k[b], keep_i + off[b], hist[w]);
@@ -102,10 +102,14 @@ std::vector<float> make_scores(const std::string& kind, int n, std::mt19937& rng
 }
 
 // Lays the lists out back to back, 16-byte aligned (as the kernels' lists are); ids are distinct and not
-// positions: entry i of list b has id 1000001 + off[b] + i.
-void pack_lists(const std::vector<List>& lists, std::vector<int>& off, std::vector<float>& s, std::vector<int>& id) {
+// positions: entry i of list b has id 1000001 + off[b] + i. n, k, k_keep: each list's length and parameters.
+void pack_lists(const std::vector<List>& lists, std::vector<int>& off, std::vector<float>& s, std::vector<int>& id,
+                std::vector<int>& n, std::vector<int>& k, std::vector<int>& k_keep) {
   for (const List& l : lists) {
     off.push_back(static_cast<int>(s.size()));
+    n.push_back(static_cast<int>(l.s.size()));
+    k.push_back(l.k);
+    k_keep.push_back(l.k_keep);
     for (size_t i = 0; i < l.s.size(); ++i) {
       s.push_back(l.s[i]);
       id.push_back(static_cast<int>(1000000 + s.size()));
@@ -119,14 +123,10 @@ void pack_lists(const std::vector<List>& lists, std::vector<int>& off, std::vect
 
 template <int NTH>
 bool run_case_set(const std::vector<List>& lists, bool in_place, bool with_scores) {
-  std::vector<int> off, n, k;
+  std::vector<int> off, n, k, unused;
   std::vector<float> s;
   std::vector<int> id;
-  pack_lists(lists, off, s, id);
-  for (const List& l : lists) {
-    n.push_back(static_cast<int>(l.s.size()));
-    k.push_back(l.k);
-  }
+  pack_lists(lists, off, s, id, n, k, unused);
   const int L = static_cast<int>(lists.size());
   const size_t total = s.size();
   DeviceBuffer d_s(total * 4), d_os(total * 4), d_i(total * 4), d_oi(total * 4), d_off(L * 4), d_n(L * 4), d_k(L * 4),
@@ -190,12 +190,7 @@ bool run_warp_split_set(const std::vector<List>& lists) {
   std::vector<int> off, n, k, kk;
   std::vector<float> s;
   std::vector<int> id;
-  pack_lists(lists, off, s, id);
-  for (const List& l : lists) {
-    n.push_back(static_cast<int>(l.s.size()));
-    k.push_back(l.k);
-    kk.push_back(l.k_keep);
-  }
+  pack_lists(lists, off, s, id, n, k, kk);
   const int L = static_cast<int>(lists.size());
   const size_t total = s.size();
   constexpr int R = 3;  // results per list: top count, rest count, warp_keep_top_k's count

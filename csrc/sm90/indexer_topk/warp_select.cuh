@@ -8,7 +8,7 @@
 // offsets key - lo (lo / hi: the list's smallest / largest key, one pass), in 11-bit digits starting at the top bit
 // of hi - lo, on a 2048-bin histogram of the warp's own in shared memory; it is the same KeepRule as select.cuh's
 // (keep every key > thr and, of the keys == thr, the first `quota` met). The filter hands out slots and the tickets
-// of keys equal to a threshold with ballots in list order (no atomics): the result is deterministic.
+// of keys equal to a threshold with ballots in a fixed order (no atomics): the result is deterministic.
 // The lists are rewritten by the kernel that reads them: their pointers are not __restrict__.
 #pragma once
 
@@ -185,6 +185,24 @@ __device__ __forceinline__ KeepRule warp_top_k_rule(const float* scores, int n, 
   return warp_select(scores, n, k, lo, hi, hist);
 }
 
+// Whether `rule` takes this lane's entry (valid, key) of a slot the whole warp examines; the tickets of keys equal
+// to the rule's threshold go in lane order, `tickets` counting those handed out so far (warp-uniform). All lanes.
+__device__ __forceinline__ bool warp_rule_takes(bool valid, uint32_t key, KeepRule rule, unsigned lanes_below,
+                                                int& tickets) {
+  const unsigned equal = __ballot_sync(0xffffffffu, valid && key == rule.thr);
+  const bool takes =
+      valid && (key > rule.thr || (key == rule.thr && tickets + __popc(equal & lanes_below) < rule.quota));
+  tickets += __popc(equal);
+  return takes;
+}
+
+// Appends this lane's id to dst[count + ...] when `take` (lanes in order) and advances the warp-uniform count.
+__device__ __forceinline__ void warp_append(bool take, int id, int* dst, unsigned lanes_below, int& count) {
+  const unsigned taken = __ballot_sync(0xffffffffu, take);
+  if (take) dst[count + __popc(taken & lanes_below)] = id;
+  count += __popc(taken);
+}
+
 // Writes the indices of the entries of (scores, idx)[0, n) that `top` keeps to top_idx[0, x) and, kRest, those of
 // the other entries that `rest` keeps to rest_idx[0, y); returns {x, y} in every lane. Slots and the tickets of
 // keys equal to a threshold go in list order (an entry at a threshold the two rules share takes a ticket of `top`
@@ -214,22 +232,11 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
       for (int x = 0; x < 4; ++x) {
         const bool valid = e + x < n;
         const uint32_t key = score_key(s[x]);
-        const unsigned eq1 = __ballot_sync(0xffffffffu, valid && key == top.thr);
-        const bool is_top =
-            valid && (key > top.thr || (key == top.thr && eq_top + __popc(eq1 & below) < top.quota));
-        eq_top += __popc(eq1);
-        const unsigned took = __ballot_sync(0xffffffffu, is_top);
-        if (is_top) top_idx[n_top + __popc(took & below)] = id[x];
-        n_top += __popc(took);
+        const bool is_top = warp_rule_takes(valid, key, top, below, eq_top);
+        warp_append(is_top, id[x], top_idx, below, n_top);
         if constexpr (kRest) {
-          const bool other = valid && !is_top;
-          const unsigned eq2 = __ballot_sync(0xffffffffu, other && key == rest.thr);
-          const bool is_rest =
-              other && (key > rest.thr || (key == rest.thr && eq_rest + __popc(eq2 & below) < rest.quota));
-          eq_rest += __popc(eq2);
-          const unsigned went = __ballot_sync(0xffffffffu, is_rest);
-          if (is_rest) rest_idx[n_rest + __popc(went & below)] = id[x];
-          n_rest += __popc(went);
+          const bool is_rest = warp_rule_takes(valid && !is_top, key, rest, below, eq_rest);
+          warp_append(is_rest, id[x], rest_idx, below, n_rest);
         }
       }
     }
