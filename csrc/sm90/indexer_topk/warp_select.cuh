@@ -205,7 +205,7 @@ __device__ __forceinline__ void warp_append(bool take, int id, int* dst, unsigne
 
 // Writes the indices of the entries of (scores, idx)[0, n) that `top` keeps to top_idx[0, x) and, kRest, those of
 // the other entries that `rest` keeps to rest_idx[0, y); returns {x, y} in every lane. Slots and the tickets of
-// keys equal to a threshold go in list order (an entry at a threshold the two rules share takes a ticket of `top`
+// keys equal to a threshold go in a fixed order (an entry at a threshold the two rules share takes a ticket of `top`
 // first, so rest.quota counts only the entries `top` left). rest_idx may alias idx: each sweep step's entries are
 // read before any of them is written, and the compacted writes never pass them. All 32 lanes.
 template <bool kRest>
@@ -244,7 +244,7 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
   return make_int2(n_top, n_rest);
 }
 
-// Splits (scores, idx)[0, n) by rank (ties broken in list order): the indices of its k largest entries go to
+// Splits (scores, idx)[0, n) by rank (ties broken in a fixed order): the indices of its k largest entries go to
 // top_idx[0, top), those ranked k + 1 .. k_keep to rest_idx[0, rest), the others are dropped; returns
 // {top, rest} = {min(n, k), min(n, k_keep) - top}. rest_idx may alias idx. Requires 1 <= k <= k_keep.
 // hist: this warp's kWarpHistBins words of shared memory. All 32 lanes.
@@ -283,8 +283,8 @@ __device__ __forceinline__ int2 warp_split_top_k(const float* scores, const int*
   return warp_filter<true>(scores, idx, n, top, rest, top_idx, rest_idx);
 }
 
-// Writes the indices of the k largest entries of (scores, idx)[0, n) (all of them when n <= k; ties broken in
-// list order) to dst_idx[0, count) and returns count. All 32 lanes.
+// Writes the indices of the k largest entries of (scores, idx)[0, n) (all of them when n <= k; ties broken in a
+// fixed order) to dst_idx[0, count) and returns count. All 32 lanes.
 __device__ __forceinline__ int warp_keep_top_k(const float* scores, const int* idx, int n, int k, int* dst_idx,
                                                uint32_t* hist) {
   const KeepRule rule = warp_top_k_rule(scores, n, k, hist);
