@@ -3,8 +3,8 @@
 // block are selected concurrently and without CTA barriers (select.cuh's routines use the whole CTA for one list
 // and pay five CTA barriers per radix pass, which made the tail's selections cost more than its re-score).
 //
-// The list is streamed from memory on every pass (16-byte vectors, kWarpSweepVecs per lane in flight), so any
-// length works and nothing is held in registers. The rule is found by an exact MSB-first radix select over the
+// The list is streamed from memory on every pass (16-byte vectors, kWarpSweepVecs per lane in flight; the filter
+// kWarpFilterVecs of scores and of indices), so any length works: no list is held in registers or shared memory. The rule is found by an exact MSB-first radix select over the
 // offsets key - lo (lo / hi: the list's smallest / largest key, one pass), in 11-bit digits starting at the top bit
 // of hi - lo, on a 2048-bin histogram of the warp's own in shared memory; it is the same KeepRule as select.cuh's
 // (keep every key > thr and, of the keys == thr, the first `quota` met). The filter hands out slots and the tickets
