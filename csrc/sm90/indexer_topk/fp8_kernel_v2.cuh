@@ -220,8 +220,20 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
 // row (warp_select.cuh), all rows at once, with a 2048-bin histogram per warp in the Q block + key ring (free after
 // the walk; the re-score's ring between them). Not inlined: its registers stay out of the walk's allocation (inlined,
 // ptxas spilled inside the tile loop). All threads; the caller's next barrier follows.
+// Phase 1 of band_tail for one row (one warp): the list's k best to out_i, ranks k + 1 .. k_keep compacted to the
+// list's front (every entry to out_i when m <= K). Not inlined: its registers are its own, whatever the tail around
+// it keeps live (the walk's state is live across band_tail).
+__device__ __noinline__ int2 band_split_row(const float* list_s, int* list_i, int m, int K, int k, int k_keep,
+                                            int32_t* out_i, uint32_t* hist) {
+  return m > K ? warp_split_top_k(list_s, list_i, m, k, k_keep, out_i, list_i, hist)
+               : warp_filter<false>(list_s, list_i, m, keep_all(), keep_all(), out_i, nullptr);
+}
+
+#ifndef FLASHDSA_BAND_TAIL_INLINE
+#define FLASHDSA_BAND_TAIL_INLINE __noinline__
+#endif
 template <int H, int D, bool kRelu>
-__device__ __noinline__ void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int t0, float* cand_s, int* cand_i) {
+__device__ FLASHDSA_BAND_TAIL_INLINE void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int t0, float* cand_s, int* cand_i) {
   constexpr int NT = Cfg<H>::kTokens;
   using RS = RescoreSmemV2<H, D>;
   const int warp = warp_in_cta();  // (opaque: nothing of the tail is hoisted into the walk's registers)
@@ -234,8 +246,7 @@ __device__ __noinline__ void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int 
     int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
     int32_t* out_i = a.out_idx + static_cast<int64_t>(t0 + r) * a.K;
     const int m = sm.count[r];
-    const int2 split = m > a.K ? warp_split_top_k(list_s, list_i, m, a.K - a.band, a.C, out_i, list_i, hist)
-                               : warp_filter<false>(list_s, list_i, m, keep_all(), keep_all(), out_i, nullptr);
+    const int2 split = band_split_row(list_s, list_i, m, a.K, a.K - a.band, a.C, out_i, hist);
     if (warp_lane() == 0) {
       sm.thr[r] = static_cast<uint32_t>(split.x);
       sm.count[r] = split.y;

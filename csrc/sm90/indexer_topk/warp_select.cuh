@@ -22,11 +22,24 @@
 namespace flashdsa::sm90::indexer_topk_impl {
 
 constexpr int kWarpHistBins = 2048;  // 11-bit digits
+
+// 1: warp_split_top_k counts the later digits of its two selects in one pass (two 1024-bin halves); 0: one after the
+// other (A/B builds).
+#ifndef FLASHDSA_WF_UNROLL
+#define FLASHDSA_WF_UNROLL kWarpFilterVecs
+#endif
+#ifndef FLASHDSA_WF_FAST
+#define FLASHDSA_WF_FAST 1
+#endif
+#ifndef FLASHDSA_WARP_SPLIT_DUAL
+#define FLASHDSA_WARP_SPLIT_DUAL 1
+#endif
 constexpr int kWarpBinsPerLane = kWarpHistBins / 32;
 constexpr int kWarpSweepVecs = 4;                          // 16-byte score vectors per lane per sweep step
 constexpr int kWarpSweepElems = 32 * 4 * kWarpSweepVecs;  // 512 entries per step
 constexpr int kWarpFilterVecs = 2;                         // the filter's: scores and indices (the kernel's registers)
 constexpr int kWarpFilterElems = 32 * 4 * kWarpFilterVecs;
+constexpr int kWarpFilterUnroll = FLASHDSA_WF_UNROLL;
 
 // This thread's lane, read through a volatile asm: nothing derived from it (bin addresses, lane masks) can be
 // hoisted out of the calling kernel's loops into registers that the kernel's walk would then carry (that made
@@ -75,18 +88,21 @@ __device__ __forceinline__ void warp_key_range(const float* scores, int n, uint3
   hi = __reduce_max_sync(0xffffffffu, h);
 }
 
-// The bin holding the need-th largest key counted in hist (larger keys in higher bins; the histogram counts at
-// least `need` keys), the number of keys in the bins above it and in it; in every lane. Lane l sums the bins
-// [2048 - 64 (l + 1), 2048 - 64 l) (its 16-byte loads rotated by l: no bank conflicts), a scan over the lanes
-// counts the keys above each lane's bins, and the one lane whose bins hold the need-th key walks them.
+// The bin holding the need-th largest key counted in hist[0, kBins) (larger keys in higher bins; the histogram
+// counts at least `need` keys), the number of keys in the bins above it and in it; in every lane. Lane l sums the
+// bins [kBins - B (l + 1), kBins - B l), B = kBins / 32 (its 16-byte loads rotated by l: no bank conflicts), a
+// scan over the lanes counts the keys above each lane's bins, and the one lane whose bins hold the need-th key
+// walks them.
+template <int kBins = kWarpHistBins>
 __device__ __forceinline__ BinPick warp_pick_bin(const uint32_t* hist, int need) {
+  constexpr int kPerLane = kBins / 32;
   const int lane = warp_lane();
-  const int top = kWarpHistBins - lane * kWarpBinsPerLane;
-  const uint4* mine = reinterpret_cast<const uint4*>(hist + top - kWarpBinsPerLane);
+  const int top = kBins - lane * kPerLane;
+  const uint4* mine = reinterpret_cast<const uint4*>(hist + top - kPerLane);
   int local = 0;
 #pragma unroll
-  for (int i = 0; i < kWarpBinsPerLane / 4; ++i) {
-    const uint4 v = mine[(i + lane) % (kWarpBinsPerLane / 4)];
+  for (int i = 0; i < kPerLane / 4; ++i) {
+    const uint4 v = mine[(i + lane) % (kPerLane / 4)];
     local += static_cast<int>(v.x + v.y + v.z + v.w);
   }
   int incl = local;
@@ -99,7 +115,7 @@ __device__ __forceinline__ BinPick warp_pick_bin(const uint32_t* hist, int need)
   const bool holds = above < need && need <= incl;
   int bin = 0, before = above, count = 0;
   if (holds) {
-    for (int b = top - 1; b >= top - kWarpBinsPerLane; --b) {
+    for (int b = top - 1; b >= top - kPerLane; --b) {
       const int c = static_cast<int>(hist[b]);
       if (before + c >= need) {
         bin = b;
@@ -127,8 +143,9 @@ __device__ __forceinline__ WarpRadix warp_radix_start(uint32_t lo, uint32_t hi, 
   return WarpRadix{lo, 0u, 0u, k, span == 0u ? 0 : 32 - __clz(static_cast<int>(span))};  // every offset < 2^shift
 }
 
-// The width of the select's next digit (11 bits, fewer at the end).
-__device__ __forceinline__ int warp_radix_bits(const WarpRadix& st) { return min(st.shift, 11); }
+// The width of the select's next digit (kDigit bits, fewer at the end).
+template <int kDigit = 11>
+__device__ __forceinline__ int warp_radix_bits(const WarpRadix& st) { return min(st.shift, kDigit); }
 
 // Counts the next digit (warp_radix_bits(st) bits) of the keys still in the select into hist (cleared first).
 __device__ __forceinline__ void warp_radix_count(const float* scores, int n, const WarpRadix& st, uint32_t* hist) {
@@ -146,12 +163,33 @@ __device__ __forceinline__ void warp_radix_count(const float* scores, int n, con
   __syncwarp();
 }
 
+// Counts the next 10-bit digit of two selects over the same list in one pass: a's into hist[0, 1024), b's into
+// hist[1024, 2048) (a key in both selects is counted in both halves).
+__device__ __forceinline__ void warp_radix_count2(const float* scores, int n, const WarpRadix& a, const WarpRadix& b,
+                                                  uint32_t* hist) {
+  const int lane = warp_lane();
+  const int shift_a = a.shift - warp_radix_bits<10>(a), shift_b = b.shift - warp_radix_bits<10>(b);
+  const uint32_t mask_a = (1u << warp_radix_bits<10>(a)) - 1u, mask_b = (1u << warp_radix_bits<10>(b)) - 1u;
+  __syncwarp();  // every lane is done reading the histogram of the previous pass
+#pragma unroll
+  for (int i = lane; i < kWarpHistBins / 4; i += 32) reinterpret_cast<uint4*>(hist)[i] = make_uint4(0u, 0u, 0u, 0u);
+  __syncwarp();
+  warp_for_each_key(scores, n, [&](uint32_t key) {
+    const uint32_t off = key - a.lo;  // (a.lo == b.lo)
+    if ((off & a.mask) == a.prefix) atomicAdd(&hist[(off >> shift_a) & mask_a], 1u);
+    if ((off & b.mask) == b.prefix) atomicAdd(&hist[kWarpHistBins / 2 + ((off >> shift_b) & mask_b)], 1u);
+  });
+  __syncwarp();
+}
+
 // Takes the counted digit into the select: picks the bin of the need-th largest key. Returns true, with the rule
 // in *rule, when the select is complete (the bin is taken whole, or no bits are left).
+// kDigit / kBins: the digit width and the histogram's bins (2^kDigit) of the count.
+template <int kDigit = 11>
 __device__ __forceinline__ bool warp_radix_step(const uint32_t* hist, WarpRadix& st, KeepRule* rule) {
-  const int bits = warp_radix_bits(st);
+  const int bits = warp_radix_bits<kDigit>(st);
   st.shift -= bits;
-  const BinPick pick = warp_pick_bin(hist, st.need);
+  const BinPick pick = warp_pick_bin<(1 << kDigit)>(hist, st.need);
   st.need -= pick.above;
   st.prefix |= static_cast<uint32_t>(pick.bin) << st.shift;
   st.mask |= ((1u << bits) - 1u) << st.shift;
@@ -203,11 +241,27 @@ __device__ __forceinline__ void warp_append(bool take, int id, int* dst, unsigne
   count += __popc(taken);
 }
 
+// The exclusive prefix over the lanes of a packed pair of counts (low / high 16 bits) and, in `total`, their sum.
+__device__ __forceinline__ unsigned warp_exclusive_counts(unsigned packed, unsigned& total) {
+  const int lane = warp_lane();
+  unsigned incl = packed;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const unsigned y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  total = __shfl_sync(0xffffffffu, incl, 31);
+  return incl - packed;
+}
+
 // Writes the indices of the entries of (scores, idx)[0, n) that `top` keeps to top_idx[0, x) and, kRest, those of
 // the other entries that `rest` keeps to rest_idx[0, y); returns {x, y} in every lane. Slots and the tickets of
 // keys equal to a threshold go in a fixed order (an entry at a threshold the two rules share takes a ticket of `top`
 // first, so rest.quota counts only the entries `top` left). rest_idx may alias idx: each sweep step's entries are
 // read before any of them is written, and the compacted writes never pass them. All 32 lanes.
+// A lane's 4 entries of a vector are contiguous in the list. A vector with no key equal to a threshold (nearly all)
+// takes one scan of the lanes' packed counts and writes in list order; one holding such a key goes entry by entry
+// with ballots (the tickets in a fixed order: the x-th entries of the lanes in lane order, x = 0 .. 3).
 template <bool kRest>
 __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx, int n, KeepRule top, KeepRule rest,
                                             int* top_idx, int* rest_idx) {
@@ -223,11 +277,36 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
       w[i] = load_index4(idx, base + 4 * (lane + 32 * i), n);
     }
     __syncwarp();  // the whole step is read before any of it is written (rest_idx may alias idx)
-#pragma unroll
+#pragma unroll kWarpFilterUnroll
     for (int i = 0; i < kWarpFilterVecs; ++i) {
       const int e = base + 4 * (lane + 32 * i);
       const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
       const int id[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+      unsigned top_mask = 0u, rest_mask = 0u;
+      bool at_thr = false;
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const bool valid = e + x < n;
+        const uint32_t key = score_key(s[x]);
+        const bool t = valid && key > top.thr;
+        top_mask |= static_cast<unsigned>(t) << x;
+        if constexpr (kRest) rest_mask |= static_cast<unsigned>(valid && !t && key > rest.thr) << x;
+        at_thr |= valid && (key == top.thr || (kRest && key == rest.thr));
+      }
+      if (FLASHDSA_WF_FAST && kRest && !__any_sync(0xffffffffu, at_thr)) {
+        unsigned total;
+        const unsigned before = warp_exclusive_counts(__popc(top_mask) | (__popc(rest_mask) << 16), total);
+        int pt = n_top + static_cast<int>(before & 0xffffu), pr = n_rest + static_cast<int>(before >> 16);
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          if (top_mask & (1u << x)) top_idx[pt++] = id[x];
+          if constexpr (kRest)
+            if (rest_mask & (1u << x)) rest_idx[pr++] = id[x];
+        }
+        n_top += static_cast<int>(total & 0xffffu);
+        n_rest += static_cast<int>(total >> 16);
+        continue;
+      }
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
         const bool valid = e + x < n;
@@ -269,6 +348,14 @@ __device__ __forceinline__ int2 warp_split_top_k(const float* scores, const int*
       }
       top_done = warp_radix_step(hist, st_top, &top);
     }
+#if FLASHDSA_WARP_SPLIT_DUAL
+    // The later digits of both selects, 10 bits each, counted in one pass into the two halves of the histogram.
+    while (!keep_done && !top_done) {
+      warp_radix_count2(scores, n, st_keep, st_top, hist);
+      keep_done = warp_radix_step<10>(hist, st_keep, &keep);
+      top_done = warp_radix_step<10>(hist + kWarpHistBins / 2, st_top, &top);
+    }
+#endif
     while (!keep_done) {
       warp_radix_count(scores, n, st_keep, hist);
       keep_done = warp_radix_step(hist, st_keep, &keep);
