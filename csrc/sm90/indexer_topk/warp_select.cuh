@@ -45,16 +45,24 @@ constexpr int kWarpFilterUnroll = FLASHDSA_WF_UNROLL;
 // hoisted out of the calling kernel's loops into registers that the kernel's walk would then carry (that made
 // ptxas spill inside the FP8 walk's tile loop).
 __device__ __forceinline__ int warp_lane() {
+#if defined(FLASHDSA_WARP_EMULATION)  // host emulation of the warp (tests/cpp/warp_emulation.h)
+  return ::flashdsa_emu::lane();
+#else
   int lane;
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
   return lane;
+#endif
 }
 
 // This thread's warp in the CTA (a 1-D block), read the same way.
 __device__ __forceinline__ int warp_in_cta() {
+#if defined(FLASHDSA_WARP_EMULATION)
+  return ::flashdsa_emu::warp();
+#else
   int tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
   return tid >> 5;
+#endif
 }
 
 // Calls f(key) for every entry of scores[0, n) (key = score_key of the entry), kWarpSweepVecs vectors per lane

@@ -1,0 +1,200 @@
+// The warp-level exact top-k of the FP8 band re-score's tail (csrc/sm90/indexer_topk/warp_select.cuh), run on the CPU
+// with each lane an OS thread (cuda_runtime.h beside this file stands in for CUDA). The same device code as
+// the GPU's is checked against a sort: warp_split_top_k (the k best to one list, ranks k + 1 .. k_keep compacted in
+// place over the input's indices, as band_tail calls it) and warp_keep_top_k, on lists with ties, signed zeros,
+// negative and huge scores, one repeated value, n around k and k_keep; every selection twice (the lanes' thread
+// schedules differ) and compared bitwise: the result is deterministic. tests/cuda/select_check.cu runs the same
+// routines on the GPU. Exit code 0 when every case passes.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sm90/indexer_topk/warp_select.cuh"
+
+namespace {
+
+namespace sel = flashdsa::sm90::indexer_topk_impl;
+
+// Runs body() on the 32 lanes of one emulated warp.
+void run_warp(const std::function<void()>& body) {
+  flashdsa_emu::Warp warp;
+  std::vector<std::thread> lanes;
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  for (int l = 0; l < 32; ++l) {
+    lanes.emplace_back([&, l] {
+      flashdsa_emu::tl_warp = &warp;
+      flashdsa_emu::tl_lane = l;
+      try {
+        body();
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : lanes) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+struct List {
+  std::string kind;
+  std::vector<float> scores;  // padded with zeros to a multiple of 4 (the routines read 16-byte vectors)
+  std::vector<int> ids;       // distinct entry ids (a permutation of 0 .. n-1, shifted)
+  int n = 0;
+};
+
+constexpr int kIdBase = 1000;  // ids are kIdBase + position: an id out of range is caught
+
+List make_list(const std::string& kind, int n, std::mt19937& rng) {
+  List l;
+  l.kind = kind;
+  l.n = n;
+  const int padded = (n + 3) / 4 * 4 + 4;
+  l.scores.assign(padded, 0.f);
+  l.ids.assign(padded, 0);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> small(0, 6);
+  for (int i = 0; i < n; ++i) {
+    float s;
+    if (kind == "normal") {
+      s = normal(rng);
+    } else if (kind == "relu") {  // many exact zeros (+0 and -0) below a positive tail
+      s = std::max(normal(rng), 0.f);
+      if (s == 0.f && (rng() & 1u)) s = -0.f;
+    } else if (kind == "few values") {
+      s = 0.25f * static_cast<float>(small(rng)) - 0.5f;
+    } else if (kind == "one value") {
+      s = 1.5f;
+    } else if (kind == "huge span") {
+      s = std::ldexp(normal(rng), static_cast<int>(rng() % 200) - 100);
+    } else {  // "near": neighbouring floats, ties in the low digits
+      s = std::nextafter(1.0f, 2.0f) + static_cast<float>(rng() % 64) * 1.1920929e-7f;
+    }
+    l.scores[i] = s;
+    l.ids[i] = kIdBase + i;
+  }
+  return l;
+}
+
+// score_key of every entry, sorted descending.
+std::vector<uint32_t> sorted_keys(const List& l) {
+  std::vector<uint32_t> keys(l.n);
+  for (int i = 0; i < l.n; ++i) keys[i] = sel::score_key(l.scores[i]);
+  std::sort(keys.begin(), keys.end(), std::greater<uint32_t>());
+  return keys;
+}
+
+// The keys of the entries whose ids are out[0, count), sorted descending; false on a bad or repeated id.
+bool keys_of(const List& l, const int* out, int count, std::vector<char>& seen, std::vector<uint32_t>& keys) {
+  keys.clear();
+  for (int j = 0; j < count; ++j) {
+    const int pos = out[j] - kIdBase;
+    if (pos < 0 || pos >= l.n || seen[pos]) return false;
+    seen[pos] = 1;
+    keys.push_back(sel::score_key(l.scores[pos]));
+  }
+  std::sort(keys.begin(), keys.end(), std::greater<uint32_t>());
+  return true;
+}
+
+struct SplitResult {
+  int top = -1, rest = -1;
+  std::vector<int> top_idx, rest_idx;
+  bool operator==(const SplitResult& o) const {
+    return top == o.top && rest == o.rest && top_idx == o.top_idx && rest_idx == o.rest_idx;
+  }
+};
+
+SplitResult run_split(const List& l, int k, int k_keep) {
+  std::vector<float> scores = l.scores;
+  std::vector<int> idx = l.ids;  // the rest is compacted over it, in place (as band_tail does)
+  std::vector<int> top(std::max(k, 1) + 4, -7);
+  std::vector<uint32_t> hist(sel::kWarpHistBins);
+  int2 counts{};
+  run_warp([&] {
+    const int2 c = sel::warp_split_top_k(scores.data(), idx.data(), l.n, k, k_keep, top.data(), idx.data(), hist.data());
+    if (flashdsa_emu::lane() == 0) counts = c;
+  });
+  SplitResult r;
+  r.top = counts.x;
+  r.rest = counts.y;
+  if (r.top >= 0 && r.top <= k) r.top_idx.assign(top.begin(), top.begin() + r.top);
+  if (r.rest >= 0 && r.rest <= l.n) r.rest_idx.assign(idx.begin(), idx.begin() + r.rest);
+  return r;
+}
+
+std::vector<int> run_keep(const List& l, int k, int& count) {
+  std::vector<float> scores = l.scores;
+  std::vector<int> idx = l.ids;
+  std::vector<int> dst(std::max(k, 1) + 4, -7);
+  std::vector<uint32_t> hist(sel::kWarpHistBins);
+  run_warp([&] {
+    const int c = sel::warp_keep_top_k(scores.data(), idx.data(), l.n, k, dst.data(), hist.data());
+    if (flashdsa_emu::lane() == 0) count = c;
+  });
+  dst.resize(std::max(0, std::min(count, k)));
+  return dst;
+}
+
+int failures = 0;
+
+void fail(const List& l, int k, int k_keep, const char* what) {
+  ++failures;
+  std::printf("FAIL %-10s n=%d k=%d k_keep=%d: %s\n", l.kind.c_str(), l.n, k, k_keep, what);
+}
+
+void check_split(const List& l, int k, int k_keep) {
+  const SplitResult a = run_split(l, k, k_keep), b = run_split(l, k, k_keep);
+  const int want_top = std::min(l.n, k), want_rest = std::min(l.n, k_keep) - want_top;
+  if (a.top != want_top || a.rest != want_rest) return fail(l, k, k_keep, "counts");
+  if (!(a == b)) return fail(l, k, k_keep, "two runs differ");
+  const std::vector<uint32_t> all = sorted_keys(l);
+  std::vector<char> seen(l.n, 0);
+  std::vector<uint32_t> got;
+  if (!keys_of(l, a.top_idx.data(), a.top, seen, got)) return fail(l, k, k_keep, "top: bad or repeated id");
+  if (!std::equal(got.begin(), got.end(), all.begin())) return fail(l, k, k_keep, "top: not the k largest");
+  if (!keys_of(l, a.rest_idx.data(), a.rest, seen, got)) return fail(l, k, k_keep, "rest: bad or repeated id");
+  if (!std::equal(got.begin(), got.end(), all.begin() + a.top)) return fail(l, k, k_keep, "rest: not ranks k+1..");
+}
+
+void check_keep(const List& l, int k) {
+  int ca = -1, cb = -1;
+  const std::vector<int> a = run_keep(l, k, ca), b = run_keep(l, k, cb);
+  if (ca != std::min(l.n, k)) return fail(l, k, 0, "keep: count");
+  if (a != b || ca != cb) return fail(l, k, 0, "keep: two runs differ");
+  const std::vector<uint32_t> all = sorted_keys(l);
+  std::vector<char> seen(l.n, 0);
+  std::vector<uint32_t> got;
+  if (!keys_of(l, a.data(), ca, seen, got)) return fail(l, k, 0, "keep: bad or repeated id");
+  if (!std::equal(got.begin(), got.end(), all.begin())) return fail(l, k, 0, "keep: not the k largest");
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(20261203);
+  const char* kinds[] = {"normal", "relu", "few values", "one value", "huge span", "near"};
+  // (n, k, k_keep): the band tail's shape (K - b of a list of C .. cap entries), n at and around k and k_keep,
+  // lists shorter than one sweep step, and one list longer than the largest list a band kernel holds.
+  const int shapes[][3] = {{2900, 1792, 2304}, {2304, 1792, 2304}, {2305, 1792, 2304}, {1793, 1792, 2304},
+                           {1792, 1792, 2304}, {600, 100, 130},    {129, 5, 128},      {33, 1, 1},
+                           {7, 3, 9},          {5632, 4000, 4608}, {3000, 2999, 3000}};
+  int cases = 0;
+  for (const char* kind : kinds) {
+    for (const auto& s : shapes) {
+      const List l = make_list(kind, s[0], rng);
+      check_split(l, s[1], s[2]);
+      check_keep(l, s[1]);
+      cases += 2;
+    }
+  }
+  std::printf("warp select (emulated warp): %d cases, %d failed\n", cases, failures);
+  return failures == 0 ? 0 : 1;
+}
