@@ -45,7 +45,7 @@ constexpr int kWarpFilterUnroll = FLASHDSA_WF_UNROLL;
 // hoisted out of the calling kernel's loops into registers that the kernel's walk would then carry (that made
 // ptxas spill inside the FP8 walk's tile loop).
 __device__ __forceinline__ int warp_lane() {
-#if defined(FLASHDSA_WARP_EMULATION)  // host emulation of the warp (tests/cpp/warp_emulation.h)
+#if defined(FLASHDSA_WARP_EMULATION)  // host emulation of the warp (tests/cpp/warp_emulation/)
   return ::flashdsa_emu::lane();
 #else
   int lane;
