@@ -304,12 +304,15 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
       if (FLASHDSA_WF_FAST && kRest && !__any_sync(0xffffffffu, at_thr)) {
         unsigned total;
         const unsigned before = warp_exclusive_counts(__popc(top_mask) | (__popc(rest_mask) << 16), total);
-        int pt = n_top + static_cast<int>(before & 0xffffu), pr = n_rest + static_cast<int>(before >> 16);
+        // This lane's first slot in each list, then each taken entry at its rank among the lane's taken ones.
+        int* const top_at = top_idx + (n_top + static_cast<int>(before & 0xffffu));
+        int* const rest_at = kRest ? rest_idx + (n_rest + static_cast<int>(before >> 16)) : nullptr;
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
-          if (top_mask & (1u << x)) top_idx[pt++] = id[x];
+          const unsigned lower = (1u << x) - 1u;
+          if (top_mask & (1u << x)) top_at[__popc(top_mask & lower)] = id[x];
           if constexpr (kRest)
-            if (rest_mask & (1u << x)) rest_idx[pr++] = id[x];
+            if (rest_mask & (1u << x)) rest_at[__popc(rest_mask & lower)] = id[x];
         }
         n_top += static_cast<int>(total & 0xffffu);
         n_rest += static_cast<int>(total >> 16);
