@@ -37,14 +37,16 @@ def realistic_indexer(T: int, T_kv: int, H_I: int, D_I: int, *, dtype=torch.bflo
 # Quantization
 
 
+# D = 64 and 128 take the CUDA quantizer's vectorized kernel (2 / 4 elements per lane), D = 96 its per-element one.
+@pytest.mark.parametrize("d", [64, 128, 96])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
-def test_quantize_matches_torch_cast_and_error_bound(device, dtype):
+def test_quantize_matches_torch_cast_and_error_bound(device, dtype, d):
     if device == "cuda" and dtype != torch.bfloat16:
         pytest.skip("the CUDA quantizer takes bf16")
-    q = (torch.randn(37, 5, 64) * torch.exp(2 * torch.randn(37, 5, 1))).to(dtype)
+    q = (torch.randn(37, 5, d) * torch.exp(2 * torch.randn(37, 5, 1))).to(dtype)
     q[3, 1] = 0  # a zero row: scale 1, zero codes
     q[4, 2, 7] = 1e-30 if dtype != torch.bfloat16 else 0  # a tiny value next to normal ones (subnormal/zero code)
-    k = torch.randn(50, 64, dtype=dtype)
+    k = torch.randn(50, d, dtype=dtype)
     q8, qs, k8, ks = flashdsa.quantize_indexer_fp8(q.to(device), k.to(device))
     assert q8.dtype == torch.float8_e4m3fn and q8.shape == q.shape and qs.shape == (37, 5) and qs.dtype == torch.float32
     assert k8.shape == k.shape and ks.shape == (50,)
@@ -63,13 +65,22 @@ def test_quantize_matches_torch_cast_and_error_bound(device, dtype):
     assert torch.equal(q8.float().abs().amax(-1)[qs != 1].cpu(), torch.full_like(qs[qs != 1].cpu(), 448.0))
 
 
-def test_quantize_nonfinite_rows_and_strides(device):
-    q = torch.randn(6, 4, 32, dtype=torch.bfloat16)
+# D = 32: one element per lane on CUDA; D = 128 with aligned strides: 4 per lane; D = 128 rows that start off the
+# 8-byte grid ([:, 1:] of 129 columns): one element per lane again.
+@pytest.mark.parametrize("d,k_view", [(32, "strided"), (128, "strided"), (128, "misaligned")])
+def test_quantize_nonfinite_rows_and_strides(device, d, k_view):
+    q = torch.randn(6, 4, d, dtype=torch.bfloat16)
     q[1, 2, 5] = float("nan")
     q[2, 0, 0] = float("inf")
-    k = torch.randn(9, 2, 32, dtype=torch.bfloat16)[:, 1]  # strided rows
-    k[4, 31] = float("-inf")
-    q8, qs, k8, ks = flashdsa.quantize_indexer_fp8(q.to(device), k.to(device))
+    # Sliced on the device (a copy to the device would be contiguous).
+    if k_view == "strided":
+        k = torch.randn(9, 2, d, dtype=torch.bfloat16).to(device)[:, 1]  # strided rows
+    else:
+        k = torch.randn(9, d + 1, dtype=torch.bfloat16).to(device)[:, 1:]  # odd row stride, rows 2 bytes off
+    k[4, d - 1] = float("-inf")
+    assert not k.is_contiguous()
+    q8, qs, k8, ks = flashdsa.quantize_indexer_fp8(q.to(device), k)
+    k = k.cpu()
     qs, ks, q8, k8 = qs.cpu(), ks.cpu(), q8.cpu(), k8.cpu()
     bad_q = torch.zeros(6, 4, dtype=torch.bool)
     bad_q[1, 2] = bad_q[2, 0] = True

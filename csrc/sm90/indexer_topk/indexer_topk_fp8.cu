@@ -160,11 +160,30 @@ Status run_quantize(const QuantizeFp8Params& p) {
   args.s1 = p.stride1;
   args.N1 = p.N1;
   args.D = p.D;
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  // Rows of 32 V elements (V = 4 at D_I = 128, 2 at 64) whose lane slices are aligned to one load: the vectorized
+  // kernel (the same codes and scales); any other row shape or stride: one element per lane.
+  const int V = p.D == 128 ? 4 : p.D == 64 ? 2 : 0;
+  const bool aligned = V != 0 && reinterpret_cast<uintptr_t>(p.x) % (2 * V) == 0 && p.stride0 % V == 0 &&
+                       (p.N1 == 1 || p.stride1 % V == 0) && reinterpret_cast<uintptr_t>(p.out) % V == 0;
+  if (aligned) {
+    constexpr int kRows = indexer_topk_impl::kQuantizeThreads / 32 * indexer_topk_impl::kQuantizeRowsPerWarp;
+    const int64_t blocks = (rows + kRows - 1) / kRows;
+    if (blocks > INT_MAX) return Status::NotSupported("quantize_fp8: too many rows for one launch");
+    if (V == 4)
+      indexer_topk_impl::quantize_fp8_vec_kernel<4>
+          <<<static_cast<int>(blocks), indexer_topk_impl::kQuantizeThreads, 0, stream>>>(args);
+    else
+      indexer_topk_impl::quantize_fp8_vec_kernel<2>
+          <<<static_cast<int>(blocks), indexer_topk_impl::kQuantizeThreads, 0, stream>>>(args);
+    FLASHDSA_CHECK_LAUNCH("quantize_fp8_vec_kernel");
+    return Status::OK();
+  }
   constexpr int kRowsPerBlock = indexer_topk_impl::kQuantizeThreads / 32;
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks > INT_MAX) return Status::NotSupported("quantize_fp8: too many rows for one launch");
-  indexer_topk_impl::quantize_fp8_kernel<<<static_cast<int>(blocks), indexer_topk_impl::kQuantizeThreads, 0,
-                                           static_cast<cudaStream_t>(p.stream)>>>(args);
+  indexer_topk_impl::quantize_fp8_kernel<<<static_cast<int>(blocks), indexer_topk_impl::kQuantizeThreads, 0, stream>>>(
+      args);
   FLASHDSA_CHECK_LAUNCH("quantize_fp8_kernel");
   return Status::OK();
 }
