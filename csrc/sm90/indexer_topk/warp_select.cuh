@@ -301,7 +301,7 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
         if constexpr (kRest) rest_mask |= static_cast<unsigned>(valid && !t && key > rest.thr) << x;
         at_thr |= valid && (key == top.thr || (kRest && key == rest.thr));
       }
-      if (FLASHDSA_WF_FAST && kRest && !__any_sync(0xffffffffu, at_thr)) {
+      if (FLASHDSA_WF_FAST && !__any_sync(0xffffffffu, at_thr)) {
         unsigned total;
         const unsigned before = warp_exclusive_counts(__popc(top_mask) | (__popc(rest_mask) << 16), total);
         // This lane's first slot in each list, then each taken entry at its rank among the lane's taken ones.
