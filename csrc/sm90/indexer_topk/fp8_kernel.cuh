@@ -531,6 +531,26 @@ struct QuantizeArgs {
 
 constexpr int kQuantizeThreads = 256;
 
+// A row's scale from each lane's amax and finiteness (a warp max and vote, `finite` becoming the row's; lane 0 stores
+// the scale to *scale_out): amax / 448 (__fdiv_rn), 1 for an all-zero row, NaN when an element is NaN or +-Inf.
+// All 32 lanes.
+__device__ __forceinline__ float quantize_row_scale(float amax, bool& finite, float* scale_out) {
+  finite = __all_sync(0xffffffffu, finite);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  float scale = __fdiv_rn(amax, 448.f);
+  if (!(scale > 0.f)) scale = 1.f;
+  if (!finite) scale = __int_as_float(0x7fffffff);
+  if ((threadIdx.x & 31) == 0) *scale_out = scale;
+  return scale;
+}
+
+// The e4m3 code of x in a row of this scale: cvt.rn.satfinite of __fdiv_rn(x, scale); 0x7f (NaN) in a non-finite row.
+__device__ __forceinline__ uint8_t quantize_code(float x, float scale, bool finite) {
+  const float v = __fdiv_rn(x, scale);
+  return finite ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)) : uint8_t{0x7f};
+}
+
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_fp8_kernel(const __grid_constant__ QuantizeArgs a) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kQuantizeThreads / 32) + (threadIdx.x >> 5);
   if (r >= a.rows) return;
@@ -543,18 +563,9 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_fp8_kernel(const __
     finite = finite && isfinite(v);
     amax = fmaxf(amax, fabsf(v));
   }
-  finite = __all_sync(0xffffffffu, finite);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  float scale = __fdiv_rn(amax, 448.f);
-  if (!(scale > 0.f)) scale = 1.f;
-  if (!finite) scale = __int_as_float(0x7fffffff);
-  if (lane == 0) a.scale[r] = scale;
+  const float scale = quantize_row_scale(amax, finite, a.scale + r);
   uint8_t* dst = a.out + r * a.D;
-  for (int i = lane; i < a.D; i += 32) {
-    const float v = __fdiv_rn(__bfloat162float(src[i]), scale);
-    dst[i] = finite ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)) : uint8_t{0x7f};
-  }
+  for (int i = lane; i < a.D; i += 32) dst[i] = quantize_code(__bfloat162float(src[i]), scale, finite);
 }
 
 // The same quantization, vectorized (D_I = 32 V, V = 2 or 4; the host checks alignment and strides): lane l holds the
@@ -621,21 +632,10 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_fp8_vec_kernel(cons
       finite = finite && isfinite(v[i]);
       amax = fmaxf(amax, fabsf(v[i]));
     }
-    finite = __all_sync(0xffffffffu, finite);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float scale = __fdiv_rn(amax, 448.f);
-    if (!(scale > 0.f)) scale = 1.f;
-    if (!finite) scale = __int_as_float(0x7fffffff);
-    if (lane == 0) a.scale[r] = scale;
+    const float scale = quantize_row_scale(amax, finite, a.scale + r);
     uint32_t codes = 0u;
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const uint32_t c = finite ? static_cast<uint32_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v[i], scale), __NV_SATFINITE,
-                                                                            __NV_E4M3))
-                                : 0x7fu;
-      codes |= (c & 0xffu) << (8 * i);
-    }
+    for (int i = 0; i < V; ++i) codes |= static_cast<uint32_t>(quantize_code(v[i], scale, finite)) << (8 * i);
     *reinterpret_cast<Out*>(a.out + r * a.D + V * lane) = static_cast<Out>(codes);
   }
 }
