@@ -1,7 +1,8 @@
-// Host emulation of the CUDA constructs that csrc/sm90/indexer_topk/select.cuh and warp_select.cuh use, so that the
-// warp-level selection (warp_select.cuh) runs on the CPU in warp_select_emulated_main.cpp (beside it): each lane of a
-// warp is an OS thread; every warp collective (ballot, shuffles, votes, reductions, __syncwarp) meets all 32 lanes
-// at a barrier, which also orders their memory (as __syncwarp does on the GPU). Only full-warp masks are emulated.
+// Host emulation of the CUDA constructs that csrc/sm90/indexer_topk/select.cuh and warp_select.cuh use, so that their
+// selections run on the CPU in select_emulated_main.cpp (beside it): each thread of a CTA is an OS thread; every warp
+// collective (ballot, shuffles, votes, reductions, __syncwarp) meets the warp's 32 lanes at a barrier, __syncthreads
+// all threads of the CTA at another; both order memory as the GPU's do for shared memory. Only full-warp masks are
+// emulated; "shared memory" is any memory the threads share.
 // This header stands in for <cuda_runtime.h> through the test's include path; nothing else includes it.
 #pragma once
 
@@ -42,7 +43,14 @@ struct Warp {
   int id = 0;  // the warp's index in its CTA
 };
 
+// One emulated CTA (only for code that calls __syncthreads): the barrier of all its threads.
+struct Cta {
+  explicit Cta(int threads) : bar(threads) {}
+  std::barrier<> bar;
+};
+
 inline thread_local Warp* tl_warp = nullptr;
+inline thread_local Cta* tl_cta = nullptr;
 inline thread_local int tl_lane = 0;
 
 inline int lane() { return tl_lane; }
@@ -138,8 +146,11 @@ inline int __reduce_add_sync(unsigned mask, int value) {
   return r;
 }
 
-// CTA-wide barriers are not emulated (the warp-level code under test has none).
-inline void __syncthreads() { throw std::logic_error("warp emulation: __syncthreads is not emulated"); }
+// The CTA barrier (memory ordered by std::barrier, as __syncthreads orders shared memory).
+inline void __syncthreads() {
+  if (::flashdsa_emu::tl_cta == nullptr) throw std::logic_error("warp emulation: __syncthreads outside an emulated CTA");
+  ::flashdsa_emu::tl_cta->bar.arrive_and_wait();
+}
 
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }

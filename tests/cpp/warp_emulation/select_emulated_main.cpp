@@ -1,36 +1,47 @@
-// The warp-level exact top-k of the FP8 band re-score's tail (csrc/sm90/indexer_topk/warp_select.cuh), run on the CPU
-// with each lane an OS thread (cuda_runtime.h beside this file stands in for CUDA). The same device code as
-// the GPU's is checked against a sort: warp_split_top_k (the k best to one list, ranks k + 1 .. k_keep compacted in
-// place over the input's indices, as band_tail calls it) and warp_keep_top_k, on lists with ties, signed zeros,
-// negative and huge scores, one repeated value, n around k and k_keep; every selection twice (the lanes' thread
-// schedules differ) and compared bitwise: the result is deterministic. tests/cuda/select_check.cu runs the same
-// routines on the GPU. Exit code 0 when every case passes.
+// The exact top-k selections of the indexer kernels run on the CPU, their device code unchanged, each thread an OS
+// thread (cuda_runtime.h beside this file stands in for CUDA), checked against a sort:
+//  - warp_select.cuh (the FP8 band tail, one warp per row): warp_split_top_k (the k best to one list, ranks
+//    k + 1 .. k_keep compacted in place over the input's indices, as band_tail calls it) and warp_keep_top_k; every
+//    selection twice (the lanes' thread schedules differ), compared bitwise: the result is deterministic;
+//  - select.cuh (the bf16 and FP8 kernels' per-row selection, a whole CTA of 128 or 256 threads): keep_top_k, its
+//    register-resident path (n <= 4096) and its streamed one, in place or not, with or without scores.
+// Lists with ties, signed zeros, negative and huge scores, one repeated value, n around k and k_keep.
+// tests/cuda/select_check.cu runs the same routines on the GPU. Exit code 0 when every case passes.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "sm90/indexer_topk/select.cuh"
 #include "sm90/indexer_topk/warp_select.cuh"
 
 namespace {
 
 namespace sel = flashdsa::sm90::indexer_topk_impl;
 
-// Runs body() on the 32 lanes of one emulated warp.
-void run_warp(const std::function<void()>& body) {
-  flashdsa_emu::Warp warp;
-  std::vector<std::thread> lanes;
+// Runs body() on the nth threads (nth / 32 warps) of one emulated CTA.
+void run_cta(int nth, const std::function<void()>& body) {
+  flashdsa_emu::Cta cta(nth);
+  std::vector<std::unique_ptr<flashdsa_emu::Warp>> warps;
+  for (int w = 0; w < nth / 32; ++w) {
+    warps.push_back(std::make_unique<flashdsa_emu::Warp>());
+    warps.back()->id = w;
+  }
+  std::vector<std::thread> threads;
   std::exception_ptr error;
   std::mutex error_mutex;
-  for (int l = 0; l < 32; ++l) {
-    lanes.emplace_back([&, l] {
-      flashdsa_emu::tl_warp = &warp;
-      flashdsa_emu::tl_lane = l;
+  for (int t = 0; t < nth; ++t) {
+    threads.emplace_back([&, t] {
+      flashdsa_emu::tl_warp = warps[t / 32].get();
+      flashdsa_emu::tl_cta = &cta;
+      flashdsa_emu::tl_lane = t % 32;
       try {
         body();
       } catch (...) {
@@ -39,9 +50,12 @@ void run_warp(const std::function<void()>& body) {
       }
     });
   }
-  for (auto& t : lanes) t.join();
+  for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
 }
+
+// Runs body() on the 32 lanes of one emulated warp (a CTA of one warp).
+void run_warp(const std::function<void()>& body) { run_cta(32, body); }
 
 struct List {
   std::string kind;
@@ -176,6 +190,35 @@ void check_keep(const List& l, int k) {
   if (!std::equal(got.begin(), got.end(), all.begin())) return fail(l, k, 0, "keep: not the k largest");
 }
 
+// keep_top_k of a CTA of NTH threads: count, the k largest keys, distinct ids, scores that match their ids, every
+// kept key >= the returned threshold.
+template <int NTH>
+void check_cta_keep(const List& l, int k, bool in_place, bool with_scores) {
+  std::vector<float> scores = l.scores, out_s(l.scores.size(), -7.f);
+  std::vector<int> idx = l.ids, out_i(l.ids.size(), -7);
+  float* dst_s = with_scores ? (in_place ? scores.data() : out_s.data()) : nullptr;
+  int* dst_i = in_place ? idx.data() : out_i.data();
+  auto scratch = std::make_unique<sel::Scratch<NTH>>();
+  sel::Kept kept{};
+  run_cta(NTH, [&] {
+    const sel::Kept r = sel::keep_top_k<NTH>(scores.data(), idx.data(), l.n, k, dst_s, dst_i, *scratch);
+    if (threadIdx.x == 0) kept = r;
+  });
+  const std::string what = "cta " + std::to_string(NTH) + (in_place ? " in place" : "") + (with_scores ? " +s" : "");
+  if (kept.count != std::min(l.n, k)) return fail(l, k, 0, (what + ": count").c_str());
+  const std::vector<uint32_t> all = sorted_keys(l);
+  std::vector<char> seen(l.n, 0);
+  std::vector<uint32_t> got;
+  if (!keys_of(l, dst_i, kept.count, seen, got)) return fail(l, k, 0, (what + ": bad or repeated id").c_str());
+  if (!std::equal(got.begin(), got.end(), all.begin())) return fail(l, k, 0, (what + ": not the k largest").c_str());
+  for (int j = 0; j < kept.count; ++j) {
+    const int pos = dst_i[j] - kIdBase;
+    if (sel::score_key(l.scores[pos]) < kept.thr) return fail(l, k, 0, (what + ": key below the threshold").c_str());
+    if (with_scores && sel::score_key(dst_s[j]) != sel::score_key(l.scores[pos]))
+      return fail(l, k, 0, (what + ": score of another entry").c_str());
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -195,6 +238,18 @@ int main() {
       cases += 2;
     }
   }
-  std::printf("warp select (emulated warp): %d cases, %d failed\n", cases, failures);
+  // keep_top_k of a CTA: the resident path (n <= 4096) and the streamed one, both thread counts of the kernels.
+  // (256 OS threads per CTA on a CI machine's few cores: a smaller set than the warp's.)
+  const int cta_shapes[][2] = {{3000, 2048}, {4096, 2560}, {100, 2048}, {700, 1}, {9000, 2048}};
+  for (const char* kind : {"relu", "few values", "huge span"}) {
+    for (const auto& s : cta_shapes) {
+      const List l = make_list(kind, s[0], rng);
+      check_cta_keep<128>(l, s[1], false, true);
+      check_cta_keep<256>(l, s[1], true, true);
+      check_cta_keep<256>(l, s[1], false, false);
+      cases += 3;
+    }
+  }
+  std::printf("selections (emulated warps and CTAs): %d cases, %d failed\n", cases, failures);
   return failures == 0 ? 0 : 1;
 }
