@@ -41,7 +41,6 @@ CHUNK = 1 << 30
 
 @pytest.fixture
 def cfg():
-    torch.manual_seed(0)  # the bench draws its inputs with torch.randn: the same inputs on every run
     return make_config(CPU, quick=True, seq_lens=(64, 128))
 
 
@@ -235,7 +234,7 @@ def test_fake_peers_run_ab_with_checks(cfg, ops):
         assert bwd["checks"]["dq_rel_err"] < 1e-4 and bwd["checks"]["dkv_rel_err"] < 1e-4
         idx = by[("torch scores + topk", t)]
         assert idx["heads"] == s.index_heads
-        # float32 scores summed in another order can swap two near-equal keys at the K-th place (seed 0: one of 4096)
+        # float32 scores summed in another order can swap two near-equal keys at the K-th place (seen: one of 4096)
         assert idx["checks"]["recall_mean"] >= 0.999 and idx["checks"]["recall_rows"] == t
         assert by[("fake H=64 only", t)]["status"] == "n/a" and "H = 64" in by[("fake H=64 only", t)]["reason"]
         assert by[("fake short T only", t)]["status"] == "n/a" and "T < 0" in by[("fake short T only", t)]["reason"]
