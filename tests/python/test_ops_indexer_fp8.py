@@ -199,16 +199,28 @@ def test_fp8_selection_recall():
     assert r_fp8.mean() > r_plain.mean()
 
 
-def test_fp8_selection_nan_rules():
-    """A NaN in a q_idx row: that row selects min(K, visible) keys with NaN scores. A NaN k_idx row:
-    every row that sees the key selects it with a NaN score (docs/reliability.md)."""
+def test_fp8_selection_nan_rules(device):
+    """A NaN in a q_idx row: that row selects min(K, visible) keys with NaN scores, and no other row changes
+    (on CUDA with H_I = 32, D_I = 128 the row shares its walk's head-sum MMA with three others). A NaN k_idx
+    row: every row that sees the key selects it with a NaN score (docs/reliability.md)."""
+    h, d = (32, 128) if device == "cuda" else (4, 32)
     k_start, k_end = ref.causal_ranges([1000])
-    q_idx, k_idx, weights = realistic_indexer(1000, 1000, 4, 32)
+    ks, ke = k_start.to(device), k_end.to(device)
+    q_idx, k_idx, weights = realistic_indexer(1000, 1000, h, d, device=device)
+    clean_idx, clean_sc = flashdsa.indexer_topk(q_idx, k_idx, weights, ks, ke, 64, selection="fp8")
     q_idx[900, 1, 3] = float("nan")
+    q_only_idx, q_only_sc = flashdsa.indexer_topk(q_idx, k_idx, weights, ks, ke, 64, selection="fp8")
+    assert torch.isnan(q_only_sc[900]).all() and (q_only_idx[900] >= 0).all()
+    others = torch.arange(1000, device=device) != 900
+    sa, pa = clean_idx[others].sort(dim=1)
+    sb, pb = q_only_idx[others].sort(dim=1)
+    assert torch.equal(sa, sb), "a NaN query row changed another row's selection"
+    assert torch.equal(clean_sc[others].gather(1, pa), q_only_sc[others].gather(1, pb))
     k_idx[500, 0] = float("nan")
-    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, 64, selection="fp8")
+    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, ks, ke, 64, selection="fp8")
+    idx, sc = idx.cpu(), sc.cpu()
     assert torch.isnan(sc[900]).all() and (idx[900] >= 0).all()
-    for t in (500, 700, 999):
+    for t in (500, 700, 901, 999):
         row = idx[t].tolist()
         assert 500 in row and math.isnan(sc[t, row.index(500)])
         assert torch.isfinite(sc[t, [j for j in range(64) if row[j] != 500]]).all()

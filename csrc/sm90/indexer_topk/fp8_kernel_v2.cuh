@@ -71,6 +71,14 @@
 #define FLASHDSA_FP8V2_ABLATE 0
 #endif
 
+// H_I = 32: the weighted head sums as a second, small MMA (FLASHDSA_FP8V2_MMA_SUMS, default 1): the tile's ReLU'd
+// scores, packed to bf16 as they are, are the register A operand of 8 wgmma m64n8k16 (bf16, f32 accumulation) whose
+// B holds the block's weights w' block-diagonally (B[(t, h), n] = w'[t, h] for n / 2 = t): the head sums come out per
+// (key, token), no bf16 FMA chains and no quad reduce-scatter. 0: the packed bf16x2 epilogue (KP below).
+#ifndef FLASHDSA_FP8V2_MMA_SUMS
+#define FLASHDSA_FP8V2_MMA_SUMS 1
+#endif
+
 namespace flashdsa::sm90::indexer_topk_impl::fp8v2 {
 
 constexpr int kNth = 256;            // two consumer warpgroups
@@ -121,6 +129,9 @@ struct alignas(1024) Smem {
   int walk;  // the block's walk order (sampled_walk.h walk_tile; 0 = plain): read from here, not kept in a register
   int redo_blk;  // a block to walk again without the sampled threshold (-1: none; thread 0 only)
   int tile_key[2 * kRing];  // sampled instance: first key of the tile at ring position p (kernel_v2.cuh)
+  // MMA head sums (H_I = 32): per warpgroup the B operand [8 n, 128 (token, head)] bf16, K-major SW128 (two 64-column
+  // blocks of 8 rows): row n holds w' of warpgroup token n / 2 in its 32 columns and 0 elsewhere.
+  alignas(1024) uint8_t wmat[2][2 * 8 * hw::kSw128RowBytes];
 };
 
 // Dynamic shared memory of a CTA.
@@ -214,6 +225,38 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
   }
 }
 
+// MMA head sums: a NaN e4m3 query code (0x7f / 0xff) would reach every token of its warpgroup through the second
+// MMA (0 · NaN in the other tokens' columns). Each thread zeroes such codes in the chunks it copied into the Q block
+// (load_query_block_v2's mapping) and writes NaN into that token's weight columns of B instead, so that only the
+// token's own scores are NaN, as the contract wants (the quantizer's NaN rows also have NaN scales, which w'
+// carries). After the thread's cp.async wait, before its proxy fence and the block's barrier.
+template <int H>
+__device__ __forceinline__ void move_query_nans_to_weights(uint8_t* qs, uint8_t (*wmat)[2 * 8 * hw::kSw128RowBytes]) {
+  constexpr int kRowChunks = kFp8RowBytes / 16;
+  constexpr int kPerThread = kCols * kRowChunks / kNth;
+#pragma unroll 1
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = threadIdx.x + kNth * i;
+    const int row = c / kRowChunks, chunk = c % kRowChunks;
+    uint4* const p = reinterpret_cast<uint4*>(qs + hw::sw128_offset(row, chunk));
+    uint4 v = *p;
+    const uint32_t mx = __vcmpeq4(v.x & 0x7f7f7f7fu, 0x7f7f7f7fu), my = __vcmpeq4(v.y & 0x7f7f7f7fu, 0x7f7f7f7fu);
+    const uint32_t mz = __vcmpeq4(v.z & 0x7f7f7f7fu, 0x7f7f7f7fu), mw = __vcmpeq4(v.w & 0x7f7f7f7fu, 0x7f7f7f7fu);
+    if ((mx | my | mz | mw) != 0u) {
+      v.x &= ~mx;
+      v.y &= ~my;
+      v.z &= ~mz;
+      v.w &= ~mw;
+      *p = v;
+      const int token = row / H, head = row % H, g = token / (kCols / H / 2), tl = token % (kCols / H / 2);
+      const int col = tl * H + (head & ~1);  // the warpgroup column pair holding the head
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        *reinterpret_cast<uint32_t*>(wmat[g] + hw::sw128_elem_offset(8, 2 * tl + e, col)) = 0x7fc07fc0u;  // bf16 NaN x2
+    }
+  }
+}
+
 // The per-row tail of the band re-score (indices only, docs/spec.md §3) for the block of rows t0 .. t0 + NT - 1: a row
 // with more than K candidates sends its K - band best by the FP8 score straight to the output; only its candidates
 // ranked K - band + 1 .. C are re-scored exactly, and their best fill the row. The two selections run one warp per
@@ -289,9 +332,12 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
   // candidates (append_quad_group2). H_I = 64 packs by head pair and appends one candidate per lane.
   constexpr bool KP = H == 32;
   constexpr bool A2 = V == 2;
+  constexpr bool MS = KP && FLASHDSA_FP8V2_MMA_SUMS;  // the head sums as the second MMA (H_I = 32)
   // A tile's head sums between its wait and its appends: 2 NTW f32 (token, key) partials, or (KP) one
   // bf16x2 (key acc_row, key acc_row + 8) per token.
-  using Part = std::conditional_t<KP, uint32_t[NTW], float[2 * NTW]>;
+  // MS: the second MMA's m64n8 result (4 f32: keys acc_row, acc_row + 8 x tokens 2 quad, 2 quad + 1 of B's columns,
+  // i.e. token quad twice).
+  using Part = std::conditional_t<MS, float[4], std::conditional_t<KP, uint32_t[NTW], float[2 * NTW]>>;
   const Fp8KernelArgs& a = args.base;
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Smem<H>*>(hw::align_smem(smem_raw));
@@ -332,8 +378,28 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     init_block_rows<NT>(a, t0, sm.k_start, sm.k_end, sm.count, sm.thr);
     // The query scale folds into the weights: relu(a x) = a relu(x) for a > 0 (a NaN scale makes the
     // row's scores NaN, as the quantization contract wants).
-    // Packed: bf16x2 (w'[c], w'[c + 1]) per (warpgroup, quad, chunk), by the first 128 threads.
-    if (tid < kCols / 2) {
+    // MS: the B operand of the head-sum MMA (1024 bf16x2 words, 4 per thread: warpgroup g, row n, columns c, c + 1).
+    // Otherwise packed: bf16x2 (w'[c], w'[c + 1]) per (warpgroup, quad, chunk), by the first 128 threads.
+    if constexpr (MS) {
+#pragma unroll 1
+      for (int i = 0; i < 4; ++i) {
+        const int word = tid + kNth * i;
+        const int g = word >> 9, n = (word >> 6) & 7, c = 2 * (word & 63), tl = c / H;
+        uint32_t v = 0u;
+        if (tl == n / 2) {
+          const int t = t0 + g * NTW + tl, h = c % H;
+          float w0 = 0.f, w1 = 0.f;
+          if (t < a.T) {
+            const float* wr = a.w8 + static_cast<int64_t>(t) * a.w8_st;
+            const float* sr = a.q_scale + static_cast<int64_t>(t) * H;
+            w0 = wr[h] * sr[h];
+            w1 = wr[h + 1] * sr[h + 1];
+          }
+          v = cvt_bf16x2<false>(w0, w1);
+        }
+        *reinterpret_cast<uint32_t*>(sm.wmat[g] + hw::sw128_elem_offset(8, n, c)) = v;
+      }
+    } else if (tid < kCols / 2) {
       const int c = 2 * tid, t = t0 + c / H, h = c % H;
       float w0 = 0.f, w1 = 0.f;
       if (t < a.T) {
@@ -376,6 +442,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       load_query_block_v2<H>(sm.q, a, t0);
       hw::cp_async_commit();
       hw::cp_async_wait<0>();
+      if constexpr (MS) move_query_nans_to_weights<H>(sm.q, sm.wmat);
       hw::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
     }
     __syncthreads();
@@ -403,7 +470,10 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     // `tile`.
     auto finish_tile = [&](int tile, const Part& part, const float (&ksv)[V]) {
       float sums[V];
-      if constexpr (KP) {
+      if constexpr (MS) {
+        sums[0] = part[0];
+        sums[V - 1] = part[2];
+      } else if constexpr (KP) {
         // The quad reduce-scatter in bf16x2 (lane quad keeps token quad, both keys), then one unpack.
         const bool upper = (quad & 2) != 0, odd = (quad & 1) != 0;
         uint32_t half[2];
@@ -486,6 +556,33 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         }
       }
     };
+    // MS: the head sums of a complete accumulator as the second MMA — its 64 values, ReLU'd and packed to bf16x2
+    // (cvt.rn.relu.bf16x2.f32, the first MMA's accumulator chunks 2 kk, 2 kk + 1 are the A fragment of k-step kk), times
+    // the block's B of weights (8 k-steps of 16 (token, head) columns), f32 accumulation; complete on return.
+    const uint32_t wdesc = desc_lo(hw::smem_u32(sm.wmat[wg]));
+    auto mma_sums = [&](const float (&acc)[kHalfAcc], float (&s)[4]) {
+      uint32_t af[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) af[kk][r] = cvt_bf16x2<kRelu>(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
+      }
+      // ptxas C7518 (every wgmma of the kernel serialized, the first MMA's overlap with finish_tile lost) unless both:
+      // s starts at 0 with every k-step accumulating (an overwriting first k-step gave s the registers of af[0]), and
+      // the sums leave the wgmma's registers through an add (x + 0 is not folded: -0 + 0 = +0) — read straight from
+      // them in finish_tile's branches while the next tile's MMA is in flight, ptxas wanted a wait in a divergent path.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[i] = 0.f;
+      hw::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        hw::wgmma_rs_m64n8k16<0>(s, af[kk], desc_of(wdesc + 64u * (kk >> 2) + 2u * (kk & 3)), true);
+      hw::wgmma_commit();
+      hw::wgmma_wait<0>();
+      hw::fence_regs(s);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[i] = s[i] + 0.0f;
+    };
     // Iteration it: issue MMA(it); the barrier (flags of tile it-2's appends); with MMA(it) in flight,
     // the reduce-scatter and the appends of tile it-1 (from part, 8 or 4 f32 per thread); wait MMA(it);
     // its head sums into part; compaction of the flagged lists. No wgmma is in flight across the back edge.
@@ -508,8 +605,14 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
       release_stage(slot, it);
-      head_sums(acc, part);
-      load_kscales(it, ksv);
+      if constexpr (MS) {
+        load_kscales(it, ksv);  // (before the MMA: loaded while it runs, the registers stay out of its way — ptxas
+                                // C7518: a write to a register in use by an in-flight wgmma serializes every wgmma)
+        mma_sums(acc, part);
+      } else {
+        head_sums(acc, part);
+        load_kscales(it, ksv);
+      }
       // A row flagged by tile it-2's appends is compacted after tile it-1's (at most 2 x 64 appends
       // past the flag, as in kernel.cuh).
       if (compact) {      // uniform over the CTA
