@@ -225,6 +225,19 @@ __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8Kernel
   }
 }
 
+// bf16x2 of the folded weights (w'[t, h], w'[t, h + 1]) with w' = w · a (the query scale; fp32 product), 0 past T.
+template <int H>
+__device__ __forceinline__ uint32_t folded_weight_pair(const Fp8KernelArgs& a, int t, int h) {
+  float w0 = 0.f, w1 = 0.f;
+  if (t < a.T) {
+    const float* wr = a.w8 + static_cast<int64_t>(t) * a.w8_st;
+    const float* sr = a.q_scale + static_cast<int64_t>(t) * H;
+    w0 = wr[h] * sr[h];
+    w1 = wr[h + 1] * sr[h + 1];
+  }
+  return cvt_bf16x2<false>(w0, w1);
+}
+
 // MMA head sums: a NaN e4m3 query code (0x7f / 0xff) would reach every token of its warpgroup through the second
 // MMA (0 · NaN in the other tokens' columns). Each thread zeroes such codes in the chunks it copied into the Q block
 // (load_query_block_v2's mapping) and writes NaN into that token's weight columns of B instead, so that only the
@@ -385,31 +398,13 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       for (int i = 0; i < 4; ++i) {
         const int word = tid + kNth * i;
         const int g = word >> 9, n = (word >> 6) & 7, c = 2 * (word & 63), tl = c / H;
-        uint32_t v = 0u;
-        if (tl == n / 2) {
-          const int t = t0 + g * NTW + tl, h = c % H;
-          float w0 = 0.f, w1 = 0.f;
-          if (t < a.T) {
-            const float* wr = a.w8 + static_cast<int64_t>(t) * a.w8_st;
-            const float* sr = a.q_scale + static_cast<int64_t>(t) * H;
-            w0 = wr[h] * sr[h];
-            w1 = wr[h + 1] * sr[h + 1];
-          }
-          v = cvt_bf16x2<false>(w0, w1);
-        }
+        const uint32_t v = tl == n / 2 ? folded_weight_pair<H>(a, t0 + g * NTW + tl, c % H) : 0u;
         *reinterpret_cast<uint32_t*>(sm.wmat[g] + hw::sw128_elem_offset(8, n, c)) = v;
       }
     } else if (tid < kCols / 2) {
-      const int c = 2 * tid, t = t0 + c / H, h = c % H;
-      float w0 = 0.f, w1 = 0.f;
-      if (t < a.T) {
-        const float* wr = a.w8 + static_cast<int64_t>(t) * a.w8_st;
-        const float* sr = a.q_scale + static_cast<int64_t>(t) * H;
-        w0 = wr[h] * sr[h];
-        w1 = wr[h + 1] * sr[h + 1];
-      }
+      const int c = 2 * tid;
       const int within = c & (kWgCols - 1);  // column 8 j + 2 quad of warpgroup c / 128
-      sm.w2[c / kWgCols][(within & 7) >> 1][within >> 3] = cvt_bf16x2<false>(w0, w1);
+      sm.w2[c / kWgCols][(within & 7) >> 1][within >> 3] = folded_weight_pair<H>(a, t0 + c / H, c % H);
     }
     __syncthreads();
 
