@@ -13,6 +13,9 @@
 //     transaction count; the last of the 8 warps done with a stage refills it), one CTA barrier per
 //     tile right after the MMA issue (it ORs the "list nearly full" flags);
 //   - the query scale folded into the weights (w' = w · a), the key scale applied to the head sums;
+//   - H_I = 32: the head sums as a second wgmma (FLASHDSA_FP8V2_MMA_SUMS below): the tile's 64 accumulators, ReLU'd
+//     and packed to bf16x2, are the register A operand of 8 m64n8k16 against the block's weights placed
+//     block-diagonally in shared memory; f32 sums per (key, token), no reduce-scatter. H_I = 64 keeps:
 //   - the epilogue in packed bf16x2 arithmetic: as soon as the tile's MMA is complete, its 64 f32
 //     accumulators are converted with the ReLU fused (cvt.rn.relu.bf16x2.f32: 32 instructions) into
 //     32 registers, the accumulator is free for the next tile's MMA, and the head sums (fma.rn.bf16x2
@@ -566,6 +569,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       // s starts at 0 with every k-step accumulating (an overwriting first k-step gave s the registers of af[0]), and
       // the sums leave the wgmma's registers through an add (x + 0 is not folded: -0 + 0 = +0) — read straight from
       // them in finish_tile's branches while the next tile's MMA is in flight, ptxas wanted a wait in a divergent path.
+      // (A fast-math build could fold the add away: scripts/fp8_gpu.sh flags any C75xx serialization message.)
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[i] = 0.f;
       hw::wgmma_fence();
@@ -601,8 +605,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       hw::fence_regs(acc);
       release_stage(slot, it);
       if constexpr (MS) {
-        load_kscales(it, ksv);  // (before the MMA: loaded while it runs, the registers stay out of its way — ptxas
-                                // C7518: a write to a register in use by an in-flight wgmma serializes every wgmma)
+        load_kscales(it, ksv);  // (issued before the MMA: the loads run while it does)
         mma_sums(acc, part);
       } else {
         head_sums(acc, part);
