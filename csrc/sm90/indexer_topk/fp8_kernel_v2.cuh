@@ -264,7 +264,7 @@ __device__ __forceinline__ void move_query_nans_to_weights(uint8_t* qs, uint8_t 
       v.z &= ~mz;
       v.w &= ~mw;
       *p = v;
-      const int token = row / H, head = row % H, g = token / (kCols / H / 2), tl = token % (kCols / H / 2);
+      const int token = row / H, head = row % H, g = token / Cfg<H>::kTokensPerWg, tl = token % Cfg<H>::kTokensPerWg;
       const int col = tl * H + (head & ~1);  // the warpgroup column pair holding the head
 #pragma unroll
       for (int e = 0; e < 2; ++e)

@@ -166,24 +166,21 @@ Status run_quantize(const QuantizeFp8Params& p) {
   const int V = p.D == 128 ? 4 : p.D == 64 ? 2 : 0;
   const bool aligned = V != 0 && reinterpret_cast<uintptr_t>(p.x) % (2 * V) == 0 && p.stride0 % V == 0 &&
                        (p.N1 == 1 || p.stride1 % V == 0) && reinterpret_cast<uintptr_t>(p.out) % V == 0;
+  // Rows per block: one per warp, kQuantizeRowsPerWarp per warp in the vectorized kernel.
+  const int rows_per_block =
+      indexer_topk_impl::kQuantizeThreads / 32 * (aligned ? indexer_topk_impl::kQuantizeRowsPerWarp : 1);
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  if (blocks > INT_MAX) return Status::NotSupported("quantize_fp8: too many rows for one launch");
+  const dim3 grid(static_cast<unsigned>(blocks)), block(indexer_topk_impl::kQuantizeThreads);
   if (aligned) {
-    constexpr int kRows = indexer_topk_impl::kQuantizeThreads / 32 * indexer_topk_impl::kQuantizeRowsPerWarp;
-    const int64_t blocks = (rows + kRows - 1) / kRows;
-    if (blocks > INT_MAX) return Status::NotSupported("quantize_fp8: too many rows for one launch");
     if (V == 4)
-      indexer_topk_impl::quantize_fp8_vec_kernel<4>
-          <<<static_cast<int>(blocks), indexer_topk_impl::kQuantizeThreads, 0, stream>>>(args);
+      indexer_topk_impl::quantize_fp8_vec_kernel<4><<<grid, block, 0, stream>>>(args);
     else
-      indexer_topk_impl::quantize_fp8_vec_kernel<2>
-          <<<static_cast<int>(blocks), indexer_topk_impl::kQuantizeThreads, 0, stream>>>(args);
+      indexer_topk_impl::quantize_fp8_vec_kernel<2><<<grid, block, 0, stream>>>(args);
     FLASHDSA_CHECK_LAUNCH("quantize_fp8_vec_kernel");
     return Status::OK();
   }
-  constexpr int kRowsPerBlock = indexer_topk_impl::kQuantizeThreads / 32;
-  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  if (blocks > INT_MAX) return Status::NotSupported("quantize_fp8: too many rows for one launch");
-  indexer_topk_impl::quantize_fp8_kernel<<<static_cast<int>(blocks), indexer_topk_impl::kQuantizeThreads, 0, stream>>>(
-      args);
+  indexer_topk_impl::quantize_fp8_kernel<<<grid, block, 0, stream>>>(args);
   FLASHDSA_CHECK_LAUNCH("quantize_fp8_kernel");
   return Status::OK();
 }

@@ -155,15 +155,20 @@ __device__ __forceinline__ WarpRadix warp_radix_start(uint32_t lo, uint32_t hi, 
 template <int kDigit = 11>
 __device__ __forceinline__ int warp_radix_bits(const WarpRadix& st) { return min(st.shift, kDigit); }
 
-// Counts the next digit (warp_radix_bits(st) bits) of the keys still in the select into hist (cleared first).
-__device__ __forceinline__ void warp_radix_count(const float* scores, int n, const WarpRadix& st, uint32_t* hist) {
+// Clears the warp's kWarpHistBins bins once every lane is done reading them (the previous pass). All 32 lanes.
+__device__ __forceinline__ void warp_clear_hist(uint32_t* hist) {
   const int lane = warp_lane();
-  const int shift = st.shift - warp_radix_bits(st);
-  const uint32_t digit_mask = (1u << warp_radix_bits(st)) - 1u;
-  __syncwarp();  // every lane is done reading the histogram of the previous pass
+  __syncwarp();
 #pragma unroll
   for (int i = lane; i < kWarpHistBins / 4; i += 32) reinterpret_cast<uint4*>(hist)[i] = make_uint4(0u, 0u, 0u, 0u);
   __syncwarp();
+}
+
+// Counts the next digit (warp_radix_bits(st) bits) of the keys still in the select into hist (cleared first).
+__device__ __forceinline__ void warp_radix_count(const float* scores, int n, const WarpRadix& st, uint32_t* hist) {
+  const int shift = st.shift - warp_radix_bits(st);
+  const uint32_t digit_mask = (1u << warp_radix_bits(st)) - 1u;
+  warp_clear_hist(hist);
   warp_for_each_key(scores, n, [&](uint32_t key) {
     const uint32_t off = key - st.lo;
     if ((off & st.mask) == st.prefix) atomicAdd(&hist[(off >> shift) & digit_mask], 1u);
@@ -175,13 +180,9 @@ __device__ __forceinline__ void warp_radix_count(const float* scores, int n, con
 // hist[1024, 2048) (a key in both selects is counted in both halves).
 __device__ __forceinline__ void warp_radix_count2(const float* scores, int n, const WarpRadix& a, const WarpRadix& b,
                                                   uint32_t* hist) {
-  const int lane = warp_lane();
   const int shift_a = a.shift - warp_radix_bits<10>(a), shift_b = b.shift - warp_radix_bits<10>(b);
   const uint32_t mask_a = (1u << warp_radix_bits<10>(a)) - 1u, mask_b = (1u << warp_radix_bits<10>(b)) - 1u;
-  __syncwarp();  // every lane is done reading the histogram of the previous pass
-#pragma unroll
-  for (int i = lane; i < kWarpHistBins / 4; i += 32) reinterpret_cast<uint4*>(hist)[i] = make_uint4(0u, 0u, 0u, 0u);
-  __syncwarp();
+  warp_clear_hist(hist);
   warp_for_each_key(scores, n, [&](uint32_t key) {
     const uint32_t off = key - a.lo;  // (a.lo == b.lo)
     if ((off & a.mask) == a.prefix) atomicAdd(&hist[(off >> shift_a) & mask_a], 1u);
