@@ -4,11 +4,15 @@ The two implementations run alternately, call by call, in one process on the sam
 times ours then the peer (the order flips every round, so neither always runs on a cache the other
 warmed). Each side's figure is the median over the rounds; ratio = peer ms / ours ms (> 1: FlashDSA
 is faster). Timing uses CUDA events on the GPU and perf_counter on the CPU (bench/timing.py's Clock).
+On the GPU each round starts behind a short spin kernel (HOLD_CYCLES, as nvbench's blocking kernel): the
+host queues the round's first call while the device spins, so neither side's time includes the host's
+launch latency on an idle device (the second call of a round is queued behind the first anyway).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -19,6 +23,9 @@ import torch
 from ..timing import Clock, RepPolicy
 
 MIN_ROUNDS = 10
+# Device cycles of the spin that starts each GPU round (≈ 1 ms at 1.98 GHz): longer than either side's host
+# time to queue one call. FLASHDSA_AB_HOLD=0 turns it off (every round then starts on an idle device).
+HOLD_CYCLES = 2_000_000
 
 
 @dataclass
@@ -107,9 +114,12 @@ class ABTimer:
         peer_s = self.clock.wall_call(peer.fn, peer.args[1 % sets])
         rounds = rounds_for(self.policy, max(ours_s, peer_s), self.min_rounds)
         ours_ms, peer_ms = [], []
+        hold = self.on_cuda and os.environ.get("FLASHDSA_AB_HOLD", "1") != "0"
         for r in range(rounds):
             i = r % sets
             order = ((ours, ours_ms), (peer, peer_ms)) if r % 2 == 0 else ((peer, peer_ms), (ours, ours_ms))
+            if hold:
+                torch.cuda._sleep(HOLD_CYCLES)  # the first call below is queued while this runs
             pending = []
             for side, series in order:
                 timing, result = self._time_one(side.fn, side.args[i])

@@ -74,7 +74,9 @@ def render_peers_section(peers: dict, gemm_tflops: Optional[float]) -> List[str]
     """The whole '## vs peers' section from summary['peers'] ({'status': [...], 'rows': [...]})."""
     lines = ["## vs peers", "",
              "FlashDSA and each public peer alternated call by call in one process on the same inputs "
-             "(converted to the peer's layout outside the timed region); median over the rounds; ratio = "
+             "(converted to the peer's layout outside the timed region); on the GPU each round starts behind a "
+             "≈ 1 ms spin kernel, so the host queues the first call before the device reaches it (no host "
+             "launch latency in either side's time; FLASHDSA_AB_HOLD=0 turns it off); median over the rounds; ratio = "
              "peer ms / ours ms (> 1: FlashDSA is faster). H is the attention heads (the indexer's H_I for "
              "indexer_topk). TFLOP/s of both sides by docs/spec.md §9 (bench/flops.py). Cross-check: relative "
              "Frobenius error of the peer's output vs ours, max abs error of the natural-log lse, recall of "
