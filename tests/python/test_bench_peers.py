@@ -149,6 +149,19 @@ def test_ab_timer_alternates_calls_on_the_same_input_sets():
         ABTimer(CPU, CPU_POLICY).run(ABPrepared(Side(side("ours"), [0]), Side(side("peer"), [0, 1])))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the round hold is a CUDA spin kernel")
+@pytest.mark.parametrize("hold", ["1", "0"])
+def test_ab_timer_round_hold_stays_out_of_the_timed_calls(monkeypatch, hold):
+    """On the GPU each round starts behind a ~1 ms spin (FLASHDSA_AB_HOLD, default on): it must never be inside
+    either side's timed window — a tiny call measures far below the spin's length with the hold on or off."""
+    monkeypatch.setenv("FLASHDSA_AB_HOLD", hold)
+    x = torch.ones(16, device="cuda")
+    prepared = ABPrepared(Side(lambda a: a + 1, [x, x]), Side(lambda a: a * 2, [x, x]))
+    result = ABTimer(torch.device("cuda"), CPU_POLICY).run(prepared)
+    assert len(result.ours_ms) == len(result.peer_ms) >= 10
+    assert result.ours_median < 0.3 and result.peer_median < 0.3, (result.ours_median, result.peer_median)
+
+
 # ---------------------------------------------------------------------- fake peers: plain torch functions
 
 def torch_sparse_fwd(q, kv, idx, scale, d_v):
