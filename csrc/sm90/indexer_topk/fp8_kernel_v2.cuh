@@ -189,9 +189,7 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
   return d;
 }
 // lo + hi in f32.
-__device__ __forceinline__ float sum_bf16x2(uint32_t p) {
-  return __uint_as_float(p << 16) + __uint_as_float(p & 0xffff0000u);
-}
+__device__ __forceinline__ float sum_bf16x2(uint32_t p) { return bf16_lane(p, 0) + bf16_lane(p, 1); }
 // a + b per bf16 lane (one rounding).
 __device__ __forceinline__ uint32_t add_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
@@ -210,16 +208,23 @@ __device__ __forceinline__ uint32_t bf16x2_hi_hi(uint32_t p) {
   return d;
 }
 
+// The Q block's 16-byte chunks (D = 128: 8 per row) over the 256 threads: this thread's i-th chunk
+// (i < kQChunksPerThread) is chunk .y of row .x. load_query_block_v2 copies them, move_query_nans_to_weights reads
+// back the ones the thread copied.
+constexpr int kQRowChunks = kFp8RowBytes / 16;
+constexpr int kQChunksPerThread = kCols * kQRowChunks / kNth;
+__device__ __forceinline__ int2 query_chunk(int i) {
+  const int c = static_cast<int>(threadIdx.x) + kNth * i;
+  return make_int2(c / kQRowChunks, c % kQRowChunks);
+}
+
 // cp.async of the block's e4m3 queries [t0, t0 + NT) x H heads (row = token * H + head, 128 bytes);
 // rows of tokens >= T are zero-filled. All 256 threads.
 template <int H>
 __device__ __forceinline__ void load_query_block_v2(uint8_t* qs, const Fp8KernelArgs& a, int t0) {
-  constexpr int kRowChunks = kFp8RowBytes / 16;  // D = 128
-  constexpr int kPerThread = kCols * kRowChunks / kNth;
 #pragma unroll 1  // once per block: unrolled, ptxas hoists 8 row addresses out of the block loop and spills them
-  for (int i = 0; i < kPerThread; ++i) {
-    const int c = threadIdx.x + kNth * i;
-    const int row = c / kRowChunks, chunk = c % kRowChunks;
+  for (int i = 0; i < kQChunksPerThread; ++i) {
+    const int row = query_chunk(i).x, chunk = query_chunk(i).y;
     const int t = t0 + row / H, h = row % H;
     const bool valid = t < a.T;
     const uint8_t* src =
@@ -248,12 +253,9 @@ __device__ __forceinline__ uint32_t folded_weight_pair(const Fp8KernelArgs& a, i
 // carries). After the thread's cp.async wait, before its proxy fence and the block's barrier.
 template <int H>
 __device__ __forceinline__ void move_query_nans_to_weights(uint8_t* qs, uint8_t (*wmat)[2 * 8 * hw::kSw128RowBytes]) {
-  constexpr int kRowChunks = kFp8RowBytes / 16;
-  constexpr int kPerThread = kCols * kRowChunks / kNth;
 #pragma unroll 1
-  for (int i = 0; i < kPerThread; ++i) {
-    const int c = threadIdx.x + kNth * i;
-    const int row = c / kRowChunks, chunk = c % kRowChunks;
+  for (int i = 0; i < kQChunksPerThread; ++i) {
+    const int row = query_chunk(i).x, chunk = query_chunk(i).y;
     uint4* const p = reinterpret_cast<uint4*>(qs + hw::sw128_offset(row, chunk));
     uint4 v = *p;
     const uint32_t mx = __vcmpeq4(v.x & 0x7f7f7f7fu, 0x7f7f7f7fu), my = __vcmpeq4(v.y & 0x7f7f7f7fu, 0x7f7f7f7fu);
@@ -273,12 +275,6 @@ __device__ __forceinline__ void move_query_nans_to_weights(uint8_t* qs, uint8_t 
   }
 }
 
-// The per-row tail of the band re-score (indices only, docs/spec.md §3) for the block of rows t0 .. t0 + NT - 1: a row
-// with more than K candidates sends its K - band best by the FP8 score straight to the output; only its candidates
-// ranked K - band + 1 .. C are re-scored exactly, and their best fill the row. The two selections run one warp per
-// row (warp_select.cuh), all rows at once, with a 2048-bin histogram per warp in the Q block + key ring (free after
-// the walk; the re-score's ring between them). Not inlined: its registers stay out of the walk's allocation (inlined,
-// ptxas spilled inside the tile loop). All threads; the caller's next barrier follows.
 // Phase 1 of band_tail for one row (one warp): the list's k best to out_i, ranks k + 1 .. k_keep compacted to the
 // list's front (every entry to out_i when m <= K). Not inlined: its registers are its own, whatever the tail around
 // it keeps live (the walk's state is live across band_tail).
@@ -288,11 +284,14 @@ __device__ __noinline__ int2 band_split_row(const float* list_s, int* list_i, in
                : warp_filter<false>(list_s, list_i, m, keep_all(), keep_all(), out_i, nullptr);
 }
 
-#ifndef FLASHDSA_BAND_TAIL_INLINE
-#define FLASHDSA_BAND_TAIL_INLINE __noinline__
-#endif
+// The per-row tail of the band re-score (indices only, docs/spec.md §3) for the block of rows t0 .. t0 + NT - 1: a row
+// with more than K candidates sends its K - band best by the FP8 score straight to the output; only its candidates
+// ranked K - band + 1 .. C are re-scored exactly, and their best fill the row. The two selections run one warp per
+// row (warp_select.cuh), all rows at once, with a 2048-bin histogram per warp in the Q block + key ring (free after
+// the walk; the re-score's ring between them). Not inlined: its registers stay out of the walk's allocation (inlined,
+// ptxas spilled inside the tile loop). All threads; the caller's next barrier follows.
 template <int H, int D, bool kRelu>
-__device__ FLASHDSA_BAND_TAIL_INLINE void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int t0, float* cand_s, int* cand_i) {
+__device__ __noinline__ void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int t0, float* cand_s, int* cand_i) {
   constexpr int NT = Cfg<H>::kTokens;
   using RS = RescoreSmemV2<H, D>;
   const int warp = warp_in_cta();  // (opaque: nothing of the tail is hoisted into the walk's registers)
@@ -479,8 +478,8 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
         for (int i = 0; i < 2; ++i)
           half[i] = add_bf16x2(upper ? part[2 + i] : part[i], __shfl_xor_sync(0xffffffffu, upper ? part[i] : part[2 + i], 2));
         const uint32_t both = add_bf16x2(odd ? half[1] : half[0], __shfl_xor_sync(0xffffffffu, odd ? half[0] : half[1], 1));
-        sums[0] = __uint_as_float(both << 16);
-        sums[V - 1] = __uint_as_float(both & 0xffff0000u);
+        sums[0] = bf16_lane(both, 0);
+        sums[V - 1] = bf16_lane(both, 1);
       } else {
         quad_reduce_scatter<NTW>(part, sums, quad);
       }

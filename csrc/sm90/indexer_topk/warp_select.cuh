@@ -22,24 +22,10 @@
 namespace flashdsa::sm90::indexer_topk_impl {
 
 constexpr int kWarpHistBins = 2048;  // 11-bit digits
-
-// 1: warp_split_top_k counts the later digits of its two selects in one pass (two 1024-bin halves); 0: one after the
-// other (A/B builds).
-#ifndef FLASHDSA_WF_UNROLL
-#define FLASHDSA_WF_UNROLL kWarpFilterVecs
-#endif
-#ifndef FLASHDSA_WF_FAST
-#define FLASHDSA_WF_FAST 1
-#endif
-#ifndef FLASHDSA_WARP_SPLIT_DUAL
-#define FLASHDSA_WARP_SPLIT_DUAL 1
-#endif
-constexpr int kWarpBinsPerLane = kWarpHistBins / 32;
 constexpr int kWarpSweepVecs = 4;                          // 16-byte score vectors per lane per sweep step
 constexpr int kWarpSweepElems = 32 * 4 * kWarpSweepVecs;  // 512 entries per step
 constexpr int kWarpFilterVecs = 2;                         // the filter's: scores and indices (the kernel's registers)
 constexpr int kWarpFilterElems = 32 * 4 * kWarpFilterVecs;
-constexpr int kWarpFilterUnroll = FLASHDSA_WF_UNROLL;
 
 // This thread's lane, read through a volatile asm: nothing derived from it (bin addresses, lane masks) can be
 // hoisted out of the calling kernel's loops into registers that the kernel's walk would then carry (that made
@@ -193,7 +179,7 @@ __device__ __forceinline__ void warp_radix_count2(const float* scores, int n, co
 
 // Takes the counted digit into the select: picks the bin of the need-th largest key. Returns true, with the rule
 // in *rule, when the select is complete (the bin is taken whole, or no bits are left).
-// kDigit / kBins: the digit width and the histogram's bins (2^kDigit) of the count.
+// kDigit: the digit width of the count (its histogram has 2^kDigit bins).
 template <int kDigit = 11>
 __device__ __forceinline__ bool warp_radix_step(const uint32_t* hist, WarpRadix& st, KeepRule* rule) {
   const int bits = warp_radix_bits<kDigit>(st);
@@ -286,7 +272,7 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
       w[i] = load_index4(idx, base + 4 * (lane + 32 * i), n);
     }
     __syncwarp();  // the whole step is read before any of it is written (rest_idx may alias idx)
-#pragma unroll kWarpFilterUnroll
+#pragma unroll
     for (int i = 0; i < kWarpFilterVecs; ++i) {
       const int e = base + 4 * (lane + 32 * i);
       const float s[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
@@ -302,7 +288,7 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
         if constexpr (kRest) rest_mask |= static_cast<unsigned>(valid && !t && key > rest.thr) << x;
         at_thr |= valid && (key == top.thr || (kRest && key == rest.thr));
       }
-      if (FLASHDSA_WF_FAST && !__any_sync(0xffffffffu, at_thr)) {
+      if (!__any_sync(0xffffffffu, at_thr)) {
         unsigned total;
         const unsigned before = warp_exclusive_counts(__popc(top_mask) | (__popc(rest_mask) << 16), total);
         // This lane's first slot in each list, then each taken entry at its rank among the lane's taken ones.
@@ -360,14 +346,12 @@ __device__ __forceinline__ int2 warp_split_top_k(const float* scores, const int*
       }
       top_done = warp_radix_step(hist, st_top, &top);
     }
-#if FLASHDSA_WARP_SPLIT_DUAL
     // The later digits of both selects, 10 bits each, counted in one pass into the two halves of the histogram.
     while (!keep_done && !top_done) {
       warp_radix_count2(scores, n, st_keep, st_top, hist);
       keep_done = warp_radix_step<10>(hist, st_keep, &keep);
       top_done = warp_radix_step<10>(hist + kWarpHistBins / 2, st_top, &top);
     }
-#endif
     while (!keep_done) {
       warp_radix_count(scores, n, st_keep, hist);
       keep_done = warp_radix_step(hist, st_keep, &keep);
