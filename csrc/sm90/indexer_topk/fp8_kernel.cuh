@@ -195,6 +195,48 @@ template <int H, int D>
 using RescorePipeSmem =
     RescoreRingSmem<H, D, kSelectWarps, kCols * kFp8RowBytes + kFp8Stages * kTileKeys * kFp8RowBytes>;
 
+// One 16-key batch of the exact re-score, heads [h0, h0 + kPass): acc[n] = keys [16, D] (the gather stage kb, rows of
+// kLd) x q^T [D, 8 heads h0 + 8 n ..] (q rows of kLd): lane (g, c) ends with keys g and g + 8, heads h0 + 8 n + 2 c +
+// {0, 1}. Fragments by ldmatrix.x4: A (keys) in one, B (q^T) of two 8-head groups in one; lane l addresses row l % 8
+// of matrix l / 8 (A: rows +8 for odd matrices, columns +8 for the upper two; B: columns +8 for odd matrices, the next
+// head group for the upper two).
+template <int D, int kPass, int kLd>
+__device__ __forceinline__ void rescore_batch_mma(float (&acc)[kPass / 8][4], const uint16_t* kb, const uint16_t* q,
+                                                  int h0, int lane) {
+  static_assert(kPass % 16 == 0, "B fragments of 8-head groups in pairs");
+#pragma unroll
+  for (int n = 0; n < kPass / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  const uint32_t a_addr = hw::smem_u32(kb + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kLd + 8 * (lane >> 4));
+  const uint32_t b_addr = hw::smem_u32(q + (h0 + 8 * (lane >> 4) + (lane & 7)) * kLd + 8 * ((lane >> 3) & 1));
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t af[4];
+    hw::ldmatrix_x4(af, a_addr + 32u * ks);
+#pragma unroll
+    for (int n = 0; n < kPass / 8; n += 2) {
+      uint32_t bq[4];
+      hw::ldmatrix_x4(bq, b_addr + static_cast<uint32_t>((8 * n * kLd + 16 * ks) * 2));
+      mma_m16n8k16_bf16(acc[n], af, bq[0], bq[1]);
+      mma_m16n8k16_bf16(acc[n + 1], af, bq[2], bq[3]);
+    }
+  }
+}
+
+// s0 / s1 (keys g / g + 8) += Σ w[h] · f(acc) over lane (g, c)'s heads of the batch's pass from h0 (w: the row's
+// weights), in head order (fmaf).
+template <int kPass, bool kRelu>
+__device__ __forceinline__ void rescore_batch_sums(const float (&acc)[kPass / 8][4], const float* w, int h0, int c,
+                                                   float& s0, float& s1) {
+#pragma unroll
+  for (int n = 0; n < kPass / 8; ++n) {
+    const float2 wv = *reinterpret_cast<const float2*>(w + h0 + 8 * n + 2 * c);
+    s0 = fmaf(wv.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
+    s0 = fmaf(wv.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
+    s1 = fmaf(wv.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
+    s1 = fmaf(wv.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
+  }
+}
+
 // Exact re-score of one row's m candidates (list_i[0, m)) from the bf16 inputs: list_s[i] = Σ_h
 // w[t,h] · f(q[t,h] · k[list_i[i]]), fp32 accumulation, by kWarps warps (RS = RescoreRingSmem<H, D,
 // kWarps, ..>); both FP8 walks' (4 warps here, 8 in fp8_kernel_v2.cuh). Each warp takes 16 keys per
@@ -258,41 +300,14 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
       // acc[n] = keys [16, D] x q^T [D, 8 heads h0 + 8 n ..]: lane (g, c) ends with keys g and g + 8,
       // heads h0 + 8 n + 2 c + {0, 1}.
       float acc[kPass / 8][4];
-#pragma unroll
-      for (int n = 0; n < kPass / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-      // Fragments by ldmatrix.x4: A (keys) in one, B (q^T) of two 8-head groups in one; lane l
-      // addresses row l % 8 of matrix l / 8 (A: rows +8 for odd matrices, columns +8 for the upper
-      // two; B: columns +8 for odd matrices, the next head group for the upper two).
-      static_assert(kPass % 16 == 0, "B fragments of 8-head groups in pairs");
-      const uint32_t a_addr = hw::smem_u32(kb + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kLd + 8 * (lane >> 4));
-      const uint32_t b_addr = hw::smem_u32(rs.q + (h0 + 8 * (lane >> 4) + (lane & 7)) * kLd + 8 * ((lane >> 3) & 1));
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t af[4];
-        hw::ldmatrix_x4(af, a_addr + 32u * ks);
-#pragma unroll
-        for (int n = 0; n < kPass / 8; n += 2) {
-          uint32_t bq[4];
-          hw::ldmatrix_x4(bq, b_addr + static_cast<uint32_t>((8 * n * kLd + 16 * ks) * 2));
-          mma_m16n8k16_bf16(acc[n], af, bq[0], bq[1]);
-          mma_m16n8k16_bf16(acc[n + 1], af, bq[2], bq[3]);
-        }
-      }
+      rescore_batch_mma<D, kPass, kLd>(acc, kb, rs.q, h0, lane);
       if constexpr (!kPassLoop) {  // the refill under the head sum (written out twice: a lambda moved the SASS)
         __syncwarp();  // every lane has read batch b's stage: it may be refilled
         if (b + P < nb) issue(b + P, next_key);
         hw::cp_async_commit();
         next_key = batch_key(b + P + 1);
       }
-      // s0 / s1 (keys g / g + 8) += Σ w[h] · f(acc) over this lane's heads of the pass.
-#pragma unroll
-      for (int n = 0; n < kPass / 8; ++n) {
-        const float2 w = *reinterpret_cast<const float2*>(rs.w + h0 + 8 * n + 2 * c);
-        s0 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][0]), s0);
-        s0 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][1]), s0);
-        s1 = fmaf(w.x, hw::indexer_activation<kRelu>(acc[n][2]), s1);
-        s1 = fmaf(w.y, hw::indexer_activation<kRelu>(acc[n][3]), s1);
-      }
+      rescore_batch_sums<kPass, kRelu>(acc, rs.w, h0, c, s0, s1);
     }
     if constexpr (kPassLoop) {
       __syncwarp();  // every lane has read batch b's stage: it may be refilled

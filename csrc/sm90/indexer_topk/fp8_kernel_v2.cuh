@@ -27,7 +27,8 @@
 //     (dense appends); the other rows append by ballot + one shared atomic per (row, warp, key) — at H_I = 32
 //     one per (row, warp) for both of a lane's keys;
 //   - the band re-score (args.band > 0, indices only; kernel instances of its own): its per-row tail (band_tail,
-//     not inlined) selects with one warp per row (warp_select.cuh), all rows of the block at once;
+//     not inlined) selects with one warp per row (warp_select.cuh), all rows of the block at once, and at H_I = 32
+//     re-scores the block's rows through one gather ring per warp (rescore_rows_ring);
 //   - inputs with T_kv >= kSampleMinTiles (64) tiles run the kSampled instance: blocks of >= 64 tiles walk
 //     every 16th, 32nd or 64th tile first, cut their long rows to about their share of the C best, then walk
 //     the rest above that threshold (kernel.cuh, "sampled threshold"; a failed cut re-walks the block).
@@ -275,6 +276,139 @@ __device__ __forceinline__ void move_query_nans_to_weights(uint8_t* qs, uint8_t 
   }
 }
 
+// The shared memory of rescore_rows_ring: two rows' q and weights (row r in buffer r % 2, each with an mbarrier that
+// completes when the row's cp.async copies have landed) and kPipe gather stages per warp, over kArea bytes.
+template <int H, int D, int kWarps, int kArea_>
+struct RescoreRowsSmem {
+  static constexpr int kLd = D + 8;  // bf16 row stride: conflict-free fragment loads
+  static constexpr int kArea = kArea_;
+  static constexpr int kStageElems = kRescoreKeys * kLd;
+  static constexpr int kFree = kArea - 2 * (H * kLd * 2 + H * 4) - 64;
+  static constexpr int kPipeFit = kFree / (kWarps * kStageElems * 2);
+  static constexpr int kPipe = kPipeFit < 4 ? kPipeFit : 4;
+  static_assert(kPipe >= 2, "the re-score gather ring needs two stages");
+  uint64_t qbar[2];
+  uint16_t q[2][H * kLd];
+  uint16_t keys[kWarps][kPipe][kStageElems];
+  float w[2][H];
+};
+
+// The band tail's exact re-score at H_I = 32 (the same values, MMAs and fmaf order as rescore_row_ring with kPass = H =
+// 32, so the same bits) of rows t0 .. t0 + nrows - 1, row r's counts[r] candidates at cand_i + r * cap: warp w's
+// batches of 16 candidates (row r: [16 (w + kWarps b), +16)) form one sequence over the rows, so the gather ring runs
+// across row boundaries (the next row's first batches and its q are in flight while this row ends). Row r + 1's q and
+// weights are copied (cp.async, tracked by the buffer's mbarrier) while row r is scored; one CTA barrier per row frees
+// the buffer of row r - 1. All threads; begins after a barrier that freed the area, ends with a barrier.
+template <int H, int D, bool kRelu, int kWarps, class RS>
+__device__ __forceinline__ void rescore_rows_ring(const Fp8KernelArgs& a, int t0, int nrows, float* cand_s,
+                                                  const int* cand_i, const int* counts, RS& rs) {
+  static_assert(H == 32, "one head pass of 32");
+  constexpr int kLd = RS::kLd, P = RS::kPipe, NTH = 32 * kWarps, KB = kRescoreKeys;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  const int cap = a.cap;
+  auto nb_of = [&](int r) {
+    const int m = counts[r], first = warp * KB;
+    return m > first ? (m - first + kWarps * KB - 1) / (kWarps * KB) : 0;
+  };
+  auto normalize = [&](int& r, int& b) {
+    while (r < nrows && b >= nb_of(r)) {
+      ++r;
+      b = 0;
+    }
+  };
+  // The key of row `lane` of item (r, b) (lanes < 16), or -1.
+  auto item_key = [&](int r, int b) {
+    const int i = warp * KB + b * (kWarps * KB) + lane;
+    return r < nrows && lane < KB && i < counts[r] ? cand_i[static_cast<size_t>(r) * cap + i] : -1;
+  };
+  auto issue = [&](int slot, int my_key) {
+    uint16_t* kb = rs.keys[warp][slot];
+#pragma unroll
+    for (int j = 0; j < KB * kChunks / 32; ++j) {
+      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
+      const int key = __shfl_sync(0xffffffffu, my_key, row);
+      const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
+      hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
+    }
+  };
+  auto load_row = [&](int r) {  // q and w of row t0 + r into buffer r % 2; its mbarrier gets this thread's arrival
+    const int t = t0 + r;
+    uint16_t* qb = rs.q[r & 1];
+    for (int i = tid; i < H * kChunks; i += NTH) {
+      const int h = i / kChunks, chunk = i % kChunks;
+      hw::cp_async_16(qb + h * kLd + chunk * 8,
+                      a.q + static_cast<int64_t>(t) * a.q_st + static_cast<int64_t>(h) * a.q_sh + chunk * 8, true);
+    }
+    for (int h = tid; h < H; h += NTH) hw::cp_async_4(hw::smem_u32(rs.w[r & 1] + h), a.w + static_cast<int64_t>(t) * a.w_st + h, true);
+    hw::cp_async_arrive(&rs.qbar[r & 1]);
+  };
+  if (tid == 0) {
+    hw::mbar_init(&rs.qbar[0], NTH);
+    hw::mbar_init(&rs.qbar[1], NTH);
+    hw::mbar_fence_init();
+  }
+  __syncthreads();
+  if (nrows > 0) load_row(0);
+  if (nrows > 1) load_row(1);
+  int pr = 0, pb = 0;  // the producer's next item
+  normalize(pr, pb);
+#pragma unroll
+  for (int s = 0; s < P; ++s) {
+    if (pr < nrows) {
+      issue(s, item_key(pr, pb));
+      ++pb;
+      normalize(pr, pb);
+    }
+    hw::cp_async_commit();
+  }
+  int next_key = item_key(pr, pb);
+  int j = 0;  // items consumed: item j sits in stage j % P
+  for (int r = 0; r < nrows; ++r) {
+    if (r >= 1) {
+      __syncthreads();  // every warp is done with row r - 1: its buffer takes row r + 1
+      if (r + 1 < nrows) load_row(r + 1);
+    }
+    hw::mbar_wait(&rs.qbar[r & 1], static_cast<uint32_t>(r >> 1) & 1u);  // row r's q and w have landed
+    const uint16_t* qrow = rs.q[r & 1];
+    const float* wrow = rs.w[r & 1];
+    const int m = counts[r], nb = nb_of(r);
+    float* list_s = cand_s + static_cast<size_t>(r) * cap;
+    for (int b = 0; b < nb; ++b, ++j) {
+      hw::cp_async_wait<P - 1>();
+      __syncwarp();  // every lane's copies of item j have landed
+      const uint16_t* kb = rs.keys[warp][j % P];
+      float s0 = 0.f, s1 = 0.f;  // keys g, g + 8: this lane's heads
+      {
+        float acc[H / 8][4];
+        rescore_batch_mma<D, H, kLd>(acc, kb, qrow, 0, lane);
+        rescore_batch_sums<H, kRelu>(acc, wrow, 0, c, s0, s1);
+      }
+      __syncwarp();  // every lane has read item j's stage: it takes the producer's next item
+      if (pr < nrows) {
+        issue(j % P, next_key);
+        ++pb;
+        normalize(pr, pb);
+      }
+      hw::cp_async_commit();
+      next_key = item_key(pr, pb);
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+      const int i0 = warp * KB + b * (kWarps * KB);
+      if (c == 0 && i0 + g < m) list_s[i0 + g] = s0;
+      if (c == 0 && i0 + g + 8 < m) list_s[i0 + g + 8] = s1;
+    }
+  }
+  hw::cp_async_wait<0>();
+  __syncthreads();  // the re-scored lists are complete (and rs is free)
+  if (tid == 0) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(hw::smem_u32(&rs.qbar[0])) : "memory");
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(hw::smem_u32(&rs.qbar[1])) : "memory");
+  }
+}
+
 // Phase 1 of band_tail for one row (one warp): the list's k best to out_i, ranks k + 1 .. k_keep compacted to the
 // list's front (every entry to out_i when m <= K). Not inlined: its registers are its own, whatever the tail around
 // it keeps live (the walk's state is live across band_tail).
@@ -311,15 +445,24 @@ __device__ __noinline__ void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int 
     }
   }
   __syncthreads();  // the splits are written (rows and counts) and the histograms are free
-  // 2. The exact re-score of each row's rest (all warps, row by row; it ends with a barrier).
-  for (int r = 0; r < NT && t0 + r < a.T; ++r) {
-    if (sm.count[r] == 0) continue;
+  // 2. The exact re-score of each row's rest. H_I = 32: every row of the block in one gather ring per warp
+  //    (rescore_rows_ring; two rows' q fit the area); H_I = 64: row after row, all warps on a row (each ends with a
+  //    barrier).
 #if FLASHDSA_FP8V2_BAND_ABLATE != 1
-    rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t0 + r, cand_s + static_cast<size_t>(r) * a.cap,
-                                                     cand_i + static_cast<size_t>(r) * a.cap, sm.count[r],
-                                                     *reinterpret_cast<RS*>(sm.q));
-#endif
+  if constexpr (H == 32) {
+    using RR = RescoreRowsSmem<H, D, kNWarps, RS::kArea>;
+    static_assert(sizeof(RR) <= RR::kArea, "the rows ring fits the re-score area");
+    rescore_rows_ring<H, D, kRelu, kNWarps>(a, t0, min(NT, a.T - t0), cand_s, cand_i, sm.count,
+                                            *reinterpret_cast<RR*>(sm.q));
+  } else {
+    for (int r = 0; r < NT && t0 + r < a.T; ++r) {
+      if (sm.count[r] == 0) continue;
+      rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t0 + r, cand_s + static_cast<size_t>(r) * a.cap,
+                                                       cand_i + static_cast<size_t>(r) * a.cap, sm.count[r],
+                                                       *reinterpret_cast<RS*>(sm.q));
+    }
   }
+#endif
   __syncthreads();  // every re-score is complete (the histograms' area is free again)
   // 3. Warp r: the rest's best by the exact score fill row r after the first sm.thr[r] slots; -1 padding.
   for (int r = warp; r < NT && t0 + r < a.T; r += kNWarps) {
