@@ -222,6 +222,20 @@ __device__ __forceinline__ void rescore_batch_mma(float (&acc)[kPass / 8][4], co
   }
 }
 
+// cp.async of one 16-key batch's bf16 rows into the gather stage kb (rows of kLd): lane l < 16 holds the key of row l
+// (-1: the row is zero-filled, nothing read).
+template <int D, int kLd>
+__device__ __forceinline__ void rescore_gather_batch(const Fp8KernelArgs& a, uint16_t* kb, int my_key, int lane) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
+#pragma unroll
+  for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
+    const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
+    const int key = __shfl_sync(0xffffffffu, my_key, row);
+    const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
+    hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
+  }
+}
+
 // s0 / s1 (keys g / g + 8) += Σ w[h] · f(acc) over lane (g, c)'s heads of the batch's pass from h0 (w: the row's
 // weights), in head order (fmaf).
 template <int kPass, bool kRelu>
@@ -272,16 +286,7 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
     const int i = batch_start(b) + lane;
     return b < nb && lane < kRescoreKeys && i < m ? list_i[i] : -1;
   };
-  auto issue = [&](int b, int my_key) {
-    uint16_t* kb = rs.keys[warp][b % P];
-#pragma unroll
-    for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
-      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
-      const int key = __shfl_sync(0xffffffffu, my_key, row);
-      const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
-      hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
-    }
-  };
+  auto issue = [&](int b, int my_key) { rescore_gather_batch<D, kLd>(a, rs.keys[warp][b % P], my_key, lane); };
 #pragma unroll
   for (int b = 0; b < P; ++b) {
     if (b < nb) issue(b, batch_key(b));

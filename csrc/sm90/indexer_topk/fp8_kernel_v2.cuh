@@ -322,16 +322,7 @@ __device__ __forceinline__ void rescore_rows_ring(const Fp8KernelArgs& a, int t0
     const int i = warp * KB + b * (kWarps * KB) + lane;
     return r < nrows && lane < KB && i < counts[r] ? cand_i[static_cast<size_t>(r) * cap + i] : -1;
   };
-  auto issue = [&](int slot, int my_key) {
-    uint16_t* kb = rs.keys[warp][slot];
-#pragma unroll
-    for (int j = 0; j < KB * kChunks / 32; ++j) {
-      const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
-      const int key = __shfl_sync(0xffffffffu, my_key, row);
-      const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
-      hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
-    }
-  };
+  auto issue = [&](int slot, int my_key) { rescore_gather_batch<D, kLd>(a, rs.keys[warp][slot], my_key, lane); };
   auto load_row = [&](int r) {  // q and w of row t0 + r into buffer r % 2; its mbarrier gets this thread's arrival
     const int t = t0 + r;
     uint16_t* qb = rs.q[r & 1];
