@@ -222,17 +222,23 @@ __device__ __forceinline__ void rescore_batch_mma(float (&acc)[kPass / 8][4], co
   }
 }
 
-// cp.async of one 16-key batch's bf16 rows into the gather stage kb (rows of kLd): lane l < 16 holds the key of row l
-// (-1: the row is zero-filled, nothing read).
+// cp.async of one 16-key batch's bf16 rows (k: the key rows, k_st: their stride) into the gather stage kb (rows of
+// kLd): lane l < 16 holds the key of row l (-1: the row is zero-filled, nothing read). The callers pass k and k_st by
+// value, read once: through the args reference every copy's "memory" clobber made the compiler load both again per
+// 16-byte copy (ncu, seventeenth session).
 template <int D, int kLd>
-__device__ __forceinline__ void rescore_gather_batch(const Fp8KernelArgs& a, uint16_t* kb, int my_key, int lane) {
-  constexpr int kChunks = D / 8;  // 16-byte chunks of a bf16 row
+__device__ __forceinline__ void rescore_gather_batch(const __nv_bfloat16* k, int64_t k_st, uint16_t* kb, int my_key,
+                                                     int lane) {
+  constexpr int kChunks = D / 8;                           // 16-byte chunks of a bf16 row
+  constexpr int kPer = kRescoreKeys * kChunks / 32;          // copies per lane
+  int keys[kPer];                                            // every shuffle first: their latencies overlap
 #pragma unroll
-  for (int j = 0; j < kRescoreKeys * kChunks / 32; ++j) {
+  for (int j = 0; j < kPer; ++j) keys[j] = __shfl_sync(0xffffffffu, my_key, (lane + 32 * j) / kChunks);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
     const int e = lane + 32 * j, row = e / kChunks, chunk = e % kChunks;
-    const int key = __shfl_sync(0xffffffffu, my_key, row);
-    const __nv_bfloat16* src = a.k + (key >= 0 ? static_cast<int64_t>(key) * a.k_st + chunk * 8 : 0);
-    hw::cp_async_16(kb + row * kLd + chunk * 8, src, key >= 0);
+    const __nv_bfloat16* src = k + (keys[j] >= 0 ? static_cast<int64_t>(keys[j]) * k_st + chunk * 8 : 0);
+    hw::cp_async_16(kb + row * kLd + chunk * 8, src, keys[j] >= 0);
   }
 }
 
@@ -286,7 +292,9 @@ __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, 
     const int i = batch_start(b) + lane;
     return b < nb && lane < kRescoreKeys && i < m ? list_i[i] : -1;
   };
-  auto issue = [&](int b, int my_key) { rescore_gather_batch<D, kLd>(a, rs.keys[warp][b % P], my_key, lane); };
+  const __nv_bfloat16* const k_rows = a.k;
+  const int64_t k_st = a.k_st;
+  auto issue = [&](int b, int my_key) { rescore_gather_batch<D, kLd>(k_rows, k_st, rs.keys[warp][b % P], my_key, lane); };
 #pragma unroll
   for (int b = 0; b < P; ++b) {
     if (b < nb) issue(b, batch_key(b));

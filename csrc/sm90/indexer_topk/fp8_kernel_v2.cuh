@@ -322,7 +322,9 @@ __device__ __forceinline__ void rescore_rows_ring(const Fp8KernelArgs& a, int t0
     const int i = warp * KB + b * (kWarps * KB) + lane;
     return r < nrows && lane < KB && i < counts[r] ? cand_i[static_cast<size_t>(r) * cap + i] : -1;
   };
-  auto issue = [&](int slot, int my_key) { rescore_gather_batch<D, kLd>(a, rs.keys[warp][slot], my_key, lane); };
+  const __nv_bfloat16* const k_rows = a.k;
+  const int64_t k_st = a.k_st;
+  auto issue = [&](int slot, int my_key) { rescore_gather_batch<D, kLd>(k_rows, k_st, rs.keys[warp][slot], my_key, lane); };
   auto load_row = [&](int r) {  // q and w of row t0 + r into buffer r % 2; its mbarrier gets this thread's arrival
     const int t = t0 + r;
     uint16_t* qb = rs.q[r & 1];
