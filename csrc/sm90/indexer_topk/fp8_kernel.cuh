@@ -229,9 +229,9 @@ __device__ __forceinline__ void rescore_batch_mma(float (&acc)[kPass / 8][4], co
 template <int D, int kLd>
 __device__ __forceinline__ void rescore_gather_batch(const __nv_bfloat16* k, int64_t k_st, uint16_t* kb, int my_key,
                                                      int lane) {
-  constexpr int kChunks = D / 8;                           // 16-byte chunks of a bf16 row
-  constexpr int kPer = kRescoreKeys * kChunks / 32;          // copies per lane
-  int keys[kPer];                                            // every shuffle first: their latencies overlap
+  constexpr int kChunks = D / 8;                   // 16-byte chunks of a bf16 row
+  constexpr int kPer = kRescoreKeys * kChunks / 32;  // copies per lane
+  int keys[kPer];                                    // every shuffle first: their latencies overlap
 #pragma unroll
   for (int j = 0; j < kPer; ++j) keys[j] = __shfl_sync(0xffffffffu, my_key, (lane + 32 * j) / kChunks);
 #pragma unroll
@@ -266,8 +266,9 @@ __device__ __forceinline__ void rescore_batch_sums(const float (&acc)[kPass / 8]
 // slots) while batch b is scored, and the candidate indices of batch b + kPipe + 1 are loaded one
 // batch ahead. !kPassLoop (kPass = H): all heads' MMAs, the next issue, then the head sum (the first
 // walk's order); kPassLoop: heads in passes of kPass (MMA + head sum each, a rolled loop that bounds
-// the registers, even for one pass), then the next issue (fp8_kernel_v2.cuh's order). The MMA and the
-// head sum are written out in the pass loop: as helper functions they moved the v2 walk's SASS.
+// the registers, even for one pass), then the next issue (fp8_kernel_v2.cuh's order). The batch's MMA,
+// head sum and gather are the helpers above, shared with fp8_kernel_v2.cuh's rescore_rows_ring (since the
+// seventeenth session; they moved the SASS of every v2 instance, measured neutral to faster).
 // All threads; begins after a barrier that freed the Q block and the key ring, ends with a barrier.
 template <int H, int D, bool kRelu, int kWarps, int kPass, bool kPassLoop, class RS>
 __device__ __forceinline__ void rescore_row_ring(const Fp8KernelArgs& a, int t, float* list_s, const int* list_i,
