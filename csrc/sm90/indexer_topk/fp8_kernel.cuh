@@ -174,6 +174,11 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Gather stages per warp of a re-score ring: what `free_bytes` holds of kWarps x stages of `stage_bytes`, at most 4.
+constexpr int rescore_pipe_stages(int free_bytes, int warps, int stage_bytes) {
+  return free_bytes / (warps * stage_bytes) < 4 ? free_bytes / (warps * stage_bytes) : 4;
+}
+
 // The re-score's shared memory with a gather ring, for kWarps warps: it overlays kArea bytes (the Q
 // block and the key ring, contiguous and free after the walk), so each warp gets kPipe stages.
 template <int H, int D, int kWarps, int kArea_>
@@ -181,9 +186,7 @@ struct RescoreRingSmem {
   static constexpr int kLd = D + 8;  // bf16 row stride: conflict-free fragment loads
   static constexpr int kArea = kArea_;
   static constexpr int kStageElems = kRescoreKeys * kLd;
-  static constexpr int kFree = kArea - H * kLd * 2 - H * 4;
-  static constexpr int kPipeFit = kFree / (kWarps * kStageElems * 2);
-  static constexpr int kPipe = kPipeFit < 4 ? kPipeFit : 4;
+  static constexpr int kPipe = rescore_pipe_stages(kArea - H * kLd * 2 - H * 4, kWarps, kStageElems * 2);
   static_assert(kPipe >= 2, "the re-score gather ring needs two stages");
   uint16_t q[H * kLd];                              // the row's bf16 q_idx [H, D]
   uint16_t keys[kWarps][kPipe][kStageElems];        // per warp: kPipe batches of 16 key rows

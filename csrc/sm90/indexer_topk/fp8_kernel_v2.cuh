@@ -283,9 +283,7 @@ struct RescoreRowsSmem {
   static constexpr int kLd = D + 8;  // bf16 row stride: conflict-free fragment loads
   static constexpr int kArea = kArea_;
   static constexpr int kStageElems = kRescoreKeys * kLd;
-  static constexpr int kFree = kArea - 2 * (H * kLd * 2 + H * 4) - 64;
-  static constexpr int kPipeFit = kFree / (kWarps * kStageElems * 2);
-  static constexpr int kPipe = kPipeFit < 4 ? kPipeFit : 4;
+  static constexpr int kPipe = rescore_pipe_stages(kArea - 2 * (H * kLd * 2 + H * 4) - 64, kWarps, kStageElems * 2);
   static_assert(kPipe >= 2, "the re-score gather ring needs two stages");
   uint64_t qbar[2];
   uint16_t q[2][H * kLd];
@@ -397,8 +395,8 @@ __device__ __forceinline__ void rescore_rows_ring(const Fp8KernelArgs& a, int t0
   hw::cp_async_wait<0>();
   __syncthreads();  // the re-scored lists are complete (and rs is free)
   if (tid == 0) {
-    asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(hw::smem_u32(&rs.qbar[0])) : "memory");
-    asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(hw::smem_u32(&rs.qbar[1])) : "memory");
+    hw::mbar_inval(&rs.qbar[0]);
+    hw::mbar_inval(&rs.qbar[1]);
   }
 }
 
