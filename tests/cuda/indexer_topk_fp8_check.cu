@@ -29,6 +29,7 @@
 //    exact score + tol (the final top K of the candidates is exact).
 //  - the recall of the exact top K (double reference) is reported (mean, min row).
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,6 +48,7 @@
 #include "check_common.cuh"
 #include "flashdsa/ops.h"
 #include "flashdsa/types.h"
+#include "sm90/indexer_topk/quantize_div.cuh"
 
 namespace {
 
@@ -223,6 +225,107 @@ int64_t quantization_mismatches(const Problem& p, const Run& r) {
     bad += !same(scale, r.ks[s]) || std::memcmp(codes.data(), &r.k8[s * p.D], p.D) != 0;
   }
   return bad;
+}
+
+// The quantizer on rows of every magnitude (D = 128, contiguous [rows / 4, 4, 128] and the same rows at a padded stride:
+// both CUDA kernels of D = 128): row i has max |x| = 2^e_i (e from -133 to 127, bf16 subnormals included), with
+// signed zeros, elements down to 2^-100 of the maximum, and NaN / Inf rows; codes and scales against the host
+// quantizer, bitwise. Then quantize_div against __fdiv_rn on random operands (division_check_kernel).
+__global__ void division_check_kernel(uint64_t n, uint64_t seed, unsigned long long* bad) {
+  using namespace flashdsa::sm90::indexer_topk_impl;
+  unsigned long long bits_bad = 0, code_bad = 0;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    // b: a random 24-bit mantissa, exponent in [-20, 99]; x: a random bf16 mantissa and sign, exponent from b's + 9
+    // down to b's - 110 (every 64th x a zero).
+    const int eb = static_cast<int>((z >> 8) % 120) - 20;
+    const float b = ldexpf(1.f + static_cast<float>(z & 0x7fffffu) * 0x1p-23f, eb);
+    const int ex = eb + 9 - static_cast<int>((z >> 16) % 120);
+    float x = ldexpf(1.f + static_cast<float>((z >> 24) & 0x7fu) * 0x1p-7f, ex);
+    if (((z >> 40) & 63u) == 0u) x = 0.f;
+    if ((z >> 63) != 0u) x = -x;
+    if (!quantize_scale_in_fast_range(b)) continue;
+    const float want = __fdiv_rn(x, b), got = quantize_div(x, b, quantize_recip(b));
+    // Bitwise the same for quotients >= 2^-80 in magnitude (and zeros); below that, the same code.
+    if (__float_as_uint(want) != __float_as_uint(got) && (fabsf(want) >= 0x1p-80f || x == 0.f)) ++bits_bad;
+    const uint16_t cw = __nv_cvt_float2_to_fp8x2(make_float2(want, want), __NV_SATFINITE, __NV_E4M3);
+    const uint16_t cg = __nv_cvt_float2_to_fp8x2(make_float2(got, got), __NV_SATFINITE, __NV_E4M3);
+    code_bad += cw != cg;
+  }
+  if (bits_bad) atomicAdd(bad, bits_bad);
+  if (code_bad) atomicAdd(bad + 1, code_bad);
+}
+
+bool check_quantizer_edges(std::mt19937_64& rng) {
+  const int D = 128, N1 = 4;
+  std::vector<int> exps;
+  for (int e = -133; e <= 127; e += 3) exps.push_back(e);
+  for (int e : {-21, -20, -19, -18, 99, 100, 101, 108, 109, 110}) exps.push_back(e);
+  const int64_t rows = int64_t((exps.size() + 4 + N1 - 1) / N1) * N1;  // + NaN, Inf, zero, -0 rows
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  std::vector<float> x(size_t(rows) * D, 0.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = &x[size_t(r) * D];
+    if (r < int64_t(exps.size())) {
+      const int e = exps[size_t(r)];
+      for (int d = 0; d < D; ++d) {
+        float v = std::ldexp(uni(rng), e);
+        if (d % 17 == 5) v = std::ldexp(uni(rng), e - 20 - int(d % 81));  // far below the maximum
+        if (d % 29 == 3) v = (d % 2) ? -0.f : 0.f;
+        row[d] = v;
+      }
+      row[(r * 7) % D] = std::ldexp(r % 2 ? -1.f : 1.f, e);  // the maximum, exactly 2^e
+    } else {
+      const int64_t k = r - int64_t(exps.size());
+      for (int d = 0; d < D; ++d) row[d] = k == 3 ? -0.f : (k == 2 ? 0.f : uni(rng));
+      if (k == 0) row[9] = std::nanf("");
+      if (k == 1) row[100] = -INFINITY;
+    }
+  }
+  std::vector<bf16> xb(x.size());
+  std::vector<float> xr(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = flashdsa::float_to_bf16(x[i]), xr[i] = flashdsa::bf16_to_float(xb[i]);
+  bool ok = true;
+  for (int pad : {0, 8}) {  // pad 0: the 8-lanes-per-row kernel; pad 8 (row stride 136): the 4-per-lane one
+    const int64_t st = D + pad;
+    std::vector<bf16> xs(size_t(rows) * st, flashdsa::float_to_bf16(0.f));
+    for (int64_t r = 0; r < rows; ++r) std::copy(&xb[size_t(r) * D], &xb[size_t(r) * D] + D, &xs[size_t(r) * st]);
+    DeviceBuffer dx(xs.size() * 2), d8(size_t(rows) * D), ds(size_t(rows) * 4);
+    upload(dx, xs);
+    check_status(flashdsa::run_quantize_fp8(quantize_params(dx.ptr, rows / N1, N1, D, N1 * st, st, d8.ptr, ds.as<float>())),
+                 "quantize (edges)");
+    FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+    const auto codes = download<uint8_t>(d8.ptr, size_t(rows) * D);
+    const auto scales = download<float>(ds.ptr, size_t(rows));
+    int64_t bad = 0;
+    std::vector<float> row(D);
+    std::vector<uint8_t> want;
+    float scale = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(&xr[size_t(r) * D], &xr[size_t(r) * D] + D, row.begin());
+      quantize_host(row, D, want, scale);
+      const bool same_scale = (std::isnan(scale) && std::isnan(scales[size_t(r)])) ||
+                              std::memcmp(&scale, &scales[size_t(r)], 4) == 0;
+      bad += !same_scale || std::memcmp(want.data(), &codes[size_t(r) * D], D) != 0;
+    }
+    std::printf("  %-34s %s (%lld of %lld rows differ)\n", pad ? "quantize edges, stride 136" : "quantize edges, rows128",
+                bad ? "FAIL" : "PASS", (long long)bad, (long long)rows);
+    ok = ok && bad == 0;
+  }
+  DeviceBuffer dbad(16);
+  FLASHDSA_CHECK_CUDA(cudaMemset(dbad.ptr, 0, 16));
+  const uint64_t n = uint64_t(1) << 30;
+  division_check_kernel<<<1056, 256>>>(n, rng(), dbad.as<unsigned long long>());
+  FLASHDSA_CHECK_CUDA(cudaGetLastError());
+  FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
+  const auto bad = download<unsigned long long>(dbad.ptr, 2);
+  std::printf("  %-34s %s (%llu bit / %llu code mismatches of 2^30)\n", "quantize_div vs __fdiv_rn",
+              bad[0] || bad[1] ? "FAIL" : "PASS", bad[0], bad[1]);
+  return ok && bad[0] == 0 && bad[1] == 0;
 }
 
 struct RowResult {
@@ -705,6 +808,7 @@ int main(int argc, char** argv) {
   if (!bench_only) {
     std::printf("Correctness of the FP8 selection vs the double CPU reference of the contract:\n");
     for (const Problem& p : problems(small, rng)) ok = check_problem(p) && ok;
+    ok = check_quantizer_edges(rng) && ok;
     flashdsa::IndexerTopkParams empty = fp8_params(0, 0, 32, 128, 64, 0, true, nullptr, nullptr, nullptr, nullptr,
                                                    nullptr, 0, 0, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
     const bool pass = flashdsa::run_indexer_topk(empty).ok();

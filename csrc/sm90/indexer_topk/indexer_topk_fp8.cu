@@ -161,6 +161,23 @@ Status run_quantize(const QuantizeFp8Params& p) {
   args.N1 = p.N1;
   args.D = p.D;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  // D_I = 128 rows at one uniform stride (N1 = 1, or N1 contiguous sub-rows per outer row), 16-byte aligned: 8
+  // lanes per row (the same codes and scales as the kernels below).
+  const int64_t row_stride = p.N1 == 1 ? p.stride0 : (p.N0 == 1 || p.stride0 == p.N1 * p.stride1) ? p.stride1 : -1;
+  if (p.D == 128 && row_stride >= 0 && row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(p.out) % 8 == 0) {
+    constexpr int kRowsPerBlock =
+        indexer_topk_impl::kQuantizeThreads / 32 * 4 * indexer_topk_impl::kQuantize128Groups;
+    const int64_t blocks128 = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    if (blocks128 > INT_MAX) return Status::NotSupported("quantize_fp8: too many rows for one launch");
+    args.N1 = 1;
+    args.s0 = row_stride;
+    args.s1 = 0;
+    indexer_topk_impl::quantize_fp8_rows128_kernel<<<static_cast<unsigned>(blocks128),
+                                                    indexer_topk_impl::kQuantizeThreads, 0, stream>>>(args);
+    FLASHDSA_CHECK_LAUNCH("quantize_fp8_rows128_kernel");
+    return Status::OK();
+  }
   // Rows of 32 V elements (V = 4 at D_I = 128, 2 at 64) whose lane slices are aligned to one load: the vectorized
   // kernel (the same codes and scales); any other row shape or stride: one element per lane.
   const int V = p.D == 128 ? 4 : p.D == 64 ? 2 : 0;
