@@ -365,7 +365,7 @@ def tilelang_fp8_rows(t: int) -> int:
     return t if rows >= t else max(128, rows // 128 * 128)
 
 
-def tilelang_fp8_indexer(logits_only: bool):
+def tilelang_fp8_indexer(logits_only: bool, quantize_timed: bool = False):
     """TileLang's example FP8 lightning indexer (fp8_lighting_indexer.mqa_attn_return_logits_interface),
     + its radix top-k selector (topk_selector.tl_topk) unless logits_only.
 
@@ -376,15 +376,21 @@ def tilelang_fp8_indexer(logits_only: bool):
     it (clean_logits=True: the range kernel, then -inf outside [k_start, k_end)), the first block is
     returned for the check; + top-k: clean_logits=False (the selector reads only [k_start, k_end) of each
     row), then tl_topk on each block, into one [T, K] int32 result. Key ranges: our k_start / k_end are the
-    example's cu_seqlen_ks / cu_seqlen_ke (start inclusive, end exclusive, int32 [T])."""
+    example's cu_seqlen_ks / cu_seqlen_ke (start inclusive, end exclusive, int32 [T]).
+
+    quantize_timed (+ top-k only): the like-for-like variant — the example's quantization of the bf16 q_idx / k_idx
+    runs inside the timed call, as ours does (both sides then start from the same bf16 tensors)."""
     def adapter(ctx: Context, ours_sets: List[dict]) -> ABPrepared:
         ex, s, t = ctx.peer, ctx.shape, ctx.t
         rows = tilelang_fp8_rows(t)
         args = []
-        for a in ours_sets:  # the peer's quantization, outside the timed region
+        for a in ours_sets:  # the peer's quantization, outside the timed region (unless quantize_timed)
+            w, ks, ke = a["weights"].float().contiguous(), a["k_start"].int().contiguous(), a["k_end"].int().contiguous()
+            if quantize_timed:
+                args.append((a["q_idx"], a["k_idx"], None, w, ks, ke))
+                continue
             q_fp8, k_fp8, k_scales = ex.quantize(a["q_idx"], a["k_idx"])
-            args.append((q_fp8.contiguous(), k_fp8.contiguous(), k_scales, a["weights"].float().contiguous(),
-                         a["k_start"].int().contiguous(), a["k_end"].int().contiguous()))
+            args.append((q_fp8.contiguous(), k_fp8.contiguous(), k_scales, w, ks, ke))
         if logits_only:
             def call(p):
                 q, k, scales, w, ks, ke = p
@@ -401,6 +407,9 @@ def tilelang_fp8_indexer(logits_only: bool):
 
         def call(p):
             q, k, scales, w, ks, ke = p
+            if quantize_timed:
+                q, k, scales = ex.quantize(q, k)
+                q, k = q.contiguous(), k.contiguous()
             if rows >= t:
                 logits = ex.logits(q, k, scales, w, ks, ke, clean_logits=False)
                 return ex.topk(logits, ks, ke, s.topk)
@@ -465,6 +474,12 @@ PATHS: Tuple[PeerPath, ...] = (
              t_ok=lambda t: t <= TILELANG_FP8_TOPK_MAX_T,
              t_rule=f"T <= {TILELANG_FP8_TOPK_MAX_T}: its selector keeps the threshold bin in a 4096-entry shared "
                     "buffer without a bound check; at T = 128K it ended the process with an illegal address"),
+    PeerPath(INDEXER, "tilelang_fp8_example", "TileLang FP8 example quantize + logits + top-k",
+             tilelang_fp8_indexer(False, quantize_timed=True),
+             note="like for like: its e4m3 quantization of the bf16 q_idx / k_idx inside the timed call, as ours; "
+                  "otherwise as the row above", heads_ok=_divides_128, heads_rule="H_I dividing 128 (block_Q = 128 / H_I)",
+             t_ok=lambda t: t <= TILELANG_FP8_TOPK_MAX_T,
+             t_rule=f"T <= {TILELANG_FP8_TOPK_MAX_T}: as the row above"),
     PeerPath(INDEXER, "tilelang_fp8_example", "TileLang FP8 example logits alone", tilelang_fp8_indexer(True),
              note="its entry point with clean_logits; e4m3 quantization untimed; fp32 logits in row blocks of "
                   "<= 16 GiB and < 2^31 elements", heads_ok=_divides_128, heads_rule="H_I dividing 128 (block_Q = 128 / H_I)"),

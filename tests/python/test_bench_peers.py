@@ -850,11 +850,12 @@ def test_tilelang_fp8_rows_keep_the_logits_within_the_budget(monkeypatch):
     assert all(p.heads_ok(32) and p.heads_ok(64) and not p.heads_ok(256) and not p.heads_ok(48)
                for p in TL_FP8_PATHS)
     assert {p.label for p in TL_FP8_PATHS} == {"TileLang FP8 example logits + top-k",
+                                               "TileLang FP8 example quantize + logits + top-k",
                                                "TileLang FP8 example logits alone"}
-    # its top-k overran its selector's shared buffer at 128K on the H200: that path stops at 64K
+    # its top-k overran its selector's shared buffer at 128K on the H200: those paths stop at 64K
     by_label = {p.label: p for p in TL_FP8_PATHS}
-    assert by_label["TileLang FP8 example logits + top-k"].t_ok(65536)
-    assert not by_label["TileLang FP8 example logits + top-k"].t_ok(131072)
+    for label in ("TileLang FP8 example logits + top-k", "TileLang FP8 example quantize + logits + top-k"):
+        assert by_label[label].t_ok(65536) and not by_label[label].t_ok(131072)
     assert by_label["TileLang FP8 example logits alone"].t_ok(131072)
 
 
@@ -872,10 +873,13 @@ def test_tilelang_fp8_example_adapters_call_shapes_and_checks(tl_example, cfg, m
     result = run_peers(run_cfg, torch.ops.flashdsa, CPU_POLICY, out, max_seconds=120, plan=plan,
                        peers={"tilelang_fp8_example": tl_example}, paths=TL_FP8_PATHS)
     rows = {(r["peer"], r["t"]): r for r in result["rows"]}
-    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows.values()), result["rows"]
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows.values()), result["rows"]
     for t in (128, 256):
         picked = rows[("TileLang FP8 example logits + top-k", t)]["checks"]
         assert picked["recall_rows"] == t and picked["recall_mean"] > 0.9, picked
+        # like for like (its quantization timed): the same selection as the row with the quantization outside
+        timed = rows[("TileLang FP8 example quantize + logits + top-k", t)]["checks"]
+        assert timed["recall_mean"] == picked["recall_mean"] and timed["recall_min"] == picked["recall_min"], timed
         alone = rows[("TileLang FP8 example logits alone", t)]["checks"]
         assert 0 < alone["scores_rel_err"] < 0.1, alone  # e4m3 q and k vs our exact bf16 scores
         if selection == "fp8":
