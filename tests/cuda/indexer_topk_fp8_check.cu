@@ -227,8 +227,8 @@ int64_t quantization_mismatches(const Problem& p, const Run& r) {
   return bad;
 }
 
-// The quantizer on rows of every magnitude (D = 128, contiguous [rows / 4, 4, 128] and the same rows at a padded stride:
-// both CUDA kernels of D = 128): row i has max |x| = 2^e_i (e from -133 to 127, bf16 subnormals included), with
+// The quantizer on rows of every magnitude (D = 128, contiguous [rows / 4, 4, 128] and the same rows with 8 unused
+// elements after every 4: both CUDA kernels of D = 128): row i has max |x| = 2^e_i (e from -133 to 127, bf16 subnormals included), with
 // signed zeros, elements down to 2^-100 of the maximum, and NaN / Inf rows; codes and scales against the host
 // quantizer, bitwise. Then quantize_div against __fdiv_rn on random operands (division_check_kernel).
 __global__ void division_check_kernel(uint64_t n, uint64_t seed, unsigned long long* bad) {
@@ -290,13 +290,16 @@ bool check_quantizer_edges(std::mt19937_64& rng) {
   std::vector<float> xr(x.size());
   for (size_t i = 0; i < x.size(); ++i) xb[i] = flashdsa::float_to_bf16(x[i]), xr[i] = flashdsa::bf16_to_float(xb[i]);
   bool ok = true;
-  for (int pad : {0, 8}) {  // pad 0: the 8-lanes-per-row kernel; pad 8 (row stride 136): the 4-per-lane one
-    const int64_t st = D + pad;
-    std::vector<bf16> xs(size_t(rows) * st, flashdsa::float_to_bf16(0.f));
-    for (int64_t r = 0; r < rows; ++r) std::copy(&xb[size_t(r) * D], &xb[size_t(r) * D] + D, &xs[size_t(r) * st]);
+  // pad 0: [rows / 4, 4, 128] contiguous, one uniform row stride: the 8-lanes-per-row kernel; pad 8: 8 unused elements
+  // after every 4 rows (outer stride 520, inner 128: no uniform row stride): the 4-elements-per-lane kernel.
+  for (int pad : {0, 8}) {
+    const int64_t outer = N1 * D + pad;
+    std::vector<bf16> xs(size_t(rows / N1) * outer, flashdsa::float_to_bf16(0.f));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(&xb[size_t(r) * D], &xb[size_t(r) * D] + D, &xs[size_t(r / N1) * outer + size_t(r % N1) * D]);
     DeviceBuffer dx(xs.size() * 2), d8(size_t(rows) * D), ds(size_t(rows) * 4);
     upload(dx, xs);
-    check_status(flashdsa::run_quantize_fp8(quantize_params(dx.ptr, rows / N1, N1, D, N1 * st, st, d8.ptr, ds.as<float>())),
+    check_status(flashdsa::run_quantize_fp8(quantize_params(dx.ptr, rows / N1, N1, D, outer, D, d8.ptr, ds.as<float>())),
                  "quantize (edges)");
     FLASHDSA_CHECK_CUDA(cudaDeviceSynchronize());
     const auto codes = download<uint8_t>(d8.ptr, size_t(rows) * D);
@@ -312,7 +315,7 @@ bool check_quantizer_edges(std::mt19937_64& rng) {
                               std::memcmp(&scale, &scales[size_t(r)], 4) == 0;
       bad += !same_scale || std::memcmp(want.data(), &codes[size_t(r) * D], D) != 0;
     }
-    std::printf("  %-34s %s (%lld of %lld rows differ)\n", pad ? "quantize edges, stride 136" : "quantize edges, rows128",
+    std::printf("  %-34s %s (%lld of %lld rows differ)\n", pad ? "quantize edges, 4 per lane" : "quantize edges, rows128",
                 bad ? "FAIL" : "PASS", (long long)bad, (long long)rows);
     ok = ok && bad == 0;
   }
