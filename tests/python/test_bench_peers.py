@@ -877,9 +877,9 @@ def test_tilelang_fp8_example_adapters_call_shapes_and_checks(tl_example, cfg, m
     for t in (128, 256):
         picked = rows[("TileLang FP8 example logits + top-k", t)]["checks"]
         assert picked["recall_rows"] == t and picked["recall_mean"] > 0.9, picked
-        # like for like (its quantization timed): the same selection as the row with the quantization outside
+        # like for like (its quantization inside the timed call; each row has its own random inputs)
         timed = rows[("TileLang FP8 example quantize + logits + top-k", t)]["checks"]
-        assert timed["recall_mean"] == picked["recall_mean"] and timed["recall_min"] == picked["recall_min"], timed
+        assert timed["recall_rows"] == t and timed["recall_mean"] > 0.9, timed
         alone = rows[("TileLang FP8 example logits alone", t)]["checks"]
         assert 0 < alone["scores_rel_err"] < 0.1, alone  # e4m3 q and k vs our exact bf16 scores
         if selection == "fp8":
