@@ -35,6 +35,17 @@ def packed_scores(q8, k8, wq, kscale, H):
     return (tot.astype(np.float32) * kscale).astype(np.float64)
 
 
+def emulated_row(rng, n, H, D):
+    """One query row against n keys (the check program's data model): (exact bf16 scores, FP8 pass scores), both
+    float64 [n]; draws the keys, the row's H query heads and its weights from rng in that order."""
+    k, q = spread_rows(rng, n, D), spread_rows(rng, H, D)
+    w = (0.25 * (rng.uniform(-1, 1, H) + 0.6)).astype(np.float32)
+    exact = (np.maximum(bf16(q).astype(np.float64) @ bf16(k).astype(np.float64).T, 0) * w[:, None]).sum(0)
+    k8, kscale = quantize(k)
+    q8, qscale = quantize(q)
+    return exact, packed_scores(q8, k8, (w * qscale).astype(np.float32), kscale, H)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=5)
@@ -47,17 +58,9 @@ def main():
     C = K + max(64 * ((K + 255) // 256), 256)
     plans = [(0, 0)] + [(b, B) for b in (64, 128, 256, 512) for B in (b + 256, b + 512)]
 
-    def rows(n):
-        return spread_rows(rng, n, D)
-
     stats = {}
     for n, _ in itertools.product([int(v) for v in args.n.split(",")], range(args.rows)):
-        k, q = rows(n), rows(H)
-        w = (0.25 * (rng.uniform(-1, 1, H) + 0.6)).astype(np.float32)
-        exact = (np.maximum(bf16(q).astype(np.float64) @ bf16(k).astype(np.float64).T, 0) * w[:, None]).sum(0)
-        k8, kscale = quantize(k)
-        q8, qscale = quantize(q)
-        s8 = packed_scores(q8, k8, (w * qscale).astype(np.float32), kscale, H)
+        exact, s8 = emulated_row(rng, n, H, D)
         top = set(np.argsort(-exact)[:K].tolist())
         order = np.argsort(-s8)
         cand = order[:C]

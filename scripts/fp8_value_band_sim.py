@@ -22,8 +22,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_band_recall_sim import packed_scores  # noqa: E402
-from fp8_v2_recall_sim import bf16, quantize, spread_rows  # noqa: E402
+from fp8_band_recall_sim import emulated_row  # noqa: E402
 
 
 def main():
@@ -38,12 +37,7 @@ def main():
     res = {}
     for n in [int(v) for v in args.n.split(",")]:
         for _ in range(args.rows):
-            k, q = spread_rows(rng, n, D), spread_rows(rng, H, D)
-            w = (0.25 * (rng.uniform(-1, 1, H) + 0.6)).astype(np.float32)
-            exact = (np.maximum(bf16(q).astype(np.float64) @ bf16(k).astype(np.float64).T, 0) * w[:, None]).sum(0)
-            k8, ks = quantize(k)
-            q8, qs = quantize(q)
-            s8 = packed_scores(q8, k8, (w * qs).astype(np.float32), ks, H)
+            exact, s8 = emulated_row(rng, n, H, D)
             top = set(np.argsort(-exact)[:K].tolist())
             order = np.argsort(-s8)
             for b, c in ((128, 2176), (192, 2240), (256, 2304)):
