@@ -231,15 +231,20 @@ int64_t quantization_mismatches(const Problem& p, const Run& r) {
 // elements after every 4: both CUDA kernels of D = 128): row i has max |x| = 2^e_i (e from -133 to 127, bf16 subnormals included), with
 // signed zeros, elements down to 2^-100 of the maximum, and NaN / Inf rows; codes and scales against the host
 // quantizer, bitwise. Then quantize_div against __fdiv_rn on random operands (division_check_kernel).
+// SplitMix64's finalizer of i + seed: the check's random bits on the device (division_check_kernel, hash_uniform).
+__device__ __forceinline__ uint64_t mix64(uint64_t i, uint64_t seed) {
+  uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 __global__ void division_check_kernel(uint64_t n, uint64_t seed, unsigned long long* bad) {
   using namespace flashdsa::sm90::indexer_topk_impl;
   unsigned long long bits_bad = 0, code_bad = 0;
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
-    uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = mix64(i, seed);
     // b: a random 24-bit mantissa, exponent in [-20, 99]; x: a random bf16 mantissa and sign, exponent from b's + 9
     // down to b's - 110 (every 64th x a zero).
     const int eb = static_cast<int>((z >> 8) % 120) - 20;
@@ -610,11 +615,7 @@ std::vector<Problem> problems(bool small, std::mt19937_64& rng) {
 // Benchmark: one causal sequence, D = 128, K = 2048: bf16 selection vs FP8 (quantize + select) and
 // the FP8 selection alone, recall of the bf16 top K (sampled rows).
 __device__ __forceinline__ float hash_uniform(uint64_t i, uint64_t seed) {
-  uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return float(z >> 40) * (2.f / 16777216.f) - 1.f;
+  return float(mix64(i, seed) >> 40) * (2.f / 16777216.f) - 1.f;
 }
 // Rows of D values: uniform in [-1, 1]; with `spread`, times a per-row factor 2^[-2, 2] and 8x on
 // three outlier channels.

@@ -565,6 +565,14 @@ struct QuantizeArgs {
 
 constexpr int kQuantizeThreads = 256;
 
+// The scale of a row from its |max| and finiteness: amax / 448 (__fdiv_rn), 1 for an all-zero row, NaN when an element
+// is NaN or +-Inf.
+__device__ __forceinline__ float quantize_scale_of(float amax, bool finite) {
+  float scale = __fdiv_rn(amax, 448.f);
+  if (!(scale > 0.f)) scale = 1.f;
+  return finite ? scale : __int_as_float(0x7fffffff);
+}
+
 // A row's scale from each lane's amax and finiteness (a warp max and vote, `finite` becoming the row's; lane 0 stores
 // the scale to *scale_out): amax / 448 (__fdiv_rn), 1 for an all-zero row, NaN when an element is NaN or +-Inf.
 // All 32 lanes.
@@ -572,9 +580,7 @@ __device__ __forceinline__ float quantize_row_scale(float amax, bool& finite, fl
   finite = __all_sync(0xffffffffu, finite);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  float scale = __fdiv_rn(amax, 448.f);
-  if (!(scale > 0.f)) scale = 1.f;
-  if (!finite) scale = __int_as_float(0x7fffffff);
+  const float scale = quantize_scale_of(amax, finite);
   if ((threadIdx.x & 31) == 0) *scale_out = scale;
   return scale;
 }
@@ -775,9 +781,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_fp8_rows128_kernel(
     const bool finite = ((bad >> (8 * grp)) & 0xffu) == 0u;
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float scale = __fdiv_rn(amax, 448.f);
-    if (!(scale > 0.f)) scale = 1.f;
-    if (!finite) scale = __int_as_float(0x7fffffff);
+    const float scale = quantize_scale_of(amax, finite);
     if (r >= a.rows) continue;
     if (sub == 0) a.scale[r] = scale;
     uint2 c0, c1;
