@@ -13,8 +13,9 @@ DEFAULT_SECTIONS = ("kernels", "layer", "baselines")
 # Selection pass of FlashDSA's indexer_topk in the peers A/B (flashdsa.indexer_topk's `selection`).
 # "fp8-band": the FP8 selection with the band re-score (fp8_band = topk / 4: indices only, docs/spec.md §3);
 # "fp8-fast": the band re-score with the narrower setting fp8_band = topk / 8, fp8_candidates = topk + topk / 8
-# (FP8_FAST_SETTINGS; recall measured in docs/kernels/indexer_topk.md)
-INDEXER_SELECTIONS = ("bf16", "fp8", "fp8-band", "fp8-fast")
+# (FP8_FAST_SETTINGS; recall measured in docs/kernels/indexer_topk.md); "fp8-scaled": fp8-fast with the band and the
+# slack scaled to each row's keys (fp8_band_scaled=True, docs/spec.md §3)
+INDEXER_SELECTIONS = ("bf16", "fp8", "fp8-band", "fp8-fast", "fp8-scaled")
 
 
 def fp8_selection_kwargs(indexer_selection: str, topk: int) -> dict:
@@ -23,6 +24,8 @@ def fp8_selection_kwargs(indexer_selection: str, topk: int) -> dict:
         return {"selection": "fp8", "fp8_band": topk // 4}
     if indexer_selection == "fp8-fast":
         return {"selection": "fp8", "fp8_band": topk // 8, "fp8_candidates": topk + topk // 8}
+    if indexer_selection == "fp8-scaled":
+        return {"selection": "fp8", "fp8_band": topk // 8, "fp8_candidates": topk + topk // 8, "fp8_band_scaled": True}
     if indexer_selection == "fp8":
         return {"selection": "fp8", "fp8_band": None}
     raise ValueError(f"not an FP8 selection: {indexer_selection!r}")

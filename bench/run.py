@@ -70,7 +70,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="selection pass of FlashDSA's indexer_topk in the peers A/B: bf16 (exact, default), "
                         "fp8 (flashdsa.indexer_topk(..., selection='fp8'), the per-row e4m3 quantization "
                         "included in the timed call), fp8-band (fp8_band=K/4, indices only) or fp8-fast "
-                        "(fp8_band=K/8, fp8_candidates=K+K/8, indices only)")
+                        "(fp8_band=K/8, fp8_candidates=K+K/8, indices only) or fp8-scaled (fp8-fast with the band "
+                        "scaled to each row's keys)")
     return p.parse_args(argv)
 
 

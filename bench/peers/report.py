@@ -61,7 +61,9 @@ def selection_text(indexer_selection: str) -> str:
     if indexer_selection == "bf16":
         return "ours: indexer_topk selection=bf16 (the raw op, exact top-k)."
     how = {"fp8-band": "selection=\"fp8\", fp8_band=topk // 4 (indices only), default candidate count",
-           "fp8-fast": "selection=\"fp8\", fp8_band=topk // 8, fp8_candidates=topk + topk // 8 (indices only)"}.get(
+           "fp8-fast": "selection=\"fp8\", fp8_band=topk // 8, fp8_candidates=topk + topk // 8 (indices only)",
+           "fp8-scaled": "selection=\"fp8\", fp8_band=topk // 8, fp8_candidates=topk + topk // 8, "
+                         "fp8_band_scaled=True (indices only)"}.get(
                indexer_selection, f"selection=\"{indexer_selection}\", default candidate count")
     return (f"ours: indexer_topk selection={indexer_selection} (flashdsa.indexer_topk(..., "
             f"{how}); the per-row e4m3 quantization of q_idx / "

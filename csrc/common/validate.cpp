@@ -242,6 +242,9 @@ Status check_generic(const IndexerTopkParams& p) {
                     "FP8 estimates)");
     }
   }
+  if (p.rescore_band_scaled && p.rescore_band == 0) {
+    return c.fail("rescore_band_scaled", "true", "scales the band re-score: it needs rescore_band in [1, K - 1]");
+  }
   FLASHDSA_RETURN_IF_ERROR(check_ptr(c, "indices", p.indices, p.T * p.K));
   return check_key_ranges(c, p, p.k_start, p.k_end, p.T, p.T_kv);
 }

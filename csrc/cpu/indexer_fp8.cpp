@@ -96,11 +96,14 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ks = p.k_start[t];
       const int n = static_cast<int>(p.k_end[t] - ks);
-      const int C = std::min(n, cand_max);
-
       // The band re-score (p.rescore_band = b > 0, indices only) on a row with more than K visible keys: the
       // K - b best candidates by the FP8 score are kept as they are, the others re-scored, and their b best join.
+      // Scaled to the row's keys (rescore_band_scaled): the band b_n and the slack C - K both times the row's share.
       const bool band = p.rescore_band > 0 && n > K;
+      const bool scaled = band && p.rescore_band_scaled;
+      const int row_band = scaled ? fp8_row_band_part(p.rescore_band, n, K) : p.rescore_band;
+      const int C = std::min(n, scaled ? K + fp8_row_band_part(cand_max - K, n, K) : cand_max);
+
       // 1. The candidates: every visible key when n <= C, else the C best by the FP8 score.
       if (n > C || band) {
         for (int h = 0; h < H; ++h) {
@@ -125,9 +128,9 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
       // Band: the K - b best candidates by the FP8 score are kept as they are (`sure`), the others re-scored.
       int sure = 0, m = C;
       if (band) {
-        sure = K - p.rescore_band;
+        sure = K - row_band;
         std::nth_element(cand8, cand8 + sure, cand8 + C, ranks_before<double>);
-        m = C - sure;  // >= b since C >= K
+        m = C - sure;  // >= the row's band since C >= K
         for (int i = 0; i < m; ++i) cand[i].key = cand8[sure + i].key;
       }
       // 2. The exact re-score of the candidates (the unquantized op's arithmetic).

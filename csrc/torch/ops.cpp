@@ -96,7 +96,8 @@ std::tuple<Tensor, Tensor> quantize_fp8(const Tensor& x) {
 std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, const Tensor& q_scale,
                                             const Tensor& k_scale, const Tensor& q_idx, const Tensor& k_idx,
                                             const Tensor& weights, const Tensor& k_start, const Tensor& k_end,
-                                            int64_t topk, bool relu, int64_t candidates, int64_t band) {
+                                            int64_t topk, bool relu, int64_t candidates, int64_t band,
+                                            bool band_scaled) {
   const IndexerInputs in = indexer_inputs(q_idx, k_idx, weights);
   check_same_device(q8, q_idx, "q8");
   check_same_device(k8, q_idx, "k8");
@@ -125,6 +126,7 @@ std::tuple<Tensor, Tensor> indexer_topk_fp8(const Tensor& q8, const Tensor& k8, 
   p.indexer.k_idx_scale = kscale.data_ptr<float>();
   p.candidates = to_int(candidates, "candidates");
   p.rescore_band = to_int(band, "band");
+  p.rescore_band_scaled = band_scaled;
   return run_topk_op(p, in, q_idx, k_start, k_end, topk, "indexer_topk_fp8");
 }
 
@@ -369,7 +371,8 @@ TORCH_LIBRARY(flashdsa, m) {
         "bool relu) -> (Tensor indices, Tensor scores)",
         traceable);
   m.def("indexer_topk_fp8(Tensor q8, Tensor k8, Tensor q_scale, Tensor k_scale, Tensor q_idx, Tensor k_idx, "
-        "Tensor weights, Tensor k_start, Tensor k_end, int topk, bool relu, int candidates, int band=0) "
+        "Tensor weights, Tensor k_start, Tensor k_end, int topk, bool relu, int candidates, int band=0, "
+        "bool band_scaled=False) "
         "-> (Tensor indices, Tensor scores)",
         traceable);
   m.def("quantize_fp8(Tensor x) -> (Tensor out, Tensor scale)", traceable);

@@ -125,12 +125,34 @@ struct IndexerTopkParams : CallContext {
   // by the FP8 score are returned as they are, only the other candidates are re-scored exactly and the b best of
   // them join. Indices only: requires scores == nullptr. (CUDA: D_I = 128.)
   int rescore_band = 0;
+  // With rescore_band only: false (default) = every row takes the band b and the slack C - K as given; true = the
+  // band scaled to the row's key count (docs/spec.md §3 "Band scaled by the row's keys"): a row with n > K visible
+  // keys takes the band fp8_row_band_part(b, n, K) and C = K + fp8_row_band_part(C - K, n, K), at most b and C.
+  bool rescore_band_scaled = false;
 };
 
 // The default candidate count of the FP8 selection: K + max(64 * ceil(K / 256), 256), i.e. K plus a
 // quarter of K rounded up to a multiple of 64, at least 256 (docs/spec.md §3). A multiple of 64
 // whenever K is (the CUDA limit).
 constexpr int fp8_selection_candidates(int K) { return K + (64 * ((K + 255) / 256) > 256 ? 64 * ((K + 255) / 256) : 256); }
+
+// The share (in 64ths) of the band and of the slack that a row with n > K visible keys re-scores when the band is
+// scaled to its keys (rescore_band_scaled; docs/spec.md §3): the density of n Gaussian scores at the row's K-th best,
+// n * phi(Phi^-1(1 - K / n)), relative to that of a row of 32 K keys, taken at the upper end of n's bracket
+// (n / K in (1, 2], (2, 3], (3, 4], (4, 6], (6, 8], (8, 12], (12, 16], (16, 24]; beyond 24: the whole band) and
+// rounded up to 64ths. The number of keys whose FP8 rank an FP8 score error of a given size can move across the
+// cut grows with that density, so a shorter row needs a narrower band for the same recall. Integer brackets: the
+// CPU and CUDA backends take the same band for every row.
+constexpr int fp8_band_share64(long long n, int K) {
+  const long long k = K;
+  return n <= 2 * k ? 23 : n <= 3 * k ? 31 : n <= 4 * k ? 37 : n <= 6 * k ? 43 : n <= 8 * k ? 47
+       : n <= 12 * k ? 53 : n <= 16 * k ? 56 : n <= 24 * k ? 61 : 64;
+}
+// ceil(width * share / 64) of fp8_band_share64(n, K): the band (width = b) or the slack (width = C - K) of a row
+// with n > K visible keys when the band is scaled to its keys; at least 1 for width >= 1, at most width.
+constexpr int fp8_row_band_part(int width, long long n, int K) {
+  return static_cast<int>((static_cast<long long>(width) * fp8_band_share64(n, K) + 63) / 64);
+}
 
 // ---------------------------------------------------------------------------------------------
 // FP8 (e4m3) quantization of indexer rows (docs/spec.md §3 "FP8 selection"). For every row r of

@@ -197,6 +197,7 @@ def dsa_attention(
     selection: str = "bf16",
     fp8_candidates: Optional[int] = None,
     fp8_band: Optional[int] = None,
+    fp8_band_scaled: bool = False,
 ) -> DSAAttentionOutput:
     """DSA attention core on a packed (THD) batch, optionally context-parallel.
 
@@ -243,6 +244,8 @@ def dsa_attention(
             :func:`flashdsa.indexer_topk`): only the candidates below the ``topk - fp8_band`` best by the FP8
             score are re-scored exactly (an int in [1, topk - 1]; None = every candidate). The layer uses the
             indices only, so nothing else changes. Must be None with bf16.
+        fp8_band_scaled: with ``fp8_band``, the band scaled to each row's number of visible keys (see
+            :func:`flashdsa.indexer_topk`). Must be False without ``fp8_band``.
 
     Returns:
         :class:`DSAAttentionOutput` ``(out [T, H, D_v], indices [T, K] int32, indexer_loss)``.
@@ -260,6 +263,7 @@ def dsa_attention(
         raise ValueError(f"loss_formulation must be 'sparse' or 'dense', got {loss_formulation!r}")
     _check_fp8_candidates(selection, fp8_candidates, topk)
     _ops.check_fp8_band(selection, fp8_band, topk)
+    _ops.check_fp8_band_scaled(fp8_band, fp8_band_scaled)
     needs_indexer_inputs = indices is None or loss_coeff is not None
     if needs_indexer_inputs and (q_idx is None or k_idx is None or weights is None):
         why = "indices is None (the indexer must run)" if indices is None else "loss_coeff is set"
@@ -283,7 +287,8 @@ def dsa_attention(
     if indices is None:
         with torch.no_grad():
             indices, _ = _ops.indexer_topk(q_idx, k_idx_all, weights, geo.k_start, geo.k_end, topk, relu,
-                                           selection=selection, fp8_candidates=fp8_candidates, fp8_band=fp8_band)
+                                           selection=selection, fp8_candidates=fp8_candidates, fp8_band=fp8_band,
+                                           fp8_band_scaled=fp8_band_scaled)
     elif indices.dim() != 2 or indices.shape[0] != q.shape[0] or indices.dtype != torch.int32:
         raise ValueError(
             f"indices must be int32 [T={q.shape[0]}, K], got {indices.dtype} {tuple(indices.shape)}"
@@ -382,7 +387,7 @@ class DSAAttention(torch.nn.Module):
         scale: softmax scale of the main attention.
         index_share: ``"full"`` or ``"shared"``.
         relu, loss_coeff, loss_formulation, deterministic, cp_group, indexer_loss_in_backward,
-            selection, fp8_candidates: as in :func:`dsa_attention` (``loss_coeff`` must be None for a
+            selection, fp8_candidates, fp8_band, fp8_band_scaled: as in :func:`dsa_attention` (``loss_coeff`` must be None for a
             shared layer; ``selection`` is ``"bf16"`` or ``"fp8"``, the indexer's selection pass).
         layer_id: name used in error messages (e.g. the layer number).
 
@@ -409,10 +414,12 @@ class DSAAttention(torch.nn.Module):
         selection: str = "bf16",
         fp8_candidates: Optional[int] = None,
         fp8_band: Optional[int] = None,
+        fp8_band_scaled: bool = False,
     ) -> None:
         super().__init__()
         _check_fp8_candidates(selection, fp8_candidates, topk)
         _ops.check_fp8_band(selection, fp8_band, topk)
+        _ops.check_fp8_band_scaled(fp8_band, fp8_band_scaled)
         if index_share not in (FULL, SHARED):
             raise ValueError(f"index_share must be 'full' or 'shared', got {index_share!r}")
         if index_share == SHARED and loss_coeff is not None:
@@ -435,6 +442,7 @@ class DSAAttention(torch.nn.Module):
         self.selection = selection
         self.fp8_candidates = fp8_candidates
         self.fp8_band = fp8_band
+        self.fp8_band_scaled = fp8_band_scaled
         self.last_indexer_loss: Optional[torch.Tensor] = None
 
     def forward(
@@ -465,7 +473,7 @@ class DSAAttention(torch.nn.Module):
             relu=self.relu, loss_coeff=self.loss_coeff, loss_formulation=self.loss_formulation,
             indices=indices, deterministic=self.deterministic, cp_group=self.cp_group,
             indexer_loss_in_backward=self.indexer_loss_in_backward, selection=self.selection,
-            fp8_candidates=self.fp8_candidates, fp8_band=self.fp8_band,
+            fp8_candidates=self.fp8_candidates, fp8_band=self.fp8_band, fp8_band_scaled=self.fp8_band_scaled,
         )
         if self.index_share == FULL and index_share_ctx is not None:
             index_share_ctx.publish(result.indices, layer=self.layer_id)
@@ -480,6 +488,7 @@ class DSAAttention(torch.nn.Module):
             f"topk={self.topk}, scale={self.scale:g}, index_share={self.index_share!r}, relu={self.relu}, "
             f"loss_coeff={self.loss_coeff}, loss_formulation={self.loss_formulation!r}, selection={self.selection!r}, "
             + (f"fp8_candidates={self.fp8_candidates}, " if self.fp8_candidates is not None else "")
-            + (f"fp8_band={self.fp8_band}, " if self.fp8_band is not None else "") +
+            + (f"fp8_band={self.fp8_band}, " if self.fp8_band is not None else "")
+            + ("fp8_band_scaled=True, " if self.fp8_band_scaled else "") +
             f"cp={'off' if self.cp_group is None else dist.get_world_size(self.cp_group)}"
         )

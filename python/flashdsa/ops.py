@@ -150,7 +150,7 @@ def _indexer_topk_fake(q_idx, k_idx, weights, k_start, k_end, topk, relu):
 
 @torch.library.register_fake("flashdsa::indexer_topk_fp8")
 def _indexer_topk_fp8_fake(q8, k8, q_scale, k_scale, q_idx, k_idx, weights, k_start, k_end, topk, relu, candidates,
-                           band=0):
+                           band=0, band_scaled=False):
     _check_same_device("indexer_topk_fp8", q8=q8, k8=k8, q_scale=q_scale, k_scale=k_scale, q_idx=q_idx, k_idx=k_idx,
                        weights=weights, k_start=k_start, k_end=k_end)
     T = q_idx.shape[0]
@@ -399,6 +399,15 @@ def check_fp8_band(selection: str, fp8_band: int | None, topk: int) -> None:
         raise ValueError(f"fp8_band must be None or an int in [1, topk - 1 = {topk - 1}], got {fp8_band!r}")
 
 
+def check_fp8_band_scaled(fp8_band: int | None, fp8_band_scaled: bool) -> None:
+    """Checks the option that scales the band re-score to each row's keys: a bool, True only with an ``fp8_band``;
+    else raises ValueError."""
+    if not isinstance(fp8_band_scaled, bool):
+        raise ValueError(f"fp8_band_scaled must be a bool, got {fp8_band_scaled!r}")
+    if fp8_band_scaled and fp8_band is None:
+        raise ValueError("fp8_band_scaled=True scales the band re-score: it needs fp8_band")
+
+
 def quantize_indexer_fp8(q_idx: torch.Tensor, k_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                              torch.Tensor, torch.Tensor]:
     """Quantizes the indexer inputs to fp8 e4m3 with per-row scales (docs/spec.md §3, "FP8 selection").
@@ -429,7 +438,8 @@ def quantize_indexer_fp8(q_idx: torch.Tensor, k_idx: torch.Tensor) -> tuple[torc
 def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor, k_start: torch.Tensor,
                  k_end: torch.Tensor, topk: int, relu: bool = True, *, selection: str = "bf16",
                  fp8_candidates: int | None = None,
-                 fp8_band: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 fp8_band: int | None = None,
+                 fp8_band_scaled: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Lightning indexer scores and fused top-k selection (no gradient).
 
     score(t, s) = sum_h weights[t, h] * f(q_idx[t, h] . k_idx[s]), f = relu if `relu` else identity,
@@ -457,6 +467,12 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
             best by the FP8 score are kept as they are and only the other candidates are re-scored
             exactly, their ``b`` best joining (faster: fewer exact re-scores). It returns indices only
             (``scores`` is None). CUDA: D_I = 128.
+        fp8_band_scaled: with ``fp8_band`` only: False (default) = every row takes the band ``b`` and the slack
+            ``fp8_candidates - topk`` as given; True = both scaled to the row's number of visible keys n (docs/spec.md
+            §3 "Band scaled by the row's keys"): a row with n <= 24 * topk re-scores a share of them, from 23/64 at
+            n <= 2 * topk up to 61/64 (the density of FP8 scores at its cut relative to a 32 * topk row), the longer
+            rows the whole band. The same recall over T with fewer re-scored keys on short rows (measured in
+            docs/kernels/indexer_topk.md).
     Returns:
         indices: [T, K] int32, unordered within a row; a row with fewer than K visible keys holds
             all of them followed by -1.
@@ -466,15 +482,16 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
     _check_same_device("indexer_topk", q_idx=q_idx, k_idx=k_idx, weights=weights, k_start=k_start, k_end=k_end)
     weights = weights.detach().to(_stat_dtype(q_idx.dtype))
     if check_selection(selection) == "bf16":
-        if fp8_candidates is not None or fp8_band is not None:
-            raise ValueError("fp8_candidates and fp8_band are only read with selection='fp8'")
+        if fp8_candidates is not None or fp8_band is not None or fp8_band_scaled:
+            raise ValueError("fp8_candidates, fp8_band and fp8_band_scaled are only read with selection='fp8'")
         return _ops.indexer_topk(q_idx.detach(), k_idx.detach(), weights, k_start, k_end, topk, relu)
     candidates = 0 if fp8_candidates is None else int(fp8_candidates)
     check_fp8_band(selection, fp8_band, topk)
+    check_fp8_band_scaled(fp8_band, fp8_band_scaled)
     band = 0 if fp8_band is None else fp8_band
     q8, q_scale, k8, k_scale = quantize_indexer_fp8(q_idx, k_idx)
     indices, scores = _ops.indexer_topk_fp8(q8, k8, q_scale, k_scale, q_idx.detach(), k_idx.detach(), weights,
-                                            k_start, k_end, topk, relu, candidates, band)
+                                            k_start, k_end, topk, relu, candidates, band, fp8_band_scaled)
     return (indices, None) if band else (indices, scores)
 
 

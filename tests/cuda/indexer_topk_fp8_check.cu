@@ -9,7 +9,8 @@
 //   indexer_topk_fp8_check [--small] [--no-bench] [--bench-only] [--bench-T 8192,32768,131072]
 //                          [--bench-H 32] [--bench-data spread|uniform] [--seed N] [--tol8 R]
 //                          [--bench-candidates 2304,2048]   (extra C values: speed and recall on the same inputs)
-//                          [--bench-bands 512,256,256/2304]   (rescore_band values, each optionally with its own C:
+//                          [--bench-bands 512,256,256/2304,256/2304s]   (rescore_band values, each optionally with
+//                                                     its own C and "s" for the band scaled to the rows' keys:
 //                                                     speed, recall and a validity check of the indices-only band
 //                                                     re-score on the same inputs)
 // Exit code: 0 all cases pass, 1 a case failed, 77 no CUDA device.
@@ -167,8 +168,9 @@ flashdsa::IndexerTopkParams fp8_params(int64_t T, int64_t T_kv, int H, int D, in
   return prm;
 }
 
-// band > 0: the band re-score (rescore_band, indices only: no scores requested; out.scores stays unset).
-bool run_gpu(const Problem& p, Run& out, int band = 0) {
+// band > 0: the band re-score (rescore_band, indices only: no scores requested; out.scores stays unset); scaled: the
+// band scaled to each row's keys (rescore_band_scaled).
+bool run_gpu(const Problem& p, Run& out, int band = 0, bool scaled = false) {
   DeviceBuffer q(p.q.size() * 2), k(p.k.size() * 2), w(p.w.size() * 4);
   DeviceBuffer q8(size_t(p.T) * p.H * p.D + 16), k8(size_t(p.T_kv) * p.D + 16);
   DeviceBuffer qs(size_t(p.T) * p.H * 4 + 16), ks(size_t(p.T_kv) * 4 + 16);
@@ -185,6 +187,7 @@ bool run_gpu(const Problem& p, Run& out, int band = 0) {
                  p.q_sh, k.ptr, p.k_st, w.as<float>(), kb.as<int32_t>(), ke.as<int32_t>(), idx.as<int32_t>(),
                  sc.as<float>());
   prm.rescore_band = band;
+  prm.rescore_band_scaled = scaled;
   if (band > 0) prm.scores = nullptr;
   const size_t ws_bytes = flashdsa::indexer_topk_workspace_size(prm);
   DeviceBuffer ws(ws_bytes);
@@ -485,14 +488,15 @@ bool valid_index_row(const int32_t* row, int64_t n, int K, int64_t lo, int64_t h
   return ok;
 }
 
-// The band re-score (D_I = 128, b = K / 4) on the same problem: every row holds min(K, visible) distinct visible
-// keys, then -1; its overlap with the full re-score's row (which the band rule may differ from only near the K-th
-// score) is reported, and a row sharing less than half of it fails.
-bool check_band(const Problem& p, const Run& full) {
+// The band re-score (D_I = 128, b = K / 4; scaled: the band scaled to each row's keys) on the same problem: every row
+// holds min(K, visible) distinct visible keys, then -1; its overlap with the full re-score's row (which the band rule
+// may differ from only near the K-th score) is reported, and a row sharing less than half of it fails.
+bool check_band(const Problem& p, const Run& full, bool scaled) {
   if (p.D != 128) return true;
   Run rb;
-  if (!run_gpu(p, rb, p.K / 4)) {
-    std::printf("  %-34s FAIL (band launch)\n", (p.name + " band").c_str());
+  const std::string name = p.name + (scaled ? " band scaled" : " band");
+  if (!run_gpu(p, rb, p.K / 4, scaled)) {
+    std::printf("  %-34s FAIL (band launch)\n", name.c_str());
     return false;
   }
   int64_t bad = 0, first = -1, counted = 0;
@@ -519,7 +523,7 @@ bool check_band(const Problem& p, const Run& full) {
     if (!ok && bad++ == 0) first = t;
   }
   std::printf("  %-34s T %5lld b %5d  overlap with the full re-score mean %.5f min %.4f  %s\n",
-              (p.name + " band").c_str(), (long long)p.T, p.K / 4, counted ? overlap_sum / counted : 1.0, overlap_min,
+              name.c_str(), (long long)p.T, p.K / 4, counted ? overlap_sum / counted : 1.0, overlap_min,
               bad == 0 ? "PASS" : "FAIL");
   if (first >= 0) std::printf("    %lld bad rows; first: row %lld\n", (long long)bad, (long long)first);
   return bad == 0;
@@ -566,7 +570,8 @@ bool check_problem(const Problem& p) {
               (long long)p.T, p.candidates(), (long long)qbad, counted ? recall_sum / counted : 1.0, recall_min,
               pass ? "PASS" : "FAIL", nan_note.c_str());
   if (first >= 0) std::printf("    %lld bad rows; first: row %lld: %s\n", (long long)bad, (long long)first, rows[first].why.c_str());
-  return check_band(p, r) && pass;
+  const bool band_ok = check_band(p, r, false);
+  return check_band(p, r, true) && band_ok && pass;
 }
 
 std::vector<Problem> problems(bool small, std::mt19937_64& rng) {
@@ -632,10 +637,16 @@ __global__ void fill_weights(float* x, int64_t n, uint64_t seed) {
     x[i] = 0.25f * (hash_uniform(i, seed * 7 + 1) + 0.6f);
 }
 
+// One --bench-bands entry: the band b, its C (0: the default) and whether it is scaled to the rows' keys.
+struct BandSpec {
+  int64_t b, C;
+  bool scaled;
+};
+
 // cands: extra candidate counts C (fp8_candidates) timed on the same inputs after the default, each with
 // its recall (the speed / recall trade-off of the C - K slack).
 bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<int>& Hs, bool spread,
-               const std::vector<int64_t>& cands, const std::vector<std::pair<int64_t, int64_t>>& bands) {
+               const std::vector<int64_t>& cands, const std::vector<BandSpec>& bands) {
   bool all_band_ok = true;
   const int D = 128, K = 2048;
   std::printf("\nBenchmark: one causal sequence, D_I = %d, K = %d, relu, %s data, median of 10 (CUDA events)\n", D, K,
@@ -726,9 +737,10 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
         std::printf("  %-3d %7lld   candidates %5lld: fp8 sel ms %.3f (default again %.3f: %.3fx) "
                     "recall mean %.5f min %.4f\n", H, (long long)T, (long long)c, ms_c, ms_d, ms_d / ms_c, rmean, rmin);
       }
-      for (const auto& [b, band_c] : bands) {  // the band re-score (indices only) on the same inputs
+      for (const auto& [b, band_c, scaled] : bands) {  // the band re-score (indices only) on the same inputs
         flashdsa::IndexerTopkParams fb = f8;
         fb.rescore_band = static_cast<int>(b);
+        fb.rescore_band_scaled = scaled;
         if (band_c > 0) fb.candidates = static_cast<int>(band_c);
         fb.scores = nullptr;
         DeviceBuffer ws_b(flashdsa::indexer_topk_workspace_size(fb));
@@ -747,8 +759,9 @@ bool benchmark(uint64_t seed, const std::vector<int64_t>& Ts, const std::vector<
           bad_rows += valid_index_row(o.data(), std::min<int64_t>(K, t + 1), K, 0, t + 1) ? 0 : 1;
         }
         all_band_ok = all_band_ok && bad_rows == 0;
-        std::printf("  %-3d %7lld   band %5lld C %5d: fp8 sel ms %.3f (default again %.3f: %.3fx) recall mean %.5f "
-                    "min %.4f, %s\n", H, (long long)T, (long long)b, fb.candidates > 0 ? fb.candidates : flashdsa::fp8_selection_candidates(K), ms_b, ms_d,
+        std::printf("  %-3d %7lld   band %5lld C %5d%s: fp8 sel ms %.3f (default again %.3f: %.3fx) recall mean %.5f "
+                    "min %.4f, %s\n", H, (long long)T, (long long)b, fb.candidates > 0 ? fb.candidates : flashdsa::fp8_selection_candidates(K),
+                    scaled ? " scaled" : "", ms_b, ms_d,
                     ms_d / ms_b, rmean, rmin,
                     bad_rows == 0 ? "indices valid" : "INVALID ROWS");
       }
@@ -767,7 +780,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> bench_T = {8192, 32768, 131072};
   std::vector<int> bench_H = {32};
   std::vector<int64_t> bench_cands;  // --bench-candidates: extra C values (speed / recall trade-off)
-  std::vector<std::pair<int64_t, int64_t>> bench_bands;  // --bench-bands: rescore_band values [/ C]
+  std::vector<BandSpec> bench_bands;  // --bench-bands: rescore_band values [/ C] [s: scaled]
   auto parse_list = [](const char* text) {
     std::vector<int64_t> v;
     for (const char* c = text; *c;) {
@@ -787,13 +800,15 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--bench-T") && i + 1 < argc) bench_T = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-candidates") && i + 1 < argc) bench_cands = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-bands") && i + 1 < argc) {
-      for (const char* c = argv[++i]; *c;) {  // "b" or "b/C", comma-separated
+      for (const char* c = argv[++i]; *c;) {  // "b" or "b/C", then "s" for the band scaled to the rows' keys; ","
         char* end = nullptr;
         const int64_t b = std::strtoll(c, &end, 10);
         if (end == c) break;
         int64_t cand = 0;  // 0: the default C
         if (*end == '/') cand = std::strtoll(end + 1, &end, 10);
-        bench_bands.emplace_back(b, cand);
+        const bool scaled = *end == 's';
+        if (scaled) ++end;
+        bench_bands.push_back({b, cand, scaled});
         c = *end == ',' ? end + 1 : end;
       }
     }

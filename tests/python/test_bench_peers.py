@@ -506,7 +506,7 @@ def test_indexer_selection_option_reaches_config_meta_and_report():
     from bench import run as bench_run
     from bench.report import render_markdown
     from bench.config import INDEXER_SELECTIONS
-    assert INDEXER_SELECTIONS == ("bf16", "fp8", "fp8-band", "fp8-fast")
+    assert INDEXER_SELECTIONS == ("bf16", "fp8", "fp8-band", "fp8-fast", "fp8-scaled")
     assert bench_run.parse_args([]).indexer_selection == "bf16"
     args = bench_run.parse_args(["--only", "peers", "--indexer-selection", "fp8"])
     assert args.indexer_selection == "fp8"
@@ -565,6 +565,11 @@ def test_ours_indexer_routes_to_the_fp8_path(monkeypatch):
     ours_indexer(fast_ctx)(a)
     k = cfg.dsa.topk
     assert seen == [{"selection": "fp8", "fp8_band": k // 8, "fp8_candidates": k + k // 8}]
+    # fp8-scaled: fp8-fast with the band scaled to each row's keys.
+    scaled_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, indexer_selection="fp8-scaled"))
+    seen.clear()
+    ours_indexer(scaled_ctx)(a)
+    assert seen == [{"selection": "fp8", "fp8_band": k // 8, "fp8_candidates": k + k // 8, "fp8_band_scaled": True}]
     with pytest.raises(ValueError, match="not an FP8 selection"):
         fp8_selection_kwargs("bf16", k)
     monkeypatch.setattr(flashdsa_ops, "indexer_topk", spy)

@@ -266,10 +266,22 @@ def test_fp8_selection_cuda_recall_and_exact_scores(device):
 # The band re-score (fp8_band: indices only)
 
 
-def expected_band_selection(q_idx, k_idx, weights, k_start, k_end, topk, relu, candidates, band):
+# The band scaled to a row's keys (docs/spec.md §3): the share in 64ths for n / K in (1, 2], (2, 3], (3, 4], (4, 6],
+# (6, 8], (8, 12], (12, 16], (16, 24], and beyond.
+SCALED_BAND_SHARES = ((2, 23), (3, 31), (4, 37), (6, 43), (8, 47), (12, 53), (16, 56), (24, 61))
+
+
+def scaled_band_part(width, n, topk):
+    """ceil(width * share / 64) with the share of a row of n > topk visible keys."""
+    share = next((s for m, s in SCALED_BAND_SHARES if n <= m * topk), 64)
+    return -(-width * share // 64)
+
+
+def expected_band_selection(q_idx, k_idx, weights, k_start, k_end, topk, relu, candidates, band, scaled=False):
     """Per row, the sorted keys of the band rule (docs/spec.md §3): rows with at most K visible keys keep
     them all; otherwise the C candidates in FP8 order (NaN first, larger, smaller key), the first K - b as
-    they are, plus the b best of the others by the exact score the bf16 op computes."""
+    they are, plus the b best of the others by the exact score the bf16 op computes. scaled: b and C - K of a
+    row with n visible keys are scaled_band_part(b, n, K) and scaled_band_part(C - K, n, K)."""
     s8 = ref.fp8_selection_scores(q_idx, k_idx, weights, k_start, k_end, relu)
     all_idx, all_scores = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, k_idx.shape[0], relu=relu)
 
@@ -284,9 +296,12 @@ def expected_band_selection(q_idx, k_idx, weights, k_start, k_end, topk, relu, c
             out.append(list(range(lo, hi)))
             continue
         exact = {int(i): float(s) for i, s in zip(all_idx[t, :n].tolist(), all_scores[t, :n].tolist())}
-        ranked = order(range(lo, hi), lambda s: float(s8[t, s]))[:candidates]
-        sure, rest = ranked[:topk - band], ranked[topk - band:]
-        out.append(sorted(sure + order(rest, lambda s: exact[s])[:band]))
+        b, c = band, candidates
+        if scaled:
+            b, c = scaled_band_part(band, n, topk), topk + scaled_band_part(candidates - topk, n, topk)
+        ranked = order(range(lo, hi), lambda s: float(s8[t, s]))[:c]
+        sure, rest = ranked[:topk - b], ranked[topk - b:]
+        out.append(sorted(sure + order(rest, lambda s: exact[s])[:b]))
     return out
 
 
@@ -309,6 +324,36 @@ def test_fp8_band_equals_contract(band):
         assert (idx[t, n:] == -1).all()
 
 
+@pytest.mark.parametrize("band,candidates", [(48, None), (20, 96)])
+def test_fp8_band_scaled_equals_contract(band, candidates):
+    """CPU: the band scaled to each row's keys (fp8_band_scaled) equals the rule exactly, with rows in every bracket
+    of n / K from (1, 2] to beyond 24 (K = 64, up to 1700 visible keys), and never re-scores more than the fixed
+    band: its rows agree with the fixed band's on rows of more than 24 K keys."""
+    topk = 64
+    k_start, k_end = ref.causal_ranges([1700, 90, 1, 400])
+    T = k_start.shape[0]
+    q_idx, k_idx, weights = realistic_indexer(T, T, 8, 32)
+    k_start[5], k_end[5] = 10, 10  # an empty row
+    C = candidates or flashdsa.fp8_selection_candidates(topk)
+    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8", fp8_band=band,
+                                    fp8_candidates=candidates, fp8_band_scaled=True)
+    assert sc is None
+    expected = expected_band_selection(q_idx, k_idx, weights, k_start, k_end, topk, True, C, band, scaled=True)
+    brackets = set()
+    for t, keys in enumerate(expected):
+        n = len(keys)
+        assert idx[t, :n].tolist() == keys, f"row {t}"
+        assert (idx[t, n:] == -1).all()
+        visible = int(k_end[t] - k_start[t])
+        if visible > topk:
+            brackets.add(scaled_band_part(64, visible, topk))
+    assert brackets == {23, 31, 37, 43, 47, 53, 56, 61, 64}, brackets
+    fixed, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8", fp8_band=band,
+                                     fp8_candidates=candidates)
+    long_rows = (k_end - k_start) > 24 * topk
+    assert long_rows.any() and torch.equal(idx[long_rows], fixed[long_rows])
+
+
 def test_fp8_band_recall_and_options():
     """CPU: the band re-score with b = K / 4 recalls the exact top-K as well as the full re-score on the
     recall test's data (mean >= 0.999); bad options are refused."""
@@ -324,11 +369,18 @@ def test_fp8_band_recall_and_options():
             flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8", fp8_band=bad)
     with pytest.raises(ValueError, match="fp8_band"):
         flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, fp8_band=64)
+    for bad in ({"fp8_band_scaled": True}, {"fp8_band": 64, "fp8_band_scaled": 1}):  # no band / not a bool
+        with pytest.raises(ValueError, match="fp8_band_scaled"):
+            flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, selection="fp8", **bad)
+    with pytest.raises(ValueError, match="fp8_band_scaled"):
+        flashdsa.indexer_topk(q_idx, k_idx, weights, k_start, k_end, topk, fp8_band_scaled=True)
 
 
-def test_fp8_band_cuda(device):
-    """CUDA (sm90 FP8 walk, D_I = 128): the band re-score returns min(K, visible) distinct visible keys per
-    row, then -1, with a recall of the CUDA bf16 top-K >= 0.99; D_I = 64 is refused with a clear error."""
+@pytest.mark.parametrize("scaled", [False, True])
+def test_fp8_band_cuda(device, scaled):
+    """CUDA (sm90 FP8 walk, D_I = 128): the band re-score (fixed, or scaled to each row's keys) returns min(K, visible)
+    distinct visible keys per row, then -1, with a recall of the CUDA bf16 top-K >= 0.99; D_I = 64 is refused with a
+    clear error."""
     if device != "cuda":
         pytest.skip("the CPU path is checked against the rule above")
     T, topk = 4096, 256
@@ -336,7 +388,8 @@ def test_fp8_band_cuda(device):
     q_idx, k_idx, weights = realistic_indexer(T, T, 32, 128, device=device)
     ks, ke = k_start.to(device), k_end.to(device)
     exact, _ = flashdsa.indexer_topk(q_idx, k_idx, weights, ks, ke, topk)
-    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, ks, ke, topk, selection="fp8", fp8_band=topk // 4)
+    idx, sc = flashdsa.indexer_topk(q_idx, k_idx, weights, ks, ke, topk, selection="fp8", fp8_band=topk // 4,
+                                    fp8_band_scaled=scaled)
     assert sc is None
     idx = idx.cpu()
     for t in range(T):

@@ -105,6 +105,7 @@ struct Fp8KernelArgs {
   int64_t q8_st, q8_sh, k8_st, w8_st, q_st, q_sh, k_st, w_st;
   int T, T_kv, K, C, cap, num_blocks;
   int band;                   // rescore_band (0: every candidate re-scored; the v2 walk only)
+  int band_scaled;            // rescore_band_scaled: band and slack per row by fp8_row_band_part (flashdsa/ops.h)
 };
 
 // Compactions keep the C best candidates by the FP8 score (compact_full_lists of kernel.cuh).

@@ -48,6 +48,7 @@
 #include <string>
 #include <type_traits>
 
+#include "flashdsa/ops.h"
 #include "flashdsa/status.h"
 #include "sm90/common/cuda_check.cuh"
 #include "sm90/common/hopper.cuh"
@@ -429,7 +430,11 @@ __device__ __noinline__ void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int 
     int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
     int32_t* out_i = a.out_idx + static_cast<int64_t>(t0 + r) * a.K;
     const int m = sm.count[r];
-    const int2 split = band_split_row(list_s, list_i, m, a.K, a.K - a.band, a.C, out_i, hist);
+    // The row's band and C: as given, or scaled to its visible keys n (m > K implies n > K).
+    const int n = sm.k_end[r] - sm.k_start[r];
+    const int band = a.band_scaled ? fp8_row_band_part(a.band, n, a.K) : a.band;
+    const int C = a.band_scaled ? a.K + fp8_row_band_part(a.C - a.K, n, a.K) : a.C;
+    const int2 split = band_split_row(list_s, list_i, m, a.K, a.K - band, C, out_i, hist);
     if (warp_lane() == 0) {
       sm.thr[r] = static_cast<uint32_t>(split.x);
       sm.count[r] = split.y;

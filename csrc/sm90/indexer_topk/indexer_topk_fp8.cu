@@ -126,6 +126,7 @@ Status run(const IndexerTopkParams& p) {
   indexer_topk_impl::fill_bf16_inputs(p.rescore, &args);
   args.C = C;
   args.band = p.rescore_band;
+  args.band_scaled = p.rescore_band_scaled ? 1 : 0;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(args.block_counter, 0, sizeof(int), stream));
   static_assert(indexer_topk_impl::fp8v2::smem_bytes<32>() <= static_cast<size_t>(kSmemPerCtaBudget) &&

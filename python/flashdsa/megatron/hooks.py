@@ -102,12 +102,31 @@ def fp8_band() -> Optional[int]:
     return _int_env(FP8_BAND_ENV)
 
 
+#: Environment variable read with ``FLASHDSA_INDEXER_SELECTION=fp8`` and ``FLASHDSA_FP8_BAND`` set: ``1`` scales the
+#: band re-score to each row's number of visible keys (``fp8_band_scaled=True`` of :func:`flashdsa.indexer_topk`;
+#: docs/spec.md §3), ``0`` / unset / empty keeps it fixed. Read at each call.
+FP8_BAND_SCALED_ENV = "FLASHDSA_FP8_BAND_SCALED"
+
+
+def fp8_band_scaled() -> bool:
+    """Whether the hooks scale the band re-score to each row's keys: ``$FLASHDSA_FP8_BAND_SCALED`` (``0`` or ``1``).
+
+    Raises:
+        ValueError: the variable is set to something other than 0 or 1.
+    """
+    value = _int_env(FP8_BAND_SCALED_ENV)
+    if value not in (None, 0, 1):
+        raise ValueError(f"${FP8_BAND_SCALED_ENV} must be 0 or 1, got {value!r}")
+    return value == 1
+
+
 def _selection_kwargs() -> dict:
-    """selection=, fp8_candidates= and fp8_band= for flashdsa.indexer_topk, from the environment variables."""
+    """selection=, fp8_candidates=, fp8_band= and fp8_band_scaled= for flashdsa.indexer_topk, from the environment
+    variables."""
     selection = indexer_selection()
     fp8 = selection == "fp8"
     return {"selection": selection, "fp8_candidates": fp8_candidates() if fp8 else None,
-            "fp8_band": fp8_band() if fp8 else None}
+            "fp8_band": fp8_band() if fp8 else None, "fp8_band_scaled": fp8_band_scaled() if fp8 else False}
 
 
 def reset_stats() -> None:
