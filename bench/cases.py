@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import flops, unfused
-from .config import BenchConfig, DenseShape
+from .config import BenchConfig, DenseShape, fp8_selection_kwargs
 from .inputs import (attention_input_bytes, causal_topk_indices, dsa_inputs, index_input_bytes, index_inputs,
                      input_set_count, layer_input_bytes, layer_memory_bytes, random_mass)
 from .layers import LAYER_OPS, flashdsa_layers_fwd_bwd, unfused_layer_fwd_bwd
@@ -32,6 +32,8 @@ COPY = "copy d2d"
 # MLA backward (its extra cost = sparse_mla_bwd_mass - sparse_mla_bwd), then the KL forward and
 # backward. LOSS_PATH_RECOMPUTE: the path with the separate mass recompute (no-grad / forward loss).
 LOSS_PATH_KERNELS = ("sparse_kl_fwd", "sparse_kl_bwd")
+# The FP8 selection setting of the kernels section's "indexer_topk fp8" case (bench/config.py INDEXER_SELECTIONS).
+FP8_SUITE_SELECTION = "fp8-scaled"
 MASS_FROM_BWD = ("sparse_mla_bwd_mass", "sparse_mla_bwd")  # (with the mass output, without)
 LOSS_PATH_RECOMPUTE = ("attention_mass", "sparse_kl_fwd", "sparse_kl_bwd")
 
@@ -112,6 +114,11 @@ class CaseBuilder:
             return Prepared(lambda a: ops.indexer_topk(*a, s.topk, True),
                             self._sets(lambda: index_inputs(cfg, t), index_input_bytes(t, s)))
 
+        def indexer_fp8() -> Prepared:  # the public function: its per-row e4m3 quantization is in the call
+            kwargs = fp8_selection_kwargs(FP8_SUITE_SELECTION, s.topk)
+            return Prepared(lambda a: self.fd.indexer_topk(*a, s.topk, True, **kwargs),
+                            self._sets(lambda: index_inputs(cfg, t), index_input_bytes(t, s)))
+
         def attention_inputs(with_forward: bool):
             q, kv = self._rand(t, s.heads, s.d_qk), self._rand(t, s.d_qk)
             idx = causal_topk_indices(t, s.topk, dev, order=cfg.index_order)
@@ -160,6 +167,11 @@ class CaseBuilder:
         return [
             Case(KERNEL, "indexer_topk", t, indexer, flops=flops.indexer_flops(t, s), requires=("indexer_topk",),
                  note="FLOPs of the scores; time includes the top-k selection"),
+            Case(KERNEL, "indexer_topk fp8", t, indexer_fp8, flops=flops.indexer_flops(t, s),
+                 requires=("quantize_fp8", "indexer_topk_fp8"),
+                 note=f"FP8 selection ({FP8_SUITE_SELECTION}: flashdsa.indexer_topk with "
+                      f"{fp8_selection_kwargs(FP8_SUITE_SELECTION, s.topk)}, indices only), quantization included; "
+                      "FLOPs of the scores"),
             Case(KERNEL, "sparse_mla_fwd", t, sparse_fwd, flops=flops.sparse_fwd_flops(t, s),
                  requires=("sparse_mla_fwd",)),
             Case(KERNEL, "sparse_mla_bwd", t, backward("sparse_mla_bwd"),

@@ -154,7 +154,8 @@ def test_op_without_kernel_is_not_applicable_and_its_rows_are_skipped():
     by_name = {r["name"]: r for r in records}
     for name in ("sparse_mla_bwd", "dsa layer", "dsa layer, IndexShare 1-in-4"):
         assert by_name[name]["status"] == "n/a" and by_name[name]["reason"] == "no kernel: sparse_mla_bwd"
-    for name in ("indexer_topk", "sparse_mla_fwd", "attention_mass", "sparse_kl_fwd", "sparse_kl_bwd"):
+    for name in ("indexer_topk", "indexer_topk fp8", "sparse_mla_fwd", "attention_mass", "sparse_kl_fwd",
+                 "sparse_kl_bwd"):
         assert by_name[name]["status"] == "ok" and by_name[name]["ms"] > 0
 
 

@@ -109,3 +109,31 @@ def test_fp8_band_variable(monkeypatch):
     monkeypatch.setenv(hooks.FP8_BAND_ENV, "wide")
     with pytest.raises(ValueError, match="FLASHDSA_FP8_BAND"):
         hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+
+
+def test_fp8_band_scaled_variable(monkeypatch):
+    """$FLASHDSA_FP8_BAND_SCALED=1 reaches flashdsa.indexer_topk as fp8_band_scaled=True with the fp8 selection and a
+    band (the op's own scaled result); 0 / unset is False; another value is a ValueError at the call."""
+    q, k, w, starts, ends = megatron_indexer_inputs()
+    topk = 64
+    want = flashdsa.indexer_topk(q[:, 0], k[:, 0], w[:, 0], starts, ends, topk, selection="fp8", fp8_band=16,
+                                 fp8_band_scaled=True)[0]
+    seen = spy_indexer_topk(monkeypatch, "fp8_band_scaled")
+    monkeypatch.setenv(hooks.SELECTION_ENV, "fp8")
+    monkeypatch.setenv(hooks.FP8_BAND_ENV, "16")
+    monkeypatch.setenv(hooks.FP8_BAND_SCALED_ENV, "1")
+    got, _ = hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+    assert torch.equal(got[0], want) and seen[-1] == ("fp8", True)
+    monkeypatch.setenv(hooks.FP8_BAND_SCALED_ENV, "0")
+    hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+    assert seen[-1] == ("fp8", False)
+    monkeypatch.delenv(hooks.FP8_BAND_SCALED_ENV)
+    hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+    assert seen[-1] == ("fp8", False)
+    monkeypatch.setenv(hooks.FP8_BAND_SCALED_ENV, "2")
+    with pytest.raises(ValueError, match="FLASHDSA_FP8_BAND_SCALED"):
+        hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
+    monkeypatch.setenv(hooks.FP8_BAND_SCALED_ENV, "1")  # without a band: the op refuses it
+    monkeypatch.delenv(hooks.FP8_BAND_ENV)
+    with pytest.raises(ValueError, match="fp8_band_scaled"):
+        hooks.run_fused_qk_topk(q, k, w, topk, starts, ends)
