@@ -387,8 +387,9 @@ class DSAAttention(torch.nn.Module):
         scale: softmax scale of the main attention.
         index_share: ``"full"`` or ``"shared"``.
         relu, loss_coeff, loss_formulation, deterministic, cp_group, indexer_loss_in_backward,
-            selection, fp8_candidates, fp8_band, fp8_band_scaled: as in :func:`dsa_attention` (``loss_coeff`` must be None for a
-            shared layer; ``selection`` is ``"bf16"`` or ``"fp8"``, the indexer's selection pass).
+            selection, fp8_candidates, fp8_band, fp8_band_scaled: as in :func:`dsa_attention` (``loss_coeff``
+            must be None for a shared layer; ``selection`` is ``"bf16"`` or ``"fp8"``, the indexer's selection
+            pass).
         layer_id: name used in error messages (e.g. the layer number).
 
     Attributes:

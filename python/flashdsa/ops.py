@@ -469,10 +469,10 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
             (``scores`` is None). CUDA: D_I = 128.
         fp8_band_scaled: with ``fp8_band`` only: False (default) = every row takes the band ``b`` and the slack
             ``fp8_candidates - topk`` as given; True = both scaled to the row's number of visible keys n (docs/spec.md
-            §3 "Band scaled by the row's keys"): a row with n <= 24 * topk re-scores a share of them, from 23/64 at
-            n <= 2 * topk up to 61/64 (the density of FP8 scores at its cut relative to a 32 * topk row), the longer
-            rows the whole band. The same recall over T with fewer re-scored keys on short rows (measured in
-            docs/kernels/indexer_topk.md).
+            §3 "Band scaled by the row's keys"): a row with n <= 24 * topk takes a share of each, from 23/64 at
+            n <= 2 * topk up to 61/64 (the density of scores at its cut relative to a 32 * topk row), the longer rows
+            the whole band. Short rows re-score far fewer keys for about the recall of the longest rows (measured in
+            docs/kernels/indexer_topk.md: 1.03x faster at 32K, mean recall 0.997 instead of 0.998).
     Returns:
         indices: [T, K] int32, unordered within a row; a row with fewer than K visible keys holds
             all of them followed by -1.
