@@ -29,6 +29,11 @@ def _is_oom(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
+class NotApplicable(Exception):
+    """Raised by a case's preparation when the case cannot run on its inputs (e.g. a peer kernel that would read out
+    of bounds on them): the case is recorded as n/a with this message, and the run goes on."""
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
@@ -84,6 +89,8 @@ class CaseLoop:
             prepared = case.prepare()
             self._time(case, prepared, record)
             self.last_ok[self._series(case)] = record
+        except NotApplicable as why:
+            record["status"], record["reason"] = NA, str(why)
         except Exception as error:  # noqa: BLE001 - every failure is recorded with its case
             record["reason"] = _first_line(error)
             if _is_oom(error):
@@ -96,7 +103,13 @@ class CaseLoop:
             del prepared
             gc.collect()
             if self.on_cuda:
-                torch.cuda.empty_cache()
+                try:
+                    torch.cuda.empty_cache()
+                except Exception as error:  # noqa: BLE001 - a sticky CUDA error (e.g. a kernel's illegal address)
+                    self.context_lost = True
+                    if record["status"] == OK:  # the fault surfaced only here: the case's numbers are not trusted
+                        record["status"], record["reason"] = ERROR, _first_line(error)
+                        self.last_ok.pop(self._series(case), None)
 
     def _check_context(self) -> None:
         """After an error on the GPU, checks that the CUDA context still works."""

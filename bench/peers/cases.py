@@ -42,6 +42,7 @@ import torch
 from .. import flops
 from ..config import BenchConfig, DsaShape, fp8_selection_kwargs
 from ..inputs import causal_ranges, causal_topk_indices, input_set_count
+from ..runner import NotApplicable
 from .ab import ABPrepared, Side, max_abs_err, rel_err, topk_recall
 from .registry import PeerStatus
 
@@ -57,6 +58,10 @@ TILELANG_FP8_LOGITS_GIB = 16.0
 # 4096-entry shared buffer without a bound check; on the H200 (2026-12-02) the case at T = 128K ended the
 # process with an illegal memory access, so its "logits + top-k" path runs up to this T only.
 TILELANG_FP8_TOPK_MAX_T = 65536
+# That buffer's capacity: before each "logits + top-k" case the adapter counts, on the case's first input set, how
+# many entries each row puts into its threshold bin (tilelang_topk_bin_load) and declines the case (n/a) when a row
+# would put more; the largest count is reported with the case's checks (tl_bin_max).
+TILELANG_TOPK_BIN_CAPACITY = 4096
 LN2 = math.log(2.0)
 
 
@@ -365,6 +370,36 @@ def tilelang_fp8_rows(t: int) -> int:
     return t if rows >= t else max(128, rows // 128 * 128)
 
 
+def tilelang_topk_bin_load(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, topk: int,
+                           rows_per_chunk: int = 512) -> Tuple[int, int]:
+    """(largest count, its row) of the entries that rows of `logits` [rows, n] put into the threshold bin of the first
+    pass of TileLang's example top-k selector (topk_selector.tl_topk at a35008a): each value in [starts[r], ends[r])
+    is binned by the top 8 bits of its order-preserving fp16 key (negative values: all 16 bits inverted, others: the
+    sign bit set), the threshold bin is the highest bin whose suffix count reaches topk (bin 0 when none does), and
+    its entries are collected into a 4096-entry shared buffer with no bound check."""
+    n_rows, n = logits.shape
+    cols = torch.arange(n, device=logits.device)
+    worst, worst_row = 0, -1
+    for r0 in range(0, n_rows, rows_per_chunk):
+        x = logits[r0:r0 + rows_per_chunk].float()
+        bits = x.half().view(torch.int16).to(torch.int32) & 0xFFFF
+        key = torch.where(x < 0, ~bits & 0xFFFF, bits | 0x8000) >> 8
+        inside = (cols >= starts[r0:r0 + rows_per_chunk, None]) & (cols < ends[r0:r0 + rows_per_chunk, None])
+        key = torch.where(inside, key, 256)  # outside the row's range: a bin of its own, never counted
+        hist = torch.zeros(x.shape[0], 257, dtype=torch.int32, device=x.device)
+        hist.scatter_add_(1, key.long(), torch.ones_like(key))
+        del key, inside, bits
+        hist = hist[:, :256]
+        suffix = hist.flip(1).cumsum(1).flip(1)  # entries in bins >= b
+        reach = suffix >= topk
+        threshold = torch.where(reach.any(1), 255 - reach.flip(1).to(torch.int32).argmax(1), 0)
+        load = hist.gather(1, threshold[:, None].long())[:, 0]
+        value, row = load.max(0)
+        if int(value) > worst:
+            worst, worst_row = int(value), r0 + int(row)
+    return worst, worst_row
+
+
 def tilelang_fp8_indexer(logits_only: bool, quantize_timed: bool = False):
     """TileLang's example FP8 lightning indexer (fp8_lighting_indexer.mqa_attn_return_logits_interface),
     + its radix top-k selector (topk_selector.tl_topk) unless logits_only.
@@ -405,6 +440,29 @@ def tilelang_fp8_indexer(logits_only: bool, quantize_timed: bool = False):
             return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args),
                               indexer_check(ctx, ours_sets, selected_scores_check(rows=rows)))
 
+        # Its selector's unchecked threshold-bin buffer, on the first input set (outside the timing): decline rather
+        # than let it read out of bounds; the largest load joins the checks.
+        p0 = args[0]
+        q0, k0, s0 = ex.quantize(p0[0], p0[1]) if quantize_timed else p0[:3]
+        load, load_row = 0, -1
+        for start in range(0, t, rows):
+            end = min(start + rows, t)
+            w0, ks0, ke0 = p0[3][start:end], p0[4][start:end], p0[5][start:end]
+            logits = ex.logits(q0[start:end].contiguous(), k0.contiguous(), s0, w0, ks0, ke0, clean_logits=False)
+            block_load, block_row = tilelang_topk_bin_load(logits, ks0, ke0, s.topk)
+            del logits
+            if block_load > load:
+                load, load_row = block_load, start + block_row
+        del q0, k0, s0
+        if load > TILELANG_TOPK_BIN_CAPACITY:
+            raise NotApplicable(f"its selector would collect {load} entries of row {load_row} into its "
+                                f"{TILELANG_TOPK_BIN_CAPACITY}-entry threshold-bin buffer, which it does not bound: "
+                                "out-of-bounds accesses on these inputs")
+        check = indexer_check(ctx, ours_sets, recall_check)
+
+        def checked(ours, peer, set_index: int) -> Dict[str, float]:
+            return {**check(ours, peer, set_index), "tl_bin_max": float(load)}
+
         def call(p):
             q, k, scales, w, ks, ke = p
             if quantize_timed:
@@ -421,8 +479,7 @@ def tilelang_fp8_indexer(logits_only: bool, quantize_timed: bool = False):
                 selected[start:end] = ex.topk(logits, ks[start:end], ke[start:end], s.topk)
                 del logits
             return selected
-        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args),
-                          indexer_check(ctx, ours_sets, recall_check))
+        return ABPrepared(Side(ours_indexer(ctx), ours_sets), Side(call, args), checked)
     return adapter
 
 

@@ -17,6 +17,7 @@ CHECK_LABELS = (
     ("recall_min", "min row {:.4f}"),
     ("fp8_recall_mean", "fp8 recall {:.5f}"),
     ("fp8_recall_min", "fp8 min row {:.4f}"),
+    ("tl_bin_max", "its threshold bin {:.0f} of 4096"),
 )
 
 

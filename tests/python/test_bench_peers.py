@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -265,6 +266,93 @@ def test_out_of_memory_stops_the_series(cfg, ops):
     statuses = [(r["t"], r["status"]) for r in result["rows"]]
     assert statuses == [(64, "oom"), (128, "skipped"), (256, "skipped")]
     assert "out of memory" in result["rows"][1]["reason"]
+
+
+def test_a_declined_case_is_not_applicable_and_a_lost_context_skips_the_rest(cfg, ops, monkeypatch):
+    """An adapter raising NotApplicable records n/a with its message and the run goes on; a sticky CUDA error that
+    surfaces only in the cleanup after a case (torch.cuda.empty_cache) marks that case an error, the rest skipped,
+    and the run still returns its rows (it used to raise out of the cleanup)."""
+    from bench.runner import NotApplicable
+
+    def declined(ctx, ours_sets):
+        raise NotApplicable("its selector would overflow on these inputs")
+    plan = PeerPlan((64, 128), (FWD,), heads={FWD: (cfg.dsa.heads,)})
+    result = run_peers(cfg, ops, CPU_POLICY, io.StringIO(), max_seconds=60, plan=plan, peers=FAKE_PEERS,
+                       paths=(PeerPath(FWD, "fake", "declined", declined), PeerPath(FWD, "fake", "fine", fake_fwd)))
+    by = {(r["peer"], r["t"]): r for r in result["rows"]}
+    assert all(by[("declined", t)]["status"] == "n/a" for t in (64, 128))
+    assert by[("declined", 64)]["reason"] == "its selector would overflow on these inputs"
+    assert all(by[("fine", t)]["status"] == "ok" for t in (64, 128))
+
+    from bench.peers.runner import PeerRunner
+    calls = []
+
+    def broken_cleanup():
+        calls.append(1)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(torch.cuda, "empty_cache", broken_cleanup)
+    real_init = PeerRunner.__init__
+
+    def on_cuda_init(self, *args, **kwargs):  # the cleanup path of a CUDA run, on the CPU
+        real_init(self, *args, **kwargs)
+        self.on_cuda = True
+    monkeypatch.setattr(PeerRunner, "__init__", on_cuda_init)
+    result = run_peers(cfg, ops, CPU_POLICY, io.StringIO(), max_seconds=60, plan=plan, peers=FAKE_PEERS,
+                       paths=(PeerPath(FWD, "fake", "fine", fake_fwd),))
+    statuses = [(r["t"], r["status"]) for r in result["rows"]]
+    assert calls and statuses == [(64, "error"), (128, "skipped")], result["rows"]
+    assert "illegal memory access" in result["rows"][0]["reason"]
+    assert "context lost" in result["rows"][1]["reason"]
+
+
+def fp16_threshold_bin_load(row, lo, hi, topk):
+    """TileLang's example selector's first pass on one row, in numpy: the entries of its threshold bin."""
+    x = row[lo:hi].astype(np.float32)
+    bits = x.astype(np.float16).view(np.uint16).astype(np.int64)
+    key = np.where(x < 0, ~bits & 0xFFFF, bits | 0x8000) >> 8
+    hist = np.bincount(key, minlength=256)
+    suffix = np.cumsum(hist[::-1])[::-1]
+    reach = np.nonzero(suffix >= topk)[0]
+    return int(hist[reach.max()] if reach.size else hist[0])
+
+
+def test_tilelang_topk_bin_load_matches_the_selector_rule():
+    """tilelang_topk_bin_load (chunked torch) = the selector's first pass per row (numpy), with signed values, key
+    ranges, a row with fewer entries than topk (its bin 0) and a row of equal values (one bin holds them all)."""
+    from bench.peers.cases import tilelang_topk_bin_load
+    gen = torch.Generator().manual_seed(3)
+    rows, n, topk = 37, 700, 64
+    logits = torch.randn(rows, n, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen))
+    logits[5] = 0.25  # every entry in one bin
+    starts = torch.randint(0, 200, (rows,), generator=gen, dtype=torch.int32)
+    ends = torch.clamp(starts + torch.randint(1, 700, (rows,), generator=gen, dtype=torch.int32), max=n)
+    ends[7] = starts[7] + 10  # fewer than topk entries
+    want = [fp16_threshold_bin_load(logits[r].numpy(), int(starts[r]), int(ends[r]), topk) for r in range(rows)]
+    load, row = tilelang_topk_bin_load(logits, starts, ends, topk, rows_per_chunk=8)
+    assert load == max(want) and want[row] == load
+    assert load == int(ends[5] - starts[5]) and row == 5
+    for r in (7, 11):  # (0, -1): no row puts an entry into its threshold bin
+        assert tilelang_topk_bin_load(logits[r:r + 1], starts[r:r + 1], ends[r:r + 1], topk)[0] == want[r]
+
+
+def test_tilelang_fp8_example_top_k_declines_an_overflowing_input(tl_example, cfg, monkeypatch):
+    """When a row would put more entries into the selector's threshold bin than its buffer holds, the top-k paths
+    are n/a (not run), the logits-alone path still runs; below the capacity the load is reported."""
+    from bench.peers import cases as peer_cases
+    s = cfg.dsa
+    plan = PeerPlan((128,), (INDEXER,), heads={INDEXER: (s.index_heads,)})
+    monkeypatch.setattr(peer_cases, "TILELANG_TOPK_BIN_CAPACITY", 1)
+    result = run_peers(cfg, torch.ops.flashdsa, CPU_POLICY, io.StringIO(), max_seconds=120, plan=plan,
+                       peers={"tilelang_fp8_example": tl_example}, paths=TL_FP8_PATHS)
+    by = {r["peer"]: r for r in result["rows"]}
+    for label in ("TileLang FP8 example logits + top-k", "TileLang FP8 example quantize + logits + top-k"):
+        assert by[label]["status"] == "n/a" and "threshold-bin buffer" in by[label]["reason"], by[label]
+    assert by["TileLang FP8 example logits alone"]["status"] == "ok"
+    monkeypatch.setattr(peer_cases, "TILELANG_TOPK_BIN_CAPACITY", 4096)
+    result = run_peers(cfg, torch.ops.flashdsa, CPU_POLICY, io.StringIO(), max_seconds=120, plan=plan,
+                       peers={"tilelang_fp8_example": tl_example}, paths=TL_FP8_PATHS)
+    picked = next(r for r in result["rows"] if r["peer"] == "TileLang FP8 example logits + top-k")
+    assert picked["status"] == "ok" and 1 <= picked["checks"]["tl_bin_max"] <= 128, picked
 
 
 def test_standard_plan_covers_the_issue_points():
