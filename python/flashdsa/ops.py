@@ -472,7 +472,7 @@ def indexer_topk(q_idx: torch.Tensor, k_idx: torch.Tensor, weights: torch.Tensor
             §3 "Band scaled by the row's keys"): a row with n <= 24 * topk takes a share of each, from 23/64 at
             n <= 2 * topk up to 61/64 (the density of scores at its cut relative to a 32 * topk row), the longer rows
             the whole band. Short rows re-score far fewer keys for about the recall of the longest rows (measured in
-            docs/kernels/indexer_topk.md: 1.03x faster at 32K, mean recall 0.997 instead of 0.998).
+            docs/kernels/indexer_topk.md: 1.02x faster at 32K, mean recall 0.997 instead of 0.998).
     Returns:
         indices: [T, K] int32, unordered within a row; a row with fewer than K visible keys holds
             all of them followed by -1.
