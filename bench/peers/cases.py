@@ -400,6 +400,28 @@ def tilelang_topk_bin_load(logits: torch.Tensor, starts: torch.Tensor, ends: tor
     return worst, worst_row
 
 
+def tilelang_topk_guard(ex, args: tuple, t: int, rows: int, topk: int, quantize_timed: bool) -> int:
+    """The largest threshold-bin load (tilelang_topk_bin_load) of TileLang's example selector on one input set of the
+    "logits + top-k" adapter (args: its peer-side tuple; the logits computed here, outside the timing, on the adapter's
+    row blocks); raises NotApplicable when a row would overflow the selector's unchecked buffer."""
+    q, k, scales = ex.quantize(args[0], args[1]) if quantize_timed else args[:3]
+    w, ks, ke = args[3:6]
+    load, load_row = 0, -1
+    for start in range(0, t, rows):
+        end = min(start + rows, t)
+        logits = ex.logits(q[start:end].contiguous(), k.contiguous(), scales, w[start:end], ks[start:end],
+                           ke[start:end], clean_logits=False)
+        block_load, block_row = tilelang_topk_bin_load(logits, ks[start:end], ke[start:end], topk)
+        del logits
+        if block_load > load:
+            load, load_row = block_load, start + block_row
+    if load > TILELANG_TOPK_BIN_CAPACITY:
+        raise NotApplicable(f"its selector would collect {load} entries of row {load_row} into its "
+                            f"{TILELANG_TOPK_BIN_CAPACITY}-entry threshold-bin buffer, which it does not bound: "
+                            "out-of-bounds accesses on these inputs")
+    return load
+
+
 def tilelang_fp8_indexer(logits_only: bool, quantize_timed: bool = False):
     """TileLang's example FP8 lightning indexer (fp8_lighting_indexer.mqa_attn_return_logits_interface),
     + its radix top-k selector (topk_selector.tl_topk) unless logits_only.
@@ -442,22 +464,7 @@ def tilelang_fp8_indexer(logits_only: bool, quantize_timed: bool = False):
 
         # Its selector's unchecked threshold-bin buffer, on the first input set (outside the timing): decline rather
         # than let it read out of bounds; the largest load joins the checks.
-        p0 = args[0]
-        q0, k0, s0 = ex.quantize(p0[0], p0[1]) if quantize_timed else p0[:3]
-        load, load_row = 0, -1
-        for start in range(0, t, rows):
-            end = min(start + rows, t)
-            w0, ks0, ke0 = p0[3][start:end], p0[4][start:end], p0[5][start:end]
-            logits = ex.logits(q0[start:end].contiguous(), k0.contiguous(), s0, w0, ks0, ke0, clean_logits=False)
-            block_load, block_row = tilelang_topk_bin_load(logits, ks0, ke0, s.topk)
-            del logits
-            if block_load > load:
-                load, load_row = block_load, start + block_row
-        del q0, k0, s0
-        if load > TILELANG_TOPK_BIN_CAPACITY:
-            raise NotApplicable(f"its selector would collect {load} entries of row {load_row} into its "
-                                f"{TILELANG_TOPK_BIN_CAPACITY}-entry threshold-bin buffer, which it does not bound: "
-                                "out-of-bounds accesses on these inputs")
+        load = tilelang_topk_guard(ex, args[0], t, rows, s.topk, quantize_timed)
         check = indexer_check(ctx, ours_sets, recall_check)
 
         def checked(ours, peer, set_index: int) -> Dict[str, float]:

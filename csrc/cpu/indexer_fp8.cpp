@@ -102,7 +102,7 @@ Status indexer_topk_fp8_impl(const IndexerTopkParams& p) {
       const bool band = p.rescore_band > 0 && n > K;
       const bool scaled = band && p.rescore_band_scaled;
       const int row_band = scaled ? fp8_row_band_part(p.rescore_band, n, K) : p.rescore_band;
-      const int C = std::min(n, scaled ? K + fp8_row_band_part(cand_max - K, n, K) : cand_max);
+      const int C = std::min(n, scaled ? fp8_row_candidates(cand_max, n, K) : cand_max);
 
       // 1. The candidates: every visible key when n <= C, else the C best by the FP8 score.
       if (n > C || band) {

@@ -127,7 +127,7 @@ struct IndexerTopkParams : CallContext {
   int rescore_band = 0;
   // With rescore_band only: false (default) = every row takes the band b and the slack C - K as given; true = the
   // band scaled to the row's key count (docs/spec.md §3 "Band scaled by the row's keys"): a row with n > K visible
-  // keys takes the band fp8_row_band_part(b, n, K) and C = K + fp8_row_band_part(C - K, n, K), at most b and C.
+  // keys takes the band fp8_row_band_part(b, n, K) and the candidates fp8_row_candidates(C, n, K), at most b and C.
   bool rescore_band_scaled = false;
 };
 
@@ -153,6 +153,9 @@ constexpr int fp8_band_share64(long long n, int K) {
 constexpr int fp8_row_band_part(int width, long long n, int K) {
   return static_cast<int>((static_cast<long long>(width) * fp8_band_share64(n, K) + 63) / 64);
 }
+// The candidate count C_n = K + fp8_row_band_part(C - K, n, K) of a row with n > K visible keys when the band is scaled
+// to its keys (the slack scaled as the band).
+constexpr int fp8_row_candidates(int C, long long n, int K) { return K + fp8_row_band_part(C - K, n, K); }
 
 // ---------------------------------------------------------------------------------------------
 // FP8 (e4m3) quantization of indexer rows (docs/spec.md §3 "FP8 selection"). For every row r of

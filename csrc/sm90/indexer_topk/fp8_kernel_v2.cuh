@@ -433,7 +433,7 @@ __device__ __noinline__ void band_tail(const Fp8KernelArgs& a, Smem<H>& sm, int 
     // The row's band and C: as given, or scaled to its visible keys n (m > K implies n > K).
     const int n = sm.k_end[r] - sm.k_start[r];
     const int band = a.band_scaled ? fp8_row_band_part(a.band, n, a.K) : a.band;
-    const int C = a.band_scaled ? a.K + fp8_row_band_part(a.C - a.K, n, a.K) : a.C;
+    const int C = a.band_scaled ? fp8_row_candidates(a.C, n, a.K) : a.C;
     const int2 split = band_split_row(list_s, list_i, m, a.K, a.K - band, C, out_i, hist);
     if (warp_lane() == 0) {
       sm.thr[r] = static_cast<uint32_t>(split.x);
