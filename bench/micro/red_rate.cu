@@ -1,0 +1,177 @@
+// Micro-benchmark: the L2 reduction rate of the access patterns a dkv emission can use (sparse MLA
+// backward, docs/kernels/sparse_mla_bwd.md "Deterministic mode"). Question it answers: do scalar
+// integer reductions (red.global.add.u32 / .u64, which are associative, hence order-independent and
+// bitwise reproducible) move dkv values as fast as the fast mode's 16-byte float reductions
+// (red.global.add.v4.f32), when every warp instruction covers whole 128-byte lines?
+//
+//   red_rate [--mib N] [--iters N]      (one GPU; exit 77 without one)
+//
+// Every pattern adds 1 to each value of a 512-byte chunk (128 four-byte or 64 eight-byte values) per
+// warp step, the chunks visited in a fixed scattered order over an L2-resident buffer (default 32 MiB,
+// dkv at T_kv = 14.5K); 264 CTAs of 256 threads. Printed: values added per second and the payload
+// rate (bytes of addends per second). After the timed launches the buffer's sum is compared with the
+// number of adds issued (exact: integer-valued data), so a pattern that lost adds is reported FAIL.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
+enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kPatterns };
+const char* const kNames[kPatterns] = {
+    "red.v4.f32, 4 lines / instr (fast mode)", "red.f32, 1 line / instr", "red.u32, 1 line / instr",
+    "red.u64, 2 lines / instr", "red.u32, v4 layout (lane stride 16 B)", "red.u32, 4 full sectors in 4 lines / instr",
+    "atom.u32 (value returned), 1 line / instr"};
+
+constexpr int kChunkBytes = 512;
+
+// Chunk of warp-step s of global warp w: a fixed scattered walk (an odd multiplier mod a power of two).
+__device__ __forceinline__ uint32_t chunk_of(uint32_t w, uint32_t s, uint32_t mask) {
+  return (w * 2654435761u + s * 40503u) & mask;
+}
+
+template <int P>
+__global__ void __launch_bounds__(256) red_kernel(uint8_t* buf, uint32_t mask, int steps) {
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  for (int s = 0; s < steps; ++s) {
+    uint8_t* c = buf + static_cast<size_t>(chunk_of(w, static_cast<uint32_t>(s), mask)) * kChunkBytes;
+    if constexpr (P == kV4F32) {
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};\n" ::"l"(c + 16 * lane), "f"(1.f) : "memory");
+    } else if constexpr (P == kF32Line) {
+#pragma unroll
+      for (int l = 0; l < 4; ++l)
+        asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(c + 128 * l + 4 * lane), "f"(1.f) : "memory");
+    } else if constexpr (P == kU32Line) {
+#pragma unroll
+      for (int l = 0; l < 4; ++l)
+        asm volatile("red.global.add.u32 [%0], %1;\n" ::"l"(c + 128 * l + 4 * lane), "r"(1u) : "memory");
+    } else if constexpr (P == kU64Line) {
+#pragma unroll
+      for (int l = 0; l < 2; ++l)
+        asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(c + 256 * l + 8 * lane), "l"(1ull) : "memory");
+    } else if constexpr (P == kU32V4Layout) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        asm volatile("red.global.add.u32 [%0], %1;\n" ::"l"(c + 16 * lane + 4 * e), "r"(1u) : "memory");
+    } else if constexpr (P == kU32Sectors) {
+      // lanes 8g .. 8g + 7 fill sector j of line g: each instruction 4 full 32-byte sectors in 4 lines
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        asm volatile("red.global.add.u32 [%0], %1;\n" ::"l"(c + 128 * (lane >> 3) + 32 * j + 4 * (lane & 7)), "r"(1u)
+                     : "memory");
+    } else {
+      // the returned old values are folded into a sum that is never true, so the loads stay live
+      uint32_t acc = 0u;
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {
+        uint32_t old;
+        asm volatile("atom.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(c + 128 * l + 4 * lane), "r"(1u) : "memory");
+        acc ^= old;
+      }
+      if (acc == ~mask) *reinterpret_cast<uint32_t*>(c) = acc;  // (never: the counts stay far below ~mask)
+    }
+  }
+}
+
+template <int P>
+void launch(uint8_t* buf, uint32_t mask, int steps, int grid) {
+  red_kernel<P><<<grid, 256>>>(buf, mask, steps);
+}
+
+void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid) {
+  switch (p) {
+    case kV4F32: launch<kV4F32>(buf, mask, steps, grid); break;
+    case kF32Line: launch<kF32Line>(buf, mask, steps, grid); break;
+    case kU32Line: launch<kU32Line>(buf, mask, steps, grid); break;
+    case kU64Line: launch<kU64Line>(buf, mask, steps, grid); break;
+    case kU32V4Layout: launch<kU32V4Layout>(buf, mask, steps, grid); break;
+    case kU32Sectors: launch<kU32Sectors>(buf, mask, steps, grid); break;
+    default: launch<kAtomU32Line>(buf, mask, steps, grid); break;
+  }
+  CHECK_CUDA(cudaGetLastError());
+}
+
+// Sum of the buffer's values (f32, u32 or u64 words) on the host.
+double buffer_sum(int p, const std::vector<uint8_t>& h) {
+  double s = 0.0;
+  if (p == kV4F32 || p == kF32Line) {
+    const float* f = reinterpret_cast<const float*>(h.data());
+    for (size_t i = 0; i < h.size() / 4; ++i) s += f[i];
+  } else if (p == kU64Line) {
+    const uint64_t* u = reinterpret_cast<const uint64_t*>(h.data());
+    for (size_t i = 0; i < h.size() / 8; ++i) s += static_cast<double>(u[i]);
+  } else {
+    const uint32_t* u = reinterpret_cast<const uint32_t*>(h.data());
+    for (size_t i = 0; i < h.size() / 4; ++i) s += u[i];
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int mib = 32, iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--mib") && i + 1 < argc) mib = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: red_rate [--mib N] [--iters N]\n");
+      return 2;
+    }
+  }
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::printf("red_rate: no GPU, skipped\n");
+    return 77;
+  }
+  // The chunk count must be a power of two (the walk's mask): round the size down.
+  uint32_t chunks = 1;
+  while (static_cast<size_t>(chunks) * 2 * kChunkBytes <= static_cast<size_t>(mib) << 20) chunks *= 2;
+  const size_t bytes = static_cast<size_t>(chunks) * kChunkBytes;
+  const int grid = 264, steps = 2048;
+  const double warps = grid * 256 / 32.0;
+  uint8_t* buf = nullptr;
+  CHECK_CUDA(cudaMalloc(&buf, bytes));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::printf("buffer %.1f MiB (%u chunks of 512 B), grid %d x 256, %d warp steps per launch, %d launches\n",
+              bytes / 1048576.0, chunks, grid, steps, iters);
+  std::printf("%-42s %12s %14s %8s\n", "pattern", "Gvalues/s", "payload TB/s", "check");
+  bool ok = true;
+  std::vector<uint8_t> host(bytes);
+  for (int p = 0; p < kPatterns; ++p) {
+    CHECK_CUDA(cudaMemset(buf, 0, bytes));
+    run_pattern(p, buf, chunks - 1, steps, grid);  // warm-up
+    CHECK_CUDA(cudaEventRecord(e0));
+    for (int i = 0; i < iters; ++i) run_pattern(p, buf, chunks - 1, steps, grid);
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    const int word = p == kU64Line ? 8 : 4;
+    const double values = warps * steps * (kChunkBytes / word) * iters;
+    CHECK_CUDA(cudaMemcpy(host.data(), buf, bytes, cudaMemcpyDeviceToHost));
+    const double expect = warps * steps * (kChunkBytes / word) * (iters + 1);
+    const bool pass = buffer_sum(p, host) == expect;
+    ok = ok && pass;
+    std::printf("%-42s %12.1f %14.3f %8s\n", kNames[p], values / (ms * 1e6), values * word / (ms * 1e9),
+                pass ? "ok" : "FAIL");
+  }
+  CHECK_CUDA(cudaFree(buf));
+  return ok ? 0 : 1;
+}
