@@ -4,13 +4,15 @@
 // bitwise reproducible) move dkv values as fast as the fast mode's 16-byte float reductions
 // (red.global.add.v4.f32), when every warp instruction covers whole 128-byte lines?
 //
-//   red_rate [--mib N] [--iters N]      (one GPU; exit 77 without one)
+//   red_rate [--mib N] [--iters N] [--ctas N] [--threads N]      (one GPU; exit 77 without one)
 //
 // Every pattern adds 1 to each value of a 512-byte chunk (128 four-byte or 64 eight-byte values) per
 // warp step, the chunks visited in a fixed scattered order over an L2-resident buffer (default 32 MiB,
-// dkv at T_kv = 14.5K); 264 CTAs of 256 threads. Printed: values added per second and the payload
-// rate (bytes of addends per second). After the timed launches the buffer's sum is compared with the
-// number of adds issued (exact: integer-valued data), so a pattern that lost adds is reported FAIL.
+// dkv at T_kv = 14.5K); 264 CTAs of 256 threads by default (--ctas 132 --threads 128: one warpgroup per SM
+// issues, as the backward's back warpgroup does), the same number of adds whatever the grid. Printed:
+// values added per second and the payload rate (bytes of addends per second). After the timed launches
+// the buffer's sum is compared with the number of adds issued (exact: integer-valued data), so a
+// pattern that lost adds is reported FAIL.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,7 +46,7 @@ __device__ __forceinline__ uint32_t chunk_of(uint32_t w, uint32_t s, uint32_t ma
 }
 
 template <int P>
-__global__ void __launch_bounds__(256) red_kernel(uint8_t* buf, uint32_t mask, int steps) {
+__global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, int steps) {
   const uint32_t lane = threadIdx.x & 31u;
   const uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   for (int s = 0; s < steps; ++s) {
@@ -88,19 +90,19 @@ __global__ void __launch_bounds__(256) red_kernel(uint8_t* buf, uint32_t mask, i
 }
 
 template <int P>
-void launch(uint8_t* buf, uint32_t mask, int steps, int grid) {
-  red_kernel<P><<<grid, 256>>>(buf, mask, steps);
+void launch(uint8_t* buf, uint32_t mask, int steps, int grid, int threads) {
+  red_kernel<P><<<grid, threads>>>(buf, mask, steps);
 }
 
-void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid) {
+void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int threads) {
   switch (p) {
-    case kV4F32: launch<kV4F32>(buf, mask, steps, grid); break;
-    case kF32Line: launch<kF32Line>(buf, mask, steps, grid); break;
-    case kU32Line: launch<kU32Line>(buf, mask, steps, grid); break;
-    case kU64Line: launch<kU64Line>(buf, mask, steps, grid); break;
-    case kU32V4Layout: launch<kU32V4Layout>(buf, mask, steps, grid); break;
-    case kU32Sectors: launch<kU32Sectors>(buf, mask, steps, grid); break;
-    default: launch<kAtomU32Line>(buf, mask, steps, grid); break;
+    case kV4F32: launch<kV4F32>(buf, mask, steps, grid, threads); break;
+    case kF32Line: launch<kF32Line>(buf, mask, steps, grid, threads); break;
+    case kU32Line: launch<kU32Line>(buf, mask, steps, grid, threads); break;
+    case kU64Line: launch<kU64Line>(buf, mask, steps, grid, threads); break;
+    case kU32V4Layout: launch<kU32V4Layout>(buf, mask, steps, grid, threads); break;
+    case kU32Sectors: launch<kU32Sectors>(buf, mask, steps, grid, threads); break;
+    default: launch<kAtomU32Line>(buf, mask, steps, grid, threads); break;
   }
   CHECK_CUDA(cudaGetLastError());
 }
@@ -124,12 +126,14 @@ double buffer_sum(int p, const std::vector<uint8_t>& h) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int mib = 32, iters = 20;
+  int mib = 32, iters = 20, grid = 264, threads = 256;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--mib") && i + 1 < argc) mib = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) grid = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: red_rate [--mib N] [--iters N]\n");
+      std::fprintf(stderr, "usage: red_rate [--mib N] [--iters N] [--ctas N] [--threads N]\n");
       return 2;
     }
   }
@@ -142,23 +146,27 @@ int main(int argc, char** argv) {
   uint32_t chunks = 1;
   while (static_cast<size_t>(chunks) * 2 * kChunkBytes <= static_cast<size_t>(mib) << 20) chunks *= 2;
   const size_t bytes = static_cast<size_t>(chunks) * kChunkBytes;
-  const int grid = 264, steps = 2048;
-  const double warps = grid * 256 / 32.0;
+  if (mib < 1 || iters < 1 || grid < 1 || threads < 32 || threads > 1024 || threads % 32 != 0) {
+    std::fprintf(stderr, "red_rate: need --mib >= 1, --iters >= 1, --ctas >= 1, --threads a multiple of 32 in [32, 1024]\n");
+    return 2;
+  }
+  const int steps = 2048 * 264 * 256 / (grid * threads) > 0 ? 2048 * 264 * 256 / (grid * threads) : 1;  // same adds
+  const double warps = grid * threads / 32.0;
   uint8_t* buf = nullptr;
   CHECK_CUDA(cudaMalloc(&buf, bytes));
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
-  std::printf("buffer %.1f MiB (%u chunks of 512 B), grid %d x 256, %d warp steps per launch, %d launches\n",
-              bytes / 1048576.0, chunks, grid, steps, iters);
+  std::printf("buffer %.1f MiB (%u chunks of 512 B), grid %d x %d, %d warp steps per launch, %d launches\n",
+              bytes / 1048576.0, chunks, grid, threads, steps, iters);
   std::printf("%-42s %12s %14s %8s\n", "pattern", "Gvalues/s", "payload TB/s", "check");
   bool ok = true;
   std::vector<uint8_t> host(bytes);
   for (int p = 0; p < kPatterns; ++p) {
     CHECK_CUDA(cudaMemset(buf, 0, bytes));
-    run_pattern(p, buf, chunks - 1, steps, grid);  // warm-up
+    run_pattern(p, buf, chunks - 1, steps, grid, threads);  // warm-up
     CHECK_CUDA(cudaEventRecord(e0));
-    for (int i = 0; i < iters; ++i) run_pattern(p, buf, chunks - 1, steps, grid);
+    for (int i = 0; i < iters; ++i) run_pattern(p, buf, chunks - 1, steps, grid, threads);
     CHECK_CUDA(cudaEventRecord(e1));
     CHECK_CUDA(cudaEventSynchronize(e1));
     float ms = 0.f;
