@@ -316,21 +316,66 @@ __device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_t
                                  ks > 0);
 }
 
+// The A operands of the back's dKV chunks. FLASHDSA_BWD_RS_DKV: dS^T and P^T as wgmma register fragments,
+// loaded once per block from the tiles (load_dkv_a), so that the chunks read only Q / dO from shared
+// memory and the tiles are free for the front's next block as soon as the back's dQ has read them.
+// Otherwise empty: the chunks read A transposed from the tiles.
+#ifndef FLASHDSA_BWD_RS_DKV
+#define FLASHDSA_BWD_RS_DKV 0
+#endif
+struct DkvA {
+#if FLASHDSA_BWD_RS_DKV
+  uint32_t ds[4][4];  // [k-step over heads][a0..a3]: A = dS^T [64 keys x 64 heads]
+  uint32_t p[4][4];   // A = P^T
+#endif
+};
+
+#if FLASHDSA_BWD_RS_DKV
+// The m64k16 A fragments of tile^T (the tile is [64 heads x 64 keys] bf16, SW128, K-major for dQ) for the
+// 4 k-steps over heads: ldmatrix.x4.trans, matrix m = lane / 8 covers keys 16 warp + 8 (m % 2) .. + 8 and
+// heads 16 kk + 8 (m / 2) .. + 8; lane supplies the address of stored row (head) lane % 8 of its matrix.
+__device__ __forceinline__ void load_tile_t_frags(const __nv_bfloat16* tile, uint32_t (&f)[4][4], int warp, int lane) {
+  const int m = lane >> 3;
+  const uint32_t base = hw::smem_u32(tile);
+  const int chunk = 2 * warp + (m & 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const int head = 16 * kk + 8 * (m >> 1) + (lane & 7);
+    hw::ldmatrix_x4_trans(f[kk], base + hw::sw128_offset(head, chunk));
+  }
+}
+__device__ __forceinline__ void load_dkv_a(const SmemPlan& sm, DkvA& a, int warp, int lane) {
+  load_tile_t_frags(sm.ds, a.ds, warp, lane);
+  load_tile_t_frags(sm.p, a.p, warp, lane);
+}
+#endif
+
 // dKV chunk c = dS^T . Q[:, c] (+ P^T . dO[:, c] for value chunks) into acc, A read transposed from
-// the tiles; one commit group.
-__device__ __forceinline__ void issue_dkv_chunk(const SmemPlan& sm, float (&acc)[32], int c) {
+// the tiles (or from the fragments in a, FLASHDSA_BWD_RS_DKV); one commit group.
+__device__ __forceinline__ void issue_dkv_chunk(const SmemPlan& sm, float (&acc)[32], int c, const DkvA& a) {
   hw::wgmma_fence();
 #pragma unroll
-  for (int hk = 0; hk < 4; ++hk)
+  for (int hk = 0; hk < 4; ++hk) {
+#if FLASHDSA_BWD_RS_DKV
+    hw::wgmma_rs_m64n64k16<1>(acc, a.ds[hk], desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
+#else
     hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.ds, kHeadsPerCta, hk, 0),
                                  desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
+#endif
+  }
   if (c < kVBlocks) {
 #pragma unroll
-    for (int hk = 0; hk < 4; ++hk)
+    for (int hk = 0; hk < 4; ++hk) {
+#if FLASHDSA_BWD_RS_DKV
+      hw::wgmma_rs_m64n64k16<1>(acc, a.p[hk], desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
+#else
       hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.p, kHeadsPerCta, hk, 0),
                                    desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
+#endif
+    }
   }
   hw::wgmma_commit();
+  (void)a;
 }
 
 // ---- dKV emission -----------------------------------------------------------------------------
@@ -441,10 +486,10 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 // emit it.
 template <bool kDeterministic, int kChunk>
 __device__ __forceinline__ void dkv_step(const SmemPlan& sm, float (&acc0)[32], float (&acc1)[32],
-                                         const DkvRows& rows, int lane) {
+                                         const DkvRows& rows, int lane, const DkvA& a) {
   float(&cur)[32] = (kChunk % 2 == 0) ? acc0 : acc1;
   float(&prev)[32] = (kChunk % 2 == 0) ? acc1 : acc0;
-  issue_dkv_chunk(sm, cur, kChunk);
+  issue_dkv_chunk(sm, cur, kChunk, a);
   hw::wgmma_wait<1>();
   hw::fence_regs(prev);
   emit_dkv_chunk<kDeterministic>(prev, kChunk - 1, rows, lane);
@@ -452,22 +497,25 @@ __device__ __forceinline__ void dkv_step(const SmemPlan& sm, float (&acc0)[32], 
 
 // The back's dKV chunks of a block from the wait for chunk 1 on (chunks 1 and 2 issued into acc1,
 // acc0, chunk 0 emitted, the dQ group done): chunks 1 .. 8 emitted, chunks 3 .. 8 issued one ahead;
-// arrives on sm.tiles_free once chunk 8 read the P and dS tiles.
+// arrives on sm.tiles_free once chunk 8 read the P and dS tiles (FLASHDSA_BWD_RS_DKV: the caller arrived
+// after its dQ and the fragment loads, the chunks do not read the tiles).
 template <bool kDeterministic>
 __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float (&acc1)[32], const DkvRows& rows,
-                                          int lane) {
+                                          int lane, const DkvA& a) {
   hw::wgmma_wait<1>();  // chunk 1
   hw::fence_regs(acc1);
   emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
-  dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
-  dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
-  dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
-  dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane);
-  dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
-  dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane, a);
+  dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane, a);
+  dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane, a);
+  dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane, a);
+  dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane, a);
+  dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane, a);
   hw::wgmma_wait<0>();  // chunk 8: the back's last read of the P and dS tiles
   hw::fence_regs(acc0);
+#if !FLASHDSA_BWD_RS_DKV
   hw::mbar_arrive(&sm.tiles_free);
+#endif
   emit_dkv_chunk<kDeterministic>(acc0, 8, rows, lane);
 }
 

@@ -271,18 +271,44 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     // dQ first, so that the kv tile is released as early as possible (the producer gathers the next
     // block into the single kv stage), then dKV chunks 0 and 1. (Measured 2026-12-02: issuing chunk 0
     // before dQ, so that the block's first reds start earlier, gained nothing.)
+    DkvA fa;
+#if FLASHDSA_BWD_RS_DKV
+    load_dkv_a(sm, fa, warp, lane);  // (ldmatrix: generic-proxy reads of the front's generic stores)
+#endif
+#if FLASHDSA_BWD_RS_DKV == 2
+    // One dKV accumulator (the register fragments take the second one's registers): chunk c is issued after
+    // chunk c - 1 was emitted; its reductions drain while chunk c runs.
+    float acc[32];
+    mma_dq_back(dq, sm);
+    issue_dkv_chunk(sm, acc, 0, fa);
+    hw::wgmma_wait<1>();  // dQ
+    hw::fence_regs(dq);
+    hw::mbar_arrive(&sm.kv_empty);
+    hw::mbar_arrive(&sm.tiles_free);  // dQ (the last reader of the tiles) completed, the fragments are loaded
+#pragma unroll
+    for (int c = 0; c < kQkBlocks; ++c) {
+      if (c > 0) issue_dkv_chunk(sm, acc, c, fa);
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc);
+      emit_dkv_chunk<kDeterministic>(acc, c, rows, lane);
+    }
+    continue;
+#endif
     float acc0[32], acc1[32];
     mma_dq_back(dq, sm);
-    issue_dkv_chunk(sm, acc0, 0);
-    issue_dkv_chunk(sm, acc1, 1);
+    issue_dkv_chunk(sm, acc0, 0, fa);
+    issue_dkv_chunk(sm, acc1, 1, fa);
     hw::wgmma_wait<2>();  // dQ
     hw::fence_regs(dq);
     hw::mbar_arrive(&sm.kv_empty);
+#if FLASHDSA_BWD_RS_DKV
+    hw::mbar_arrive(&sm.tiles_free);  // dQ (the last reader of the tiles) completed, the fragments are loaded
+#endif
     hw::wgmma_wait<1>();  // chunk 0
     hw::fence_regs(acc0);
     emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
-    issue_dkv_chunk(sm, acc0, 2);
-    back_tail<kDeterministic>(sm, acc0, acc1, rows, lane);
+    issue_dkv_chunk(sm, acc0, 2, fa);
+    back_tail<kDeterministic>(sm, acc0, acc1, rows, lane, fa);
   }
 
   store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
