@@ -45,6 +45,13 @@ __device__ __forceinline__ uint32_t chunk_of(uint32_t w, uint32_t s, uint32_t ma
   return (w * 2654435761u + s * 40503u) & mask;
 }
 
+__device__ __forceinline__ void red_f32(uint8_t* a) {
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(a), "f"(1.f) : "memory");
+}
+__device__ __forceinline__ void red_u32(uint8_t* a) {
+  asm volatile("red.global.add.u32 [%0], %1;\n" ::"l"(a), "r"(1u) : "memory");
+}
+
 template <int P>
 __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, int steps) {
   const uint32_t lane = threadIdx.x & 31u;
@@ -53,28 +60,23 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
     uint8_t* c = buf + static_cast<size_t>(chunk_of(w, static_cast<uint32_t>(s), mask)) * kChunkBytes;
     if constexpr (P == kV4F32) {
       asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};\n" ::"l"(c + 16 * lane), "f"(1.f) : "memory");
-    } else if constexpr (P == kF32Line) {
+    } else if constexpr (P == kF32Line || P == kU32Line) {
 #pragma unroll
-      for (int l = 0; l < 4; ++l)
-        asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(c + 128 * l + 4 * lane), "f"(1.f) : "memory");
-    } else if constexpr (P == kU32Line) {
-#pragma unroll
-      for (int l = 0; l < 4; ++l)
-        asm volatile("red.global.add.u32 [%0], %1;\n" ::"l"(c + 128 * l + 4 * lane), "r"(1u) : "memory");
+      for (int l = 0; l < 4; ++l) {
+        if constexpr (P == kF32Line) red_f32(c + 128 * l + 4 * lane);
+        else red_u32(c + 128 * l + 4 * lane);
+      }
     } else if constexpr (P == kU64Line) {
 #pragma unroll
       for (int l = 0; l < 2; ++l)
         asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(c + 256 * l + 8 * lane), "l"(1ull) : "memory");
     } else if constexpr (P == kU32V4Layout) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        asm volatile("red.global.add.u32 [%0], %1;\n" ::"l"(c + 16 * lane + 4 * e), "r"(1u) : "memory");
+      for (int e = 0; e < 4; ++e) red_u32(c + 16 * lane + 4 * e);
     } else if constexpr (P == kU32Sectors) {
       // lanes 8g .. 8g + 7 fill sector j of line g: each instruction 4 full 32-byte sectors in 4 lines
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        asm volatile("red.global.add.u32 [%0], %1;\n" ::"l"(c + 128 * (lane >> 3) + 32 * j + 4 * (lane & 7)), "r"(1u)
-                     : "memory");
+      for (int j = 0; j < 4; ++j) red_u32(c + 128 * (lane >> 3) + 32 * j + 4 * (lane & 7));
     } else {
       // the returned old values are folded into a sum that is never true, so the loads stay live
       uint32_t acc = 0u;
