@@ -292,8 +292,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
       hw::fence_regs(acc);
       emit_dkv_chunk<kDeterministic>(acc, c, rows, lane);
     }
-    continue;
-#endif
+#else
     float acc0[32], acc1[32];
     mma_dq_back(dq, sm);
     issue_dkv_chunk(sm, acc0, 0, fa);
@@ -309,6 +308,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
     issue_dkv_chunk(sm, acc0, 2, fa);
     back_tail<kDeterministic>(sm, acc0, acc1, rows, lane, fa);
+#endif
   }
 
   store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
