@@ -6,6 +6,11 @@
 //
 //   red_rate [--mib N] [--iters N] [--ctas N] [--threads N]      (one GPU; exit 77 without one)
 //
+// The last pattern is the bulk (TMA-engine) reduction from shared memory, cp.reduce.async.bulk .add.f32: one
+// lane per warp sends the 512-byte chunk (or, last pattern, the aligned 2 KB around it: 4 times the adds per
+// step) as one operation from a CTA-wide source of ones (the question:
+// does an emission staged in shared memory reach a higher L2 reduction rate than red.v4.f32?).
+//
 // Every pattern adds 1 to each value of a 512-byte chunk (128 four-byte or 64 eight-byte values) per
 // warp step, the chunks visited in a fixed scattered order over an L2-resident buffer (default 32 MiB,
 // dkv at T_kv = 14.5K); 264 CTAs of 256 threads by default (--ctas 132 --threads 128: one warpgroup per SM
@@ -32,13 +37,18 @@
 
 namespace {
 
-enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kPatterns };
+enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kBulkF32, kBulkF32x4, kPatterns };
 const char* const kNames[kPatterns] = {
     "red.v4.f32, 4 lines / instr (fast mode)", "red.f32, 1 line / instr", "red.u32, 1 line / instr",
     "red.u64, 2 lines / instr", "red.u32, v4 layout (lane stride 16 B)", "red.u32, 4 full sectors in 4 lines / instr",
-    "atom.u32 (value returned), 1 line / instr"};
+    "atom.u32 (value returned), 1 line / instr", "cp.reduce.async.bulk add.f32, 512 B / op",
+    "cp.reduce.async.bulk add.f32, 2 KB / op"};
 
 constexpr int kChunkBytes = 512;
+constexpr int kBulkMaxBytes = 2048;
+
+// Bytes added per warp step: one chunk, except the 2 KB bulk pattern.
+__host__ __device__ constexpr int step_bytes(int p) { return p == kBulkF32x4 ? kBulkMaxBytes : kChunkBytes; }
 
 // Chunk of warp-step s of global warp w: a fixed scattered walk (an odd multiplier mod a power of two).
 __device__ __forceinline__ uint32_t chunk_of(uint32_t w, uint32_t s, uint32_t mask) {
@@ -56,6 +66,12 @@ template <int P>
 __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, int steps) {
   const uint32_t lane = threadIdx.x & 31u;
   const uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  __shared__ alignas(128) float ones[kBulkMaxBytes / 4];  // the bulk patterns' source
+  if constexpr (P == kBulkF32 || P == kBulkF32x4) {
+    for (int i = threadIdx.x; i < kBulkMaxBytes / 4; i += blockDim.x) ones[i] = 1.f;
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> async-proxy reads
+    __syncthreads();
+  }
   for (int s = 0; s < steps; ++s) {
     uint8_t* c = buf + static_cast<size_t>(chunk_of(w, static_cast<uint32_t>(s), mask)) * kChunkBytes;
     if constexpr (P == kV4F32) {
@@ -77,6 +93,16 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
       // lanes 8g .. 8g + 7 fill sector j of line g: each instruction 4 full 32-byte sectors in 4 lines
 #pragma unroll
       for (int j = 0; j < 4; ++j) red_u32(c + 128 * (lane >> 3) + 32 * j + 4 * (lane & 7));
+    } else if constexpr (P == kBulkF32 || P == kBulkF32x4) {
+      if (lane == 0) {
+        const uint32_t src = static_cast<uint32_t>(__cvta_generic_to_shared(ones));
+        uint8_t* const dst = P == kBulkF32 ? c : buf + ((c - buf) & ~static_cast<size_t>(kBulkMaxBytes - 1));
+        asm volatile(
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+            "cp.async.bulk.commit_group;\n"
+            "cp.async.bulk.wait_group.read 16;\n" ::"l"(dst), "r"(src), "r"(step_bytes(P))
+            : "memory");
+      }
     } else {
       // the returned old values are folded into a sum that is never true, so the loads stay live
       uint32_t acc = 0u;
@@ -88,6 +114,9 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
       }
       if (acc == ~mask) *reinterpret_cast<uint32_t*>(c) = acc;  // (never: the counts stay far below ~mask)
     }
+  }
+  if constexpr (P == kBulkF32 || P == kBulkF32x4) {
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // all reductions performed
   }
 }
 
@@ -104,6 +133,8 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
     case kU64Line: launch<kU64Line>(buf, mask, steps, grid, threads); break;
     case kU32V4Layout: launch<kU32V4Layout>(buf, mask, steps, grid, threads); break;
     case kU32Sectors: launch<kU32Sectors>(buf, mask, steps, grid, threads); break;
+    case kBulkF32: launch<kBulkF32>(buf, mask, steps, grid, threads); break;
+    case kBulkF32x4: launch<kBulkF32x4>(buf, mask, steps, grid, threads); break;
     default: launch<kAtomU32Line>(buf, mask, steps, grid, threads); break;
   }
   CHECK_CUDA(cudaGetLastError());
@@ -112,7 +143,7 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
 // Sum of the buffer's values (f32, u32 or u64 words) on the host.
 double buffer_sum(int p, const std::vector<uint8_t>& h) {
   double s = 0.0;
-  if (p == kV4F32 || p == kF32Line) {
+  if (p == kV4F32 || p == kF32Line || p == kBulkF32 || p == kBulkF32x4) {
     const float* f = reinterpret_cast<const float*>(h.data());
     for (size_t i = 0; i < h.size() / 4; ++i) s += f[i];
   } else if (p == kU64Line) {
@@ -174,9 +205,9 @@ int main(int argc, char** argv) {
     float ms = 0.f;
     CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
     const int word = p == kU64Line ? 8 : 4;
-    const double values = warps * steps * (kChunkBytes / word) * iters;
+    const double values = warps * steps * (step_bytes(p) / word) * iters;
     CHECK_CUDA(cudaMemcpy(host.data(), buf, bytes, cudaMemcpyDeviceToHost));
-    const double expect = warps * steps * (kChunkBytes / word) * (iters + 1);
+    const double expect = warps * steps * (step_bytes(p) / word) * (iters + 1);
     const bool pass = buffer_sum(p, host) == expect;
     ok = ok && pass;
     std::printf("%-42s %12.1f %14.3f %8s\n", kNames[p], values / (ms * 1e6), values * word / (ms * 1e9),
