@@ -9,7 +9,10 @@
 // The last pattern is the bulk (TMA-engine) reduction from shared memory, cp.reduce.async.bulk .add.f32: one
 // lane per warp sends the 512-byte chunk (or, last pattern, the aligned 2 KB around it: 4 times the adds per
 // step) as one operation from a CTA-wide source of ones (the question:
-// does an emission staged in shared memory reach a higher L2 reduction rate than red.v4.f32?).
+// does an emission staged in shared memory reach a higher L2 reduction rate than red.v4.f32?). The very last
+// pattern is the fast mode's red.v4.f32 with 256 B of L2 reads (cp.async.cg) of another chunk per warp step,
+// the backward's ratio of kv gather bytes to dkv reduction bytes (73,728 / 147,456): does the reduction rate
+// hold when the L2 also serves reads?
 //
 // Every pattern adds 1 to each value of a 512-byte chunk (128 four-byte or 64 eight-byte values) per
 // warp step, the chunks visited in a fixed scattered order over an L2-resident buffer (default 32 MiB,
@@ -37,15 +40,16 @@
 
 namespace {
 
-enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kBulkF32, kBulkF32x4, kPatterns };
+enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kBulkF32, kBulkF32x4, kV4F32Reads, kPatterns };
 const char* const kNames[kPatterns] = {
     "red.v4.f32, 4 lines / instr (fast mode)", "red.f32, 1 line / instr", "red.u32, 1 line / instr",
     "red.u64, 2 lines / instr", "red.u32, v4 layout (lane stride 16 B)", "red.u32, 4 full sectors in 4 lines / instr",
     "atom.u32 (value returned), 1 line / instr", "cp.reduce.async.bulk add.f32, 512 B / op",
-    "cp.reduce.async.bulk add.f32, 2 KB / op"};
+    "cp.reduce.async.bulk add.f32, 2 KB / op", "red.v4.f32 + 256 B of L2 reads / step"};
 
 constexpr int kChunkBytes = 512;
 constexpr int kBulkMaxBytes = 2048;
+constexpr int kReadBytes = 256, kRingSlots = 4, kReadRingBytes = 32 * kRingSlots * kReadBytes;  // 32 warps max
 
 // Bytes added per warp step: one chunk, except the 2 KB bulk pattern.
 __host__ __device__ constexpr int step_bytes(int p) { return p == kBulkF32x4 ? kBulkMaxBytes : kChunkBytes; }
@@ -67,6 +71,7 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
   const uint32_t lane = threadIdx.x & 31u;
   const uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   __shared__ alignas(128) float ones[kBulkMaxBytes / 4];  // the bulk patterns' source
+  __shared__ alignas(128) uint8_t ring[kReadRingBytes];  // kV4F32Reads: the copies' destination
   if constexpr (P == kBulkF32 || P == kBulkF32x4) {
     for (int i = threadIdx.x; i < kBulkMaxBytes / 4; i += blockDim.x) ones[i] = 1.f;
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> async-proxy reads
@@ -74,8 +79,19 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
   }
   for (int s = 0; s < steps; ++s) {
     uint8_t* c = buf + static_cast<size_t>(chunk_of(w, static_cast<uint32_t>(s), mask)) * kChunkBytes;
-    if constexpr (P == kV4F32) {
+    if constexpr (P == kV4F32 || P == kV4F32Reads) {
       asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};\n" ::"l"(c + 16 * lane), "f"(1.f) : "memory");
+      if constexpr (P == kV4F32Reads) {
+        // 16 lanes copy 16 B each into the warp's 4-slot ring (as the backward's cp.async gathers; the data
+        // are never read), at most 4 steps' copies in flight per thread
+        const uint8_t* r = buf + static_cast<size_t>(chunk_of(w + 7u, static_cast<uint32_t>(s), mask)) * kChunkBytes;
+        if (lane < 16) {
+          const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(
+              ring + (((threadIdx.x >> 5) * kRingSlots + (s % kRingSlots)) * kReadBytes) + 16 * lane));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(r + 16 * lane) : "memory");
+        }
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 3;\n" ::: "memory");
+      }
     } else if constexpr (P == kF32Line || P == kU32Line) {
 #pragma unroll
       for (int l = 0; l < 4; ++l) {
@@ -118,6 +134,7 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
   if constexpr (P == kBulkF32 || P == kBulkF32x4) {
     if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // all reductions performed
   }
+  if constexpr (P == kV4F32Reads) asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 template <int P>
@@ -135,6 +152,7 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
     case kU32Sectors: launch<kU32Sectors>(buf, mask, steps, grid, threads); break;
     case kBulkF32: launch<kBulkF32>(buf, mask, steps, grid, threads); break;
     case kBulkF32x4: launch<kBulkF32x4>(buf, mask, steps, grid, threads); break;
+    case kV4F32Reads: launch<kV4F32Reads>(buf, mask, steps, grid, threads); break;
     default: launch<kAtomU32Line>(buf, mask, steps, grid, threads); break;
   }
   CHECK_CUDA(cudaGetLastError());
@@ -143,7 +161,7 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
 // Sum of the buffer's values (f32, u32 or u64 words) on the host.
 double buffer_sum(int p, const std::vector<uint8_t>& h) {
   double s = 0.0;
-  if (p == kV4F32 || p == kF32Line || p == kBulkF32 || p == kBulkF32x4) {
+  if (p == kV4F32 || p == kF32Line || p == kBulkF32 || p == kBulkF32x4 || p == kV4F32Reads) {
     const float* f = reinterpret_cast<const float*>(h.data());
     for (size_t i = 0; i < h.size() / 4; ++i) s += f[i];
   } else if (p == kU64Line) {
