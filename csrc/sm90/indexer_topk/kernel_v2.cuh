@@ -47,6 +47,14 @@
 #include "sm90/indexer_topk/kernel.cuh"
 #include "sm90/indexer_topk/launch.cuh"
 #include "sm90/indexer_topk/select.cuh"
+#include "sm90/indexer_topk/warp_select.cuh"
+
+// A/B builds only (default 0): FLASHDSA_ITK_WARP_FINAL=1 selects a block's rows at the end of its walk with one warp
+// per row, all rows at once (warp_final_selects below, the FP8 band tail's routines of warp_select.cuh), instead of
+// row after row over all 256 threads (write_block_top_k). D_I = 128 only (the histograms live in the Q block).
+#ifndef FLASHDSA_ITK_WARP_FINAL
+#define FLASHDSA_ITK_WARP_FINAL 0
+#endif
 
 // Attribution builds of the check program only (docs/kernels/indexer_topk.md, "Attribution builds"):
 // 1 = MMA only (the accumulators are folded into a sink), 2 = head sums and reduce-scatter with the
@@ -175,6 +183,30 @@ __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka
     hw::wgmma_ss_m64n128k16<0, 0>(acc, desc_of(ka + step(kTileKeys, ks)), desc_of(qb + step(kCols, ks)), true);
   hw::wgmma_commit();
 }
+
+#if FLASHDSA_ITK_WARP_FINAL
+// Final selection of the block of rows t0 .. t0 + NT - 1 (FLASHDSA_ITK_WARP_FINAL): warp r selects row r's list (at
+// most cap entries) into the row's outputs (its top K, then -1 / -inf), all rows at once, each warp on a 2048-bin
+// histogram of its own in the Q block (8 x 8 KB = the 64 KB Q block at D_I = 128; free after the walk: its last
+// wgmma was waited, and the next block's Q load follows claim_block's barrier). Inlined: as a __noinline__ call (the
+// FP8 band tail's cure for its spills) the walk lost its uniform-register descriptors (R2UR 21 -> 199 per instance);
+// inlined, every instance keeps 0 spills and the walk's tile loop keeps its length (885 instructions, register
+// allocation changed). The warp and lane come through volatile asm (warp_select.cuh). All threads; the caller's next
+// barrier follows.
+template <int NT>
+__device__ __forceinline__ void warp_final_selects(const KernelArgs& a, int t0, const float* cand_s, const int* cand_i,
+                                                const int* count, uint32_t* q_area) {
+  const int warp = warp_in_cta();
+  uint32_t* const hist = q_area + warp * kWarpHistBins;
+  for (int r = warp; r < NT && t0 + r < a.T; r += kThreads / 32) {
+    const float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+    const int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+    const int64_t row = static_cast<int64_t>(t0 + r) * a.K;
+    warp_write_top_k(list_s, list_i, count[r], a.K, a.out_idx + row,
+                     a.out_scores != nullptr ? a.out_scores + row : nullptr, hist);
+  }
+}
+#endif
 
 // kSampled: the instance for inputs with T_kv >= kSampleMinTiles (64) tiles at D_I = 128 (the host picks it),
 // whose long blocks take the sampled threshold; the other instance has none of its code in the tile loop.
@@ -380,7 +412,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #if defined(FLASHDSA_INDEXER_TIMING)
     const long long tf = clock64();
 #endif
+#if FLASHDSA_ITK_WARP_FINAL
+    if constexpr (D == 128) {
+      static_assert((kThreads / 32) * kWarpHistBins * 4 <= sizeof(sm.q), "the warps' histograms fit the Q block");
+      warp_final_selects<NT>(a, t0, cand_s, cand_i, sm.count, reinterpret_cast<uint32_t*>(sm.q));
+    } else {
+      write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
+    }
+#else
     write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
+#endif
 #if defined(FLASHDSA_INDEXER_TIMING)
     c_final += clock64() - tf;
     ++n_blocks;

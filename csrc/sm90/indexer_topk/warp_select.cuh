@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdint>
 
 #include "sm90/indexer_topk/select.cuh"
@@ -249,17 +250,18 @@ __device__ __forceinline__ unsigned warp_exclusive_counts(unsigned packed, unsig
   return incl - packed;
 }
 
-// Writes the indices of the entries of (scores, idx)[0, n) that `top` keeps to top_idx[0, x) and, kRest, those of
-// the other entries that `rest` keeps to rest_idx[0, y); returns {x, y} in every lane. Slots and the tickets of
+// Writes the indices of the entries of (scores, idx)[0, n) that `top` keeps to top_idx[0, x) (kTopScores: their
+// scores to top_s[0, x) too) and, kRest, those of the other entries that `rest` keeps to rest_idx[0, y); returns
+// {x, y} in every lane. Slots and the tickets of
 // keys equal to a threshold go in a fixed order (an entry at a threshold the two rules share takes a ticket of `top`
 // first, so rest.quota counts only the entries `top` left). rest_idx may alias idx: each sweep step's entries are
 // read before any of them is written, and the compacted writes never pass them. All 32 lanes.
 // A lane's 4 entries of a vector are contiguous in the list. A vector with no key equal to a threshold (nearly all)
 // takes one scan of the lanes' packed counts and writes in list order; one holding such a key goes entry by entry
 // with ballots (the tickets in a fixed order: the x-th entries of the lanes in lane order, x = 0 .. 3).
-template <bool kRest>
+template <bool kRest, bool kTopScores = false>
 __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx, int n, KeepRule top, KeepRule rest,
-                                            int* top_idx, int* rest_idx) {
+                                            int* top_idx, int* rest_idx, float* top_s = nullptr) {
   const int lane = warp_lane();
   const unsigned below = (1u << lane) - 1u;
   int n_top = 0, n_rest = 0, eq_top = 0, eq_rest = 0;  // warp-uniform running counts
@@ -293,11 +295,15 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
         const unsigned before = warp_exclusive_counts(__popc(top_mask) | (__popc(rest_mask) << 16), total);
         // This lane's first slot in each list, then each taken entry at its rank among the lane's taken ones.
         int* const top_at = top_idx + (n_top + static_cast<int>(before & 0xffffu));
+        float* const top_s_at = kTopScores ? top_s + (n_top + static_cast<int>(before & 0xffffu)) : nullptr;
         int* const rest_at = kRest ? rest_idx + (n_rest + static_cast<int>(before >> 16)) : nullptr;
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
           const unsigned lower = (1u << x) - 1u;
-          if (top_mask & (1u << x)) top_at[__popc(top_mask & lower)] = id[x];
+          if (top_mask & (1u << x)) {
+            top_at[__popc(top_mask & lower)] = id[x];
+            if constexpr (kTopScores) top_s_at[__popc(top_mask & lower)] = s[x];
+          }
           if constexpr (kRest)
             if (rest_mask & (1u << x)) rest_at[__popc(rest_mask & lower)] = id[x];
         }
@@ -310,6 +316,10 @@ __device__ __forceinline__ int2 warp_filter(const float* scores, const int* idx,
         const bool valid = e + x < n;
         const uint32_t key = score_key(s[x]);
         const bool is_top = warp_rule_takes(valid, key, top, below, eq_top);
+        if constexpr (kTopScores) {
+          const unsigned taken = __ballot_sync(0xffffffffu, is_top);
+          if (is_top) top_s[n_top + __popc(taken & below)] = s[x];
+        }
         warp_append(is_top, id[x], top_idx, below, n_top);
         if constexpr (kRest) {
           const bool is_rest = warp_rule_takes(valid && !is_top, key, rest, below, eq_rest);
@@ -372,6 +382,21 @@ __device__ __forceinline__ int warp_keep_top_k(const float* scores, const int* i
                                                uint32_t* hist) {
   const KeepRule rule = warp_top_k_rule(scores, n, k, hist);
   return warp_filter<false>(scores, idx, n, rule, keep_all(), dst_idx, nullptr).x;
+}
+
+// The bf16 kernel's final selection of one row by one warp (FLASHDSA_ITK_WARP_FINAL, kernel_v2.cuh): the k largest
+// entries of (scores, idx)[0, n) to dst_idx[0, c) and, unless dst_s is null, their scores to dst_s[0, c), c = min(n, k)
+// (ties broken in a fixed order), then dst_idx / dst_s[c, k) = -1 / -inf. All 32 lanes.
+__device__ __forceinline__ void warp_write_top_k(const float* scores, const int* idx, int n, int k, int32_t* dst_idx,
+                                                 float* dst_s, uint32_t* hist) {
+  const KeepRule rule = warp_top_k_rule(scores, n, k, hist);
+  const int kept = dst_s != nullptr
+                       ? warp_filter<false, true>(scores, idx, n, rule, keep_all(), dst_idx, nullptr, dst_s).x
+                       : warp_filter<false>(scores, idx, n, rule, keep_all(), dst_idx, nullptr).x;
+  for (int j = kept + warp_lane(); j < k; j += 32) {
+    dst_idx[j] = -1;
+    if (dst_s != nullptr) dst_s[j] = -INFINITY;
+  }
 }
 
 }  // namespace flashdsa::sm90::indexer_topk_impl

@@ -1,7 +1,8 @@
 // The exact top-k selections of the indexer kernels run on the CPU, their device code unchanged, each thread an OS
 // thread (cuda_runtime.h beside this file stands in for CUDA), checked against a sort:
 //  - warp_select.cuh (the FP8 band tail, one warp per row): warp_split_top_k (the k best to one list, ranks
-//    k + 1 .. k_keep compacted in place over the input's indices, as band_tail calls it) and warp_keep_top_k; every
+//    k + 1 .. k_keep compacted in place over the input's indices, as band_tail calls it), warp_keep_top_k and
+//    warp_write_top_k (the bf16 kernel's FLASHDSA_ITK_WARP_FINAL final selection: scores and padding too); every
 //    selection twice (the lanes' thread schedules differ), compared bitwise: the result is deterministic;
 //  - select.cuh (the bf16 and FP8 kernels' per-row selection, a whole CTA of 128 or 256 threads): keep_top_k, its
 //    register-resident path (n <= 4096) and its streamed one, in place or not, with or without scores.
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -190,6 +192,48 @@ void check_keep(const List& l, int k) {
   if (!std::equal(got.begin(), got.end(), all.begin())) return fail(l, k, 0, "keep: not the k largest");
 }
 
+// warp_write_top_k (the bf16 kernel's final selection with FLASHDSA_ITK_WARP_FINAL): the k largest keys, distinct
+// ids, each score that of its id (or no score written), the rest of the k slots -1 / -inf, nothing past k written,
+// and the same output from two runs.
+void check_write(const List& l, int k, bool with_scores) {
+  auto run = [&](std::vector<int>& out_i, std::vector<float>& out_s) {
+    std::vector<float> scores = l.scores;
+    std::vector<int> idx = l.ids;
+    out_i.assign(k + 4, -7);
+    out_s.assign(k + 4, -7.f);
+    std::vector<uint32_t> hist(sel::kWarpHistBins);
+    run_warp([&] {
+      sel::warp_write_top_k(scores.data(), idx.data(), l.n, k, out_i.data(), with_scores ? out_s.data() : nullptr,
+                            hist.data());
+    });
+  };
+  std::vector<int> ai, bi;
+  std::vector<float> as, bs;
+  run(ai, as);
+  run(bi, bs);
+  const char* what = with_scores ? "write +s" : "write";
+  if (ai != bi || std::memcmp(as.data(), bs.data(), as.size() * sizeof(float)) != 0)
+    return fail(l, k, 0, (std::string(what) + ": two runs differ").c_str());
+  const int c = std::min(l.n, k);
+  for (int j = c; j < k + 4; ++j) {
+    const bool pad = j < k;
+    if (ai[j] != (pad ? -1 : -7)) return fail(l, k, 0, (std::string(what) + ": index padding").c_str());
+    const float want = pad && with_scores ? -INFINITY : -7.f;
+    if (as[j] != want) return fail(l, k, 0, (std::string(what) + ": score padding").c_str());
+  }
+  const std::vector<uint32_t> all = sorted_keys(l);
+  std::vector<char> seen(l.n, 0);
+  std::vector<uint32_t> got;
+  if (!keys_of(l, ai.data(), c, seen, got)) return fail(l, k, 0, (std::string(what) + ": bad or repeated id").c_str());
+  if (!std::equal(got.begin(), got.end(), all.begin()))
+    return fail(l, k, 0, (std::string(what) + ": not the k largest").c_str());
+  for (int j = 0; j < c; ++j) {
+    const float want = with_scores ? l.scores[ai[j] - kIdBase] : -7.f;
+    if (std::memcmp(&as[j], &want, sizeof(float)) != 0)
+      return fail(l, k, 0, (std::string(what) + ": score of another entry").c_str());
+  }
+}
+
 // keep_top_k of a CTA of NTH threads: count, the k largest keys, distinct ids, scores that match their ids, every
 // kept key >= the returned threshold.
 template <int NTH>
@@ -235,7 +279,10 @@ int main() {
       const List l = make_list(kind, s[0], rng);
       check_split(l, s[1], s[2]);
       check_keep(l, s[1]);
-      cases += 2;
+      check_write(l, s[1], true);
+      check_write(l, s[1], false);
+      check_write(l, s[0] + 37, true);  // a short list: every entry, then padding
+      cases += 5;
     }
   }
   // keep_top_k of a CTA: the resident path (n <= 4096) and the streamed one, both thread counts of the kernels.
