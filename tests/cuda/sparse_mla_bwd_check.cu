@@ -4,7 +4,7 @@
 //        -I include -I csrc -o /tmp/sparse_mla_bwd_check tests/cuda/sparse_mla_bwd_check.cu \
 //        csrc/sm90/sparse_mla_bwd/*.cu
 //   /tmp/sparse_mla_bwd_check [--small] [--no-bench] [--bench-only] [--fast-only] [--T 4096,32768]
-//                             [--bench-indices uniform|causal]
+//                             [--bench-indices uniform|causal] [--det-tol 1e-4]
 //
 // (a) correctness at small sizes against a double-precision CPU reference (forward for out/lse,
 //     then backward), both modes, with -1 / out-of-range / duplicated indices, an empty row, an
@@ -16,7 +16,8 @@
 //     --bench-only skips (a); --fast-only times the fast mode only; --T picks the token counts;
 //     --bench-indices causal: the peers benchmark's rows instead (bench/inputs.py causal_topk_indices:
 //     row t sees [0, t]; longer rows take one key from each of K equal strata, so a row is distinct and
-//     ascending; shorter rows take all keys, then -1).
+//     ascending; shorter rows take all keys, then -1). --det-tol: the largest rel-L2 difference allowed between
+//     the fast and the deterministic mode's dkv (default 1e-4).
 // Exit code: 0 all passed, 1 a check failed, 77 no CUDA device.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,6 +39,9 @@ namespace {
 
 using flashdsa::bf16;
 constexpr int kDqk = 576, kDv = 512;
+// Largest rel-L2 difference between the fast and the deterministic mode's dkv (same math, other summation order);
+// --det-tol raises it for the A/B build with fp16 partials (-DFLASHDSA_BWD_DET_FP16=1: ≈ 2e-4).
+double g_det_tol = 1e-4;
 
 struct Rng {
   uint64_t state;
@@ -455,7 +459,7 @@ bool scale_check() {
     // unsorted deterministic pass slot by slot (same values; only the head-group order could differ).
     const Errors e_mass = compare(mass[0], std::vector<double>(mass[1].begin(), mass[1].end()));
     // Same math, different summation order (fp32 atomics vs fixed order; dq rounded to bf16).
-    const bool ok = e_dkv.rel_l2 < 1e-4 && e_dq.rel_l2 < 1e-2 && e_mass.max_rel < 1e-6 &&
+    const bool ok = e_dkv.rel_l2 < g_det_tol && e_dq.rel_l2 < 1e-2 && e_mass.max_rel < 1e-6 &&
                     count_nonfinite(b.dkv, T * kDqk) == 0;
     std::printf("  T=%lld H=%d K=%d %s %lld: dkv rel_l2 %.1e, dq (256 rows) rel_l2 %.1e, mass max %.1e  %s\n",
                 (long long)T, H, K, sc.seq_len > 0 ? "random rows, seq" : "ascending rows, seq", (long long)(sc.seq_len > 0 ? sc.seq_len : T), e_dkv.rel_l2, e_dq.rel_l2, e_mass.max_rel,
@@ -554,7 +558,7 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only, bool causal_rows)
       std::snprintf(buf, sizeof buf, " det 3 runs %s; fast vs det dkv rel_l2 %.1e", same ? "bitwise equal" : "DIFFER",
                     e.rel_l2);
       notes += buf;
-      ok = ok && same && e.rel_l2 < 1e-4;
+      ok = ok && same && e.rel_l2 < g_det_tol;
     }
     std::printf("%8lld | %9.2f %9.1f | %9.2f %9.1f | %13.2f |%s\n", (long long)T, ms[0], flops / ms[0] / 1e9, ms[1],
                 flops / ms[1] / 1e9, ms_mass, notes.c_str());
@@ -574,6 +578,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-bench")) bench = false;
     else if (!std::strcmp(argv[i], "--bench-only")) correctness = false;
     else if (!std::strcmp(argv[i], "--fast-only")) fast_only = true;
+    else if (!std::strcmp(argv[i], "--det-tol") && i + 1 < argc) g_det_tol = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--bench-indices") && i + 1 < argc) {
       const char* kind = argv[++i];
       if (std::strcmp(kind, "uniform") != 0 && std::strcmp(kind, "causal") != 0) {

@@ -13,7 +13,16 @@
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
 
+// A/B builds only (default 0): FLASHDSA_BWD_DET_FP16=1 stores the deterministic mode's per-slot dkv partials as fp16
+// with one power-of-two scale per (slot, 64-column chunk) instead of fp32 (1,168 instead of 2,304 bytes per slot:
+// the mode's DRAM round trip halves; docs/perf-notes.md, twenty-first session). The fast mode is unchanged.
+#ifndef FLASHDSA_BWD_DET_FP16
+#define FLASHDSA_BWD_DET_FP16 0
+#endif
+
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
+
+constexpr int kDetExpBytes = 16;  // FLASHDSA_BWD_DET_FP16: exponent bytes per slot (9 chunks used)
 
 struct MainParams {
   const __nv_bfloat16* q;     // [T, H, 576]; strides q_stride_t, q_stride_h
@@ -36,6 +45,11 @@ struct MainParams {
   float scale;                // softmax scale
   float scale_log2;           // scale * log2(e)
   int resident_ctas;          // sweep mode: CTAs of this launch running at once
+#if FLASHDSA_BWD_DET_FP16
+  uint8_t* partial_exp;       // [tokens of this launch, G, K, kDetExpBytes] deterministic mode: each (slot, chunk)'s
+                              // biased exponent E (the partial's fp16 values are the chunk's values x 2^(140 - E));
+                              // `partial` then holds [tokens, G, K, 576] fp16
+#endif
 };
 
 // Position inside its 16-column group at which dkv column 16m + 8h + 2q + e (h, e < 2, q < 4) is
@@ -436,6 +450,10 @@ struct DkvRows {
   float* base;
   uint32_t row[2][2];  // [half][A, B]: key (fast) or slot in the row (deterministic)
   bool valid[2][2];
+#if FLASHDSA_BWD_DET_FP16
+  uint16_t* hbase;  // deterministic mode: the fp16 partial row of slot row0, plus this lane's column
+  uint8_t* ebase;   // and its exponent bytes
+#endif
 };
 
 template <bool kDeterministic>
@@ -445,8 +463,15 @@ __device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* 
   const int row0 = 16 * warp + (lane >> 2) - odd;
   DkvRows r;
   if constexpr (kDeterministic) {  // slot rows row0 + 8 half + ab: immediate offsets from one pointer
+#if FLASHDSA_BWD_DET_FP16
+    const int64_t slot0 = (int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * p.K + blk * kBlockKeys + row0;
+    r.base = nullptr;
+    r.hbase = reinterpret_cast<uint16_t*>(p.partial) + slot0 * kQkCols + col;
+    r.ebase = p.partial_exp + slot0 * kDetExpBytes;
+#else
     r.base = p.partial +
              ((int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * p.K + blk * kBlockKeys + row0) * int64_t(kQkCols) + col;
+#endif
   } else {
     r.base = p.dkv + col;
   }
@@ -468,6 +493,62 @@ __device__ __forceinline__ float* dkv_row_ptr(const DkvRows& r, int half, int ab
   else return r.base + size_t(r.row[half][ab]) * kQkCols;
 }
 
+#if FLASHDSA_BWD_DET_FP16
+// The biased exponent E of m >= 0 (m a chunk row's largest magnitude), clamped to [14, 254]: the row's values times
+// 2^(140 - E) lie below 2^14 in magnitude (fp16 holds them with 11 significant bits); 2^(E - 140) decodes them.
+__device__ __forceinline__ uint32_t det_fp16_exp(float m) {
+  return min(max((__float_as_uint(m) >> 23) & 0xFFu, 14u), 254u);
+}
+
+// Four values times `s` as four fp16 in 8 bytes (first value in the low half).
+__device__ __forceinline__ uint2 pack_fp16x4(float4 v, float s) {
+  uint32_t lo, hi;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(v.y * s), "f"(v.x * s));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(v.w * s), "f"(v.z * s));
+  return make_uint2(lo, hi);
+}
+
+// The largest magnitude of a row's 64 chunk values, held 8 per lane by the 8 lanes 8m .. 8m + 7 (all lanes call).
+__device__ __forceinline__ float row_absmax8(float4 x, float4 y) {
+  float m = fmaxf(fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))),
+                  fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
+#pragma unroll
+  for (int mask = 1; mask < 8; mask <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, mask));
+  return m;
+}
+
+// The deterministic mode's emission with fp16 partials: the same quad-pair exchange as emit_dkv_pairs, then each
+// row's chunk (64 values over 8 lanes) scaled by 2^(140 - E) and stored as fp16 (two 8-byte stores per lane and
+// row: 4 half lines per warp instruction), E to the slot's exponent byte of this chunk (by lane 8m).
+__device__ __forceinline__ void emit_dkv_pairs_fp16(const float (&acc)[32], const DkvRows& rows, int chunk,
+                                                    int lane) {
+  const bool odd = (lane >> 2) & 1;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float4 piece[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      piece[m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
+                             acc[8 * m + 5 + 2 * half]);
+    const float4 got0 = shfl_xor4(odd ? piece[0] : piece[1], 4);
+    const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
+    const float4 a0 = odd ? got0 : piece[0], a1 = odd ? got1 : piece[2];  // row A, columns +0 / +32
+    const float4 b0 = odd ? piece[1] : got0, b1 = odd ? piece[3] : got1;  // row B
+    const uint32_t ea = det_fp16_exp(row_absmax8(a0, a1)), eb = det_fp16_exp(row_absmax8(b0, b1));
+#pragma unroll
+    for (int ab = 0; ab < 2; ++ab) {
+      if (!rows.valid[half][ab]) continue;
+      const uint32_t e = ab == 0 ? ea : eb;
+      const float sc = __uint_as_float((267u - e) << 23);  // 2^(140 - e)
+      uint16_t* const dst = rows.hbase + (8 * half + ab) * kQkCols + chunk * kColsPerBlock;
+      *reinterpret_cast<uint2*>(dst) = pack_fp16x4(ab == 0 ? a0 : b0, sc);
+      *reinterpret_cast<uint2*>(dst + 32) = pack_fp16x4(ab == 0 ? a1 : b1, sc);
+      if ((lane & 7) == 0) rows.ebase[(8 * half + ab) * kDetExpBytes + chunk] = static_cast<uint8_t>(e);
+    }
+  }
+}
+#endif
+
 // Emits one [64 keys x 64 cols] fp32 dKV chunk (column block `chunk`) in full 128-byte lines
 // (emit_dkv_pairs).
 template <bool kDeterministic>
@@ -476,6 +557,10 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 // no dkv writes at all, wrong dkv.
 #if FLASHDSA_BWD_NO_DKV
   return;
+#endif
+#if FLASHDSA_BWD_DET_FP16
+  if constexpr (kDeterministic) emit_dkv_pairs_fp16(acc, rows, chunk, lane);
+  else
 #endif
   emit_dkv_pairs<kDeterministic>(acc, rows.valid, lane, [&](int half, int ab) {
     return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock;

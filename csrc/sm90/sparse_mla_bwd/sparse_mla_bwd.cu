@@ -12,6 +12,7 @@
 //   4. the main kernel writes dkv (and the partials) in the dkv_pos column order (kernel_common.cuh):
 //      dkv_unpermute_kernel restores the natural order after the last atomic / reduction of the call.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -121,6 +122,7 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* 
   }
 }
 
+#if !FLASHDSA_BWD_DET_FP16
 // Deterministic dkv update of one token chunk: for every key s with count[s] > 0, sums the
 // partials of its pairs (sorted order = ascending pair id, then head group) and adds the sum to
 // dkv[s]. One CTA owns a key row at a time; thread i owns columns 4i..4i+3.
@@ -165,6 +167,59 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_partials_kernel(
     d.x += sum.x, d.y += sum.y, d.z += sum.z, d.w += sum.w;
   }
 }
+#else
+// reduce_partials_kernel for fp16 partials (FLASHDSA_BWD_DET_FP16): thread i owns stored positions 4i .. 4i + 3 of
+// chunk i / 16; each partial is its four fp16 values times 2^(E - 140) (E: the slot's exponent byte of the chunk),
+// exact in fp32; the sum runs in the same order as the fp32 kernel's.
+__global__ void __launch_bounds__(kReduceThreads) reduce_partials_fp16_kernel(
+    const uint2* __restrict__ partial,      // [tokens, G, K, 144] four fp16 each
+    const uint8_t* __restrict__ exps,       // [tokens, G, K, kDetExpBytes]
+    const int32_t* __restrict__ pair_ids,   // pairs sorted by key
+    const int32_t* __restrict__ key_count,  // [T_kv]
+    const int32_t* __restrict__ key_offset, // [T_kv] exclusive scan of key_count
+    float4* __restrict__ dkv,               // [T_kv, 144]
+    int64_t t_kv, int K, int num_head_groups) {
+  const int c = threadIdx.x, chunk = c / (kColsPerBlock / 4);
+  for (int64_t s = blockIdx.x; s < t_kv; s += gridDim.x) {
+    const int n = key_count[s];
+    if (n == 0) continue;
+    const int32_t* ids = pair_ids + key_offset[s];
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    constexpr int kBatch = 4;  // loads of a batch are issued together; the adds stay in order
+    for (int e0 = 0; e0 < n; e0 += kBatch) {
+      uint2 v[kBatch][2];
+      uint32_t ex[kBatch][2];
+#pragma unroll
+      for (int e = 0; e < kBatch; ++e) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          if (e0 + e < n && g < num_head_groups) {
+            const int64_t pid = ids[e0 + e];
+            const int64_t l = pid / K, slot = pid - l * K;
+            const int64_t row = (l * num_head_groups + g) * K + slot;
+            v[e][g] = partial[row * kReduceThreads + c];
+            ex[e][g] = exps[row * kDetExpBytes + chunk];
+          }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kBatch; ++e) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          if (e0 + e < n && g < num_head_groups) {
+            const float sc = __uint_as_float((ex[e][g] - 13u) << 23);  // 2^(E - 140)
+            const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v[e][g].x));
+            const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v[e][g].y));
+            sum.x += lo.x * sc, sum.y += lo.y * sc, sum.z += hi.x * sc, sum.w += hi.y * sc;
+          }
+        }
+      }
+    }
+    float4& d = dkv[s * kReduceThreads + c];
+    d.x += sum.x, d.y += sum.y, d.z += sum.z, d.w += sum.w;
+  }
+}
+#endif
 
 // dkv [rows, 576] fp32, in place: stored position dkv_pos(c) -> column c (kernel_common.cuh). One
 // thread per 16-column group (64 bytes in, 64 bytes out).
@@ -195,7 +250,7 @@ struct Plan {
   // byte offsets into the workspace (only those of the chosen mode are used)
   size_t sweep_counter = 0;
   size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0;
-  size_t partial = 0, key_count = 0, key_offset = 0, cub_temp = 0;
+  size_t partial = 0, partial_exp = 0, key_count = 0, key_offset = 0, cub_temp = 0;
   size_t cub_temp_bytes = 0;
   size_t total = 0;
 };
@@ -222,13 +277,23 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
   if (p.deterministic) {
     int sms = 132;
     FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
-    const int64_t per_token = int64_t(pl.num_head_groups) * p.topk.K * kQkCols * int64_t(sizeof(float));
+#if FLASHDSA_BWD_DET_FP16
+    const int64_t slot_bytes = kQkCols * 2 + kDetExpBytes;  // fp16 values + exponent bytes
+#else
+    const int64_t slot_bytes = kQkCols * int64_t(sizeof(float));
+#endif
+    const int64_t per_token = int64_t(pl.num_head_groups) * p.topk.K * slot_bytes;
     int64_t c = std::max<int64_t>(1, kDetChunkBytes / per_token);
     const int64_t wave = sms;  // CTAs resident at once (one per SM)
     if (c > wave) c -= c % wave;
     pl.chunk_tokens = std::min(c, T);
     const int64_t pairs = pl.chunk_tokens * p.topk.K;
+#if FLASHDSA_BWD_DET_FP16
+    pl.partial = carve(&cur, size_t(pl.chunk_tokens) * pl.num_head_groups * p.topk.K * kQkCols * 2);
+    pl.partial_exp = carve(&cur, size_t(pl.chunk_tokens) * pl.num_head_groups * p.topk.K * kDetExpBytes);
+#else
     pl.partial = carve(&cur, size_t(pl.chunk_tokens) * per_token);
+#endif
     pl.keys_in = carve(&cur, size_t(pairs) * 4);
     pl.keys_out = carve(&cur, size_t(pairs) * 4);
     pl.pair_ids_in = carve(&cur, size_t(pairs) * 4);
@@ -368,6 +433,9 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
   int32_t* key_count = reinterpret_cast<int32_t*>(ws + pl.key_count);
   int32_t* key_offset = reinterpret_cast<int32_t*>(ws + pl.key_offset);
   mp.partial = reinterpret_cast<float*>(ws + pl.partial);
+#if FLASHDSA_BWD_DET_FP16
+  mp.partial_exp = reinterpret_cast<uint8_t*>(ws + pl.partial_exp);
+#endif
   int device = 0, sms = 132;
   FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
   FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -390,10 +458,17 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     temp_bytes = pl.cub_temp_bytes;
     FLASHDSA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(cub_temp, temp_bytes, key_count, key_offset, p.T_kv + 1, stream));
     if (reduce_grid > 0) {
+#if FLASHDSA_BWD_DET_FP16
+      reduce_partials_fp16_kernel<<<reduce_grid, kReduceThreads, 0, stream>>>(
+          reinterpret_cast<const uint2*>(mp.partial), mp.partial_exp, pair_ids_out, key_count, key_offset,
+          reinterpret_cast<float4*>(dkv), p.T_kv, p.topk.K, pl.num_head_groups);
+      FLASHDSA_CHECK_LAUNCH("reduce_partials_fp16_kernel");
+#else
       reduce_partials_kernel<<<reduce_grid, kReduceThreads, 0, stream>>>(
           reinterpret_cast<const float4*>(mp.partial), pair_ids_out, key_count, key_offset,
           reinterpret_cast<float4*>(dkv), p.T_kv, p.topk.K, pl.num_head_groups);
       FLASHDSA_CHECK_LAUNCH("reduce_partials_kernel");
+#endif
     }
   }
   return Status::OK();
