@@ -15,7 +15,8 @@
 
 // A/B builds only (default 0): FLASHDSA_BWD_DET_FP16=1 stores the deterministic mode's per-slot dkv partials as fp16
 // with one power-of-two scale per (slot, 64-column chunk) instead of fp32 (1,168 instead of 2,304 bytes per slot:
-// the mode's DRAM round trip halves; docs/perf-notes.md, twenty-first session). The fast mode is unchanged.
+// the mode's DRAM round trip halves; docs/perf-notes.md, twenty-first session); =2 the same with evict-first
+// (st.global.cs) stores. The fast mode is unchanged.
 #ifndef FLASHDSA_BWD_DET_FP16
 #define FLASHDSA_BWD_DET_FP16 0
 #endif
@@ -508,6 +509,16 @@ __device__ __forceinline__ uint2 pack_fp16x4(float4 v, float s) {
   return make_uint2(lo, hi);
 }
 
+// 8 bytes of fp16 partials: FLASHDSA_BWD_DET_FP16 == 2 marks them evict-first in L2 (st.global.cs: they are read back
+// only after the chunk's main kernel, from DRAM anyway), so that they do not push the kv rows out of L2.
+__device__ __forceinline__ void store_fp16x4(uint16_t* dst, uint2 v) {
+#if FLASHDSA_BWD_DET_FP16 == 2
+  asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};\n" ::"l"(dst), "r"(v.x), "r"(v.y) : "memory");
+#else
+  *reinterpret_cast<uint2*>(dst) = v;
+#endif
+}
+
 // The largest magnitude of a row's 64 chunk values, held 8 per lane by the 8 lanes 8m .. 8m + 7 (all lanes call).
 __device__ __forceinline__ float row_absmax8(float4 x, float4 y) {
   float m = fmaxf(fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))),
@@ -541,8 +552,8 @@ __device__ __forceinline__ void emit_dkv_pairs_fp16(const float (&acc)[32], cons
       const uint32_t e = ab == 0 ? ea : eb;
       const float sc = __uint_as_float((267u - e) << 23);  // 2^(140 - e)
       uint16_t* const dst = rows.hbase + (8 * half + ab) * kQkCols + chunk * kColsPerBlock;
-      *reinterpret_cast<uint2*>(dst) = pack_fp16x4(ab == 0 ? a0 : b0, sc);
-      *reinterpret_cast<uint2*>(dst + 32) = pack_fp16x4(ab == 0 ? a1 : b1, sc);
+      store_fp16x4(dst, pack_fp16x4(ab == 0 ? a0 : b0, sc));
+      store_fp16x4(dst + 32, pack_fp16x4(ab == 0 ? a1 : b1, sc));
       if ((lane & 7) == 0) rows.ebase[(8 * half + ab) * kDetExpBytes + chunk] = static_cast<uint8_t>(e);
     }
   }

@@ -3,12 +3,14 @@
 # backward's deterministic mode with fp16 partials (-DFLASHDSA_BWD_DET_FP16=1; docs/perf-notes.md, twenty-first
 # session), A/B against the default build. Binaries built here:
 #   BUILD_ONLY=1 BIN=build-x/bwd-f16 AB_FLAGS=-DFLASHDSA_BWD_DET_FP16=1 bash scripts/bwd_gpu.sh
-#   (carry only build-x/bwd-f16/bwd_bin.tar.xz + ab_flags.txt: the script unpacks them)
+#   then the same with AB_FLAGS=-DFLASHDSA_BWD_DET_FP16=2 (evict-first stores) into another folder, its bwd_ab
+#   copied to build-x/bwd-f16/bwd_ab2 (flags in ab2_flags.txt)
 # Device: run(command="bash docs/bench/s21_2026-12-04/next_call_bwd_det_fp16.sh", carry=["build-x/bwd-f16"])
 # Steps: (1) the fp16 build's 38 correctness cases (deterministic 3 runs bitwise, errors vs float64, the sweep vs
 # deterministic comparisons at --det-tol 1e-3: fp16 partials differ from the fast mode by ~2e-4 rel-L2);
 # (2) main / ab alternated, 2 rounds, fast + deterministic + mass at 8K / 32K / 128K (uniform rows; the first T also
-# checks the deterministic mode bitwise over 3 runs and against the fast one); (3) memcheck and synccheck of the
+# checks the deterministic mode bitwise over 3 runs and against the fast one), with ab2 = the same with evict-first
+# partial stores (-DFLASHDSA_BWD_DET_FP16=2); (3) memcheck and synccheck of the
 # fp16 build --small (the change is global stores, shuffles and a new reduce kernel; no shared memory: racecheck
 # last, if time is left). Prints a table last: det ms and det / fast of both builds.
 set -uo pipefail
@@ -21,7 +23,7 @@ s=$(date +%s)
 left() { echo $(( 575 - ($(date +%s) - s) )); }
 timeout 200 $B/bwd_ab --no-bench --det-tol 1e-3 > "$L/ab_correct.log" 2>&1; echo "ab correct rc=$? $(( $(date +%s) - s )) s"
 for r in 1 2; do
-  order="main ab"; [ $r = 2 ] && order="ab main"
+  order="main ab ab2"; [ $r = 2 ] && order="ab2 ab main"
   for v in $order; do
     [ "$(left)" -lt 60 ] && { echo "round $r $v skipped (time)"; continue; }
     timeout 100 $B/bwd_$v --bench-only --T 8192,32768,131072 --det-tol 1e-3 > "$L/${v}_r$r.log" 2>&1
@@ -39,12 +41,12 @@ grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/ab_correct.log" | tail -
 grep -c "RUNS DIFFER\|FAIL" "$L/ab_correct.log" | sed 's/^/ab correctness lines with FAIL or RUNS DIFFER: /'
 awk '/dq rel_l2/ { for (i = 1; i <= NF; ++i) if ($i == "dkv" && $(i+1) == "rel_l2" && $(i+2) > w) w = $(i+2) } END { print "ab worst dkv rel_l2 vs float64: " w }' "$L/ab_correct.log"
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$L"/memcheck.log "$L"/synccheck.log "$L"/racecheck.log 2>/dev/null
-echo "T | main fast / det ms (r1, r2) | ab fast / det ms (r1, r2)   (bench lines: T | fast ms TFLOP/s | det ms TFLOP/s | ...)"
+echo "T | main fast/det ms (r1, r2) | ab (fp16) | ab2 (fp16, evict-first)   (bench lines: T | fast ms TFLOP/s | det ms ...)"
 for T in 8192 32768 131072; do
   row="$T |"
-  for v in main ab; do for r in 1 2; do
+  for v in main ab ab2; do for r in 1 2; do
     row="$row $(awk -v T=$T -F'|' '$1 + 0 == T && NF >= 5 { split($2, a, " "); split($3, b, " "); printf "%s/%s", a[1], b[1]; exit }' "$L/${v}_r$r.log")"
   done; row="$row |"; done
   echo "$row"
 done
-grep -h "bitwise\|DIFFER" "$L"/ab_r*.log | head -3
+grep -h "bitwise\|DIFFER" "$L"/ab_r*.log "$L"/ab2_r*.log | head -4
