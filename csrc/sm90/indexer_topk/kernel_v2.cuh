@@ -184,7 +184,6 @@ __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka
   hw::wgmma_commit();
 }
 
-#if FLASHDSA_ITK_WARP_FINAL
 // Final selection of the block of rows t0 .. t0 + NT - 1 (FLASHDSA_ITK_WARP_FINAL): warp r selects row r's list (at
 // most cap entries) into the row's outputs (its top K, then -1 / -inf), all rows at once, each warp on a 2048-bin
 // histogram of its own in the Q block (8 x 8 KB = the 64 KB Q block at D_I = 128; free after the walk: its last
@@ -206,7 +205,6 @@ __device__ __forceinline__ void warp_final_selects(const KernelArgs& a, int t0, 
                      a.out_scores != nullptr ? a.out_scores + row : nullptr, hist);
   }
 }
-#endif
 
 // kSampled: the instance for inputs with T_kv >= kSampleMinTiles (64) tiles at D_I = 128 (the host picks it),
 // whose long blocks take the sampled threshold; the other instance has none of its code in the tile loop.
@@ -412,16 +410,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #if defined(FLASHDSA_INDEXER_TIMING)
     const long long tf = clock64();
 #endif
-#if FLASHDSA_ITK_WARP_FINAL
-    if constexpr (D == 128) {
+    if constexpr (FLASHDSA_ITK_WARP_FINAL && D == 128) {
       static_assert((kThreads / 32) * kWarpHistBins * 4 <= sizeof(sm.q), "the warps' histograms fit the Q block");
       warp_final_selects<NT>(a, t0, cand_s, cand_i, sm.count, reinterpret_cast<uint32_t*>(sm.q));
     } else {
       write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
     }
-#else
-    write_block_top_k<NT>(a, t0, cand_s, cand_i, sm.count, sm.sel);
-#endif
 #if defined(FLASHDSA_INDEXER_TIMING)
     c_final += clock64() - tf;
     ++n_blocks;
