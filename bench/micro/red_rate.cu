@@ -12,7 +12,11 @@
 // does an emission staged in shared memory reach a higher L2 reduction rate than red.v4.f32?). The very last
 // pattern is the fast mode's red.v4.f32 with 256 B of L2 reads (cp.async.cg) of another chunk per warp step,
 // the backward's ratio of kv gather bytes to dkv reduction bytes (73,728 / 147,456): does the reduction rate
-// hold when the L2 also serves reads?
+// hold when the L2 also serves reads? The two half-line patterns (2026-12-04, twenty-second session) are the
+// emission of a dKV accumulator without the quad-pair exchange: the 4 lanes of each quad send 64 consecutive bytes
+// (half a line) of their own row, 8 rows per instruction; "paired" completes the same 8 lines with the next
+// instruction (as consecutive n-group pairs of the accumulator would), "unpaired" leaves the other halves to some
+// other step of some other warp. Question: does the L2 reduce half-line requests at the full-line rate?
 //
 // Every pattern adds 1 to each value of a 512-byte chunk (128 four-byte or 64 eight-byte values) per
 // warp step, the chunks visited in a fixed scattered order over an L2-resident buffer (default 32 MiB,
@@ -40,12 +44,14 @@
 
 namespace {
 
-enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kBulkF32, kBulkF32x4, kV4F32Reads, kPatterns };
+enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kBulkF32, kBulkF32x4, kV4F32Reads,
+               kV4F32HalfPairs, kV4F32HalfSpread, kPatterns };
 const char* const kNames[kPatterns] = {
     "red.v4.f32, 4 lines / instr (fast mode)", "red.f32, 1 line / instr", "red.u32, 1 line / instr",
     "red.u64, 2 lines / instr", "red.u32, v4 layout (lane stride 16 B)", "red.u32, 4 full sectors in 4 lines / instr",
     "atom.u32 (value returned), 1 line / instr", "cp.reduce.async.bulk add.f32, 512 B / op",
-    "cp.reduce.async.bulk add.f32, 2 KB / op", "red.v4.f32 + 256 B of L2 reads / step"};
+    "cp.reduce.async.bulk add.f32, 2 KB / op", "red.v4.f32 + 256 B of L2 reads / step",
+    "red.v4.f32, 8 half lines / instr, paired", "red.v4.f32, 8 half lines / instr, unpaired"};
 
 constexpr int kChunkBytes = 512;
 constexpr int kBulkMaxBytes = 2048;
@@ -92,6 +98,12 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
         }
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 3;\n" ::: "memory");
       }
+    } else if constexpr (P == kV4F32HalfPairs || P == kV4F32HalfSpread) {
+      // 1 KB regions (8 lines); lanes 4g .. 4g + 3 add 16 B each to half (s & 1) of line g of the region of
+      // step s / 2 (paired: the next step completes the same lines) or of step s (unpaired)
+      const uint32_t r = chunk_of(w, static_cast<uint32_t>(P == kV4F32HalfPairs ? s / 2 : s), mask >> 1);
+      uint8_t* const a = buf + static_cast<size_t>(r) * 2 * kChunkBytes + 128 * (lane >> 2) + 64 * (s & 1) + 16 * (lane & 3);
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};\n" ::"l"(a), "f"(1.f) : "memory");
     } else if constexpr (P == kF32Line || P == kU32Line) {
 #pragma unroll
       for (int l = 0; l < 4; ++l) {
@@ -153,6 +165,8 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
     case kBulkF32: launch<kBulkF32>(buf, mask, steps, grid, threads); break;
     case kBulkF32x4: launch<kBulkF32x4>(buf, mask, steps, grid, threads); break;
     case kV4F32Reads: launch<kV4F32Reads>(buf, mask, steps, grid, threads); break;
+    case kV4F32HalfPairs: launch<kV4F32HalfPairs>(buf, mask, steps, grid, threads); break;
+    case kV4F32HalfSpread: launch<kV4F32HalfSpread>(buf, mask, steps, grid, threads); break;
     default: launch<kAtomU32Line>(buf, mask, steps, grid, threads); break;
   }
   CHECK_CUDA(cudaGetLastError());
@@ -161,7 +175,8 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
 // Sum of the buffer's values (f32, u32 or u64 words) on the host.
 double buffer_sum(int p, const std::vector<uint8_t>& h) {
   double s = 0.0;
-  if (p == kV4F32 || p == kF32Line || p == kBulkF32 || p == kBulkF32x4 || p == kV4F32Reads) {
+  if (p == kV4F32 || p == kF32Line || p == kBulkF32 || p == kBulkF32x4 || p == kV4F32Reads || p == kV4F32HalfPairs ||
+      p == kV4F32HalfSpread) {
     const float* f = reinterpret_cast<const float*>(h.data());
     for (size_t i = 0; i < h.size() / 4; ++i) s += f[i];
   } else if (p == kU64Line) {

@@ -47,3 +47,70 @@ def test_command_line(tmp_path, capsys):
     assert mod.main([str(f), "--top", "1"]) == 0
     out = capsys.readouterr().out
     assert "kernel: void k" in out and "BAR.RED.OR" in out and "HGMMA" not in out.split("top 1")[1]
+
+
+SOURCE = """// header comment
+#include <x>
+
+__device__ void produce(int a) {
+  helper(a);
+}
+
+template <bool k>
+__device__ void front(int b) {
+  if (b) {
+    wait(b);
+  }
+}
+
+__device__ __forceinline__ int tiny(int c) { return c; }
+"""
+
+
+def test_function_ranges_span_to_the_next_top_level_definition():
+    r = mod.function_ranges(SOURCE, ["produce", "front", "tiny"])
+    assert r["produce"] == (4, 8)  # to the line before front's declarator (a `template <...>` line has no "(")
+    assert r["front"] == (9, 14)
+    assert r["tiny"] == (15, 15)
+    with pytest.raises(ValueError):
+        mod.function_ranges(SOURCE, ["back"])
+
+
+def _row(addr, loc, samples, stalls):
+    return {"address": addr, "source": "NOP", "samples": samples, "executed": 1, "stalls": stalls, "location": loc}
+
+
+def test_roles_are_set_by_the_role_functions_and_inherited_by_inlined_helpers():
+    ranges = {"produce": (4, 8), "front": (9, 14)}
+    roles = {"produce": "producer", "front": "front"}
+    rows = [
+        _row("0x00", "other.cuh:1", 5, {"wait": 5}),            # before any role line
+        _row("0x10", "k.cuh:5", 10, {"wait": 10}),              # producer
+        _row("0x20", "helpers.cuh:77", 30, {"long_scoreboard": 30}),  # inlined into the producer
+        _row("0x30", "k.cuh:11", 40, {"barrier": 40}),          # front
+        _row("0x40", "k.cuh:99", 15, {"wait": 15}),             # same file, outside every role: inherits front
+    ]
+    got = mod.attribute_roles(rows, "k.cuh", ranges, roles)
+    assert got == [None, "producer", "producer", "front", "front"]
+    text = mod.summarise_roles(rows, got, top=3)
+    lines = text.splitlines()
+    assert lines[0].startswith("== producer: 40 samples, 40.0% of all")
+    assert "long_scoreboard 75.0%" in lines[1]
+    front = lines.index(next(l for l in lines if l.startswith("== front")))
+    assert lines[front].startswith("== front: 55 samples, 55.0% of all")
+    assert any(l.startswith("== (before any role): 5 samples") for l in lines)
+
+
+def test_parse_roles_and_its_errors():
+    assert mod.parse_roles("a/k.cuh=produce:producer,front:front") == ("a/k.cuh", {"produce": "producer", "front": "front"})
+    with pytest.raises(ValueError):
+        mod.parse_roles("a/k.cuh=produce")
+    with pytest.raises(ValueError):
+        mod.parse_roles("=produce:p")
+
+
+def test_roles_need_a_report(tmp_path):
+    f = tmp_path / "src.csv"
+    f.write_text(CSV)
+    with pytest.raises(SystemExit):
+        mod.main([str(f), "--roles", "k.cuh=front:front"])

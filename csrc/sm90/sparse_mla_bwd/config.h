@@ -57,6 +57,16 @@ constexpr int kBarProducer = 1;  // producer (128): block list flags / compactio
 constexpr int kBarQdo = 2;       // front + back (256): Q, dO, lse, Delta landed in smem
 constexpr int kBarMass = 3;      // front (128): warps 1..3 stored their attention-mass column sums
 
+// FLASHDSA_BWD_KV_SPLIT=1 (A/B build, not yet measured): the producer gathers a block's kv tile in three parts of
+// three column blocks, each completing its own mbarrier (kv_part[0], kv_part[1], then kv_full), and the front issues
+// S's k-steps of a part as soon as it landed, instead of waiting for the whole 72 KB tile (docs/perf-notes.md,
+// twenty-second session: the front waits 21% of its time for the gather at 8K).
+#ifndef FLASHDSA_BWD_KV_SPLIT
+#define FLASHDSA_BWD_KV_SPLIT 0
+#endif
+constexpr int kKvParts = FLASHDSA_BWD_KV_SPLIT ? 3 : 1;
+static_assert(kQkBlocks % kKvParts == 0, "kv parts of whole column blocks");
+
 // Shared memory of one CTA: the buffers, then the mbarriers. Tiles are SW128
 // (csrc/sm90/common/hopper.cuh), 1024-byte aligned, natural column order.
 struct alignas(1024) SmemPlan {
@@ -76,6 +86,9 @@ struct alignas(1024) SmemPlan {
   uint64_t kv_empty;                // front, back -> producer: both dQ of block i done, kv may be overwritten
   uint64_t pds_full;                // front -> back: P and dS tiles of block i written
   uint64_t tiles_free;              // back -> front: back's last dKV wgmma of block i done (P, dS free)
+#if FLASHDSA_BWD_KV_SPLIT
+  uint64_t kv_part[2];              // A/B build: column blocks 0..2 / 3..5 of block i landed (kv_full: 6..8)
+#endif
 };
 constexpr size_t kSmemBytes = sizeof(SmemPlan) + 1024;  // + slack to align the dynamic smem base: 227 KB
 static_assert(kSmemBytes <= hw::kSmemLimit, "shared memory budget: one kv stage (a second one needs 72 KB more)");

@@ -202,6 +202,17 @@ struct Copier {
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
   }
+#if FLASHDSA_BWD_KV_SPLIT
+  // Column blocks [kFirst, kFirst + kBlocks) only (the split gather).
+  template <int kFirst, int kBlocks, int kRows>
+  __device__ __forceinline__ void copy_row_part(uint32_t tile, int r, const __nv_bfloat16* src_row, bool valid) const {
+    const uint32_t dst = tile + row_off + r * 16 * 128 + kFirst * kRows * 128;
+    const __nv_bfloat16* src = src_row + 8 * chunk + kFirst * kColsPerBlock;
+    asm("" : "+l"(src));
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
+  }
+#endif
 };
 
 // Writes the keys k of this thread's gather rows cp.rsub + 16 r of block i to idx[i % 2] and issues
@@ -218,6 +229,39 @@ __device__ __forceinline__ void gather_kv(const MainParams& p, SmemPlan& sm, con
     cp.copy_row<kQkBlocks, kBlockKeys>(kv_tile, r, p.kv + (valid ? int64_t(k[r]) : 0) * p.kv_stride_t, valid);
   }
 }
+
+#if FLASHDSA_BWD_KV_SPLIT
+// The split gather (FLASHDSA_BWD_KV_SPLIT): idx[i % 2] as gather_kv, then column blocks 3 part .. 3 part + 2 of
+// the 64 rows for part = 0, 1, 2, each part completing kv_part[0], kv_part[1], kv_full (one cp.async arrival
+// when this thread's copies so far landed, one arrival for its idx stores, as kv_full's).
+__device__ __forceinline__ void gather_kv_split(const MainParams& p, SmemPlan& sm, const Copier& cp, uint32_t kv_tile,
+                                                int i, const int32_t (&k)[4]) {
+  if (cp.chunk == 0) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) sm.idx[i & 1][cp.rsub + 16 * r] = k[r];
+  }
+  bool valid[4];
+  const __nv_bfloat16* src[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    valid[r] = key_valid(k[r], p.T_kv);
+    src[r] = p.kv + (valid[r] ? int64_t(k[r]) : 0) * p.kv_stride_t;
+  }
+  constexpr int kPer = kQkBlocks / kKvParts;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) cp.copy_row_part<0, kPer, kBlockKeys>(kv_tile, r, src[r], valid[r]);
+  hw::cp_async_arrive(&sm.kv_part[0]);
+  hw::mbar_arrive(&sm.kv_part[0]);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) cp.copy_row_part<kPer, kPer, kBlockKeys>(kv_tile, r, src[r], valid[r]);
+  hw::cp_async_arrive(&sm.kv_part[1]);
+  hw::mbar_arrive(&sm.kv_part[1]);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) cp.copy_row_part<2 * kPer, kPer, kBlockKeys>(kv_tile, r, src[r], valid[r]);
+  hw::cp_async_arrive(&sm.kv_full);
+  hw::mbar_arrive(&sm.kv_full);
+}
+#endif
 
 // ---- lse, Delta; P, dS and their bf16 tiles ---------------------------------------------------
 
@@ -330,6 +374,17 @@ __device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_t
     hw::wgmma_ss_m64n64k16<0, 0>(acc, desc_k_major(a_tile, kHeadsPerCta, ks), desc_k_major(kv_tile, kBlockKeys, ks),
                                  ks > 0);
 }
+
+#if FLASHDSA_BWD_KV_SPLIT
+// Column blocks [kFirst, kFirst + kBlocks) of mma_heads_keys (the split gather's parts; kFirst = 0 starts acc).
+template <int kFirst, int kBlocks>
+__device__ __forceinline__ void mma_heads_keys_part(float (&acc)[32], const void* a_tile, const void* kv_tile) {
+#pragma unroll
+  for (int ks = 4 * kFirst; ks < 4 * (kFirst + kBlocks); ++ks)
+    hw::wgmma_ss_m64n64k16<0, 0>(acc, desc_k_major(a_tile, kHeadsPerCta, ks), desc_k_major(kv_tile, kBlockKeys, ks),
+                                 ks > 0);
+}
+#endif
 
 // The A operands of the back's dKV chunks. FLASHDSA_BWD_RS_DKV: dS^T and P^T as wgmma register fragments,
 // loaded once per block from the tiles (load_dkv_a), so that the chunks read only Q / dO from shared
@@ -457,8 +512,48 @@ struct DkvRows {
 #endif
 };
 
+#if FLASHDSA_BWD_EMIT_HALF
+// FLASHDSA_BWD_EMIT_HALF (A/B build, fast mode only): no quad-pair exchange. Thread (warp, lane) emits its own rows
+// r0 = 16 warp + lane / 4 and r0 + 8 (valid[half][0], row[half][0]; the [.][1] entries are unused) at column 4 q:
+// each warp instruction then adds 64 consecutive bytes (half a line) to each of 8 rows, and the next instruction
+// (n-group pair m + 1) the other half of the same 8 lines. Built to measure whether the L2 reduces half-line
+// requests at the full-line rate (bench/micro/red_rate, "half lines"), which would make the 16 shuffles per chunk
+// and thread unnecessary.
+__device__ __forceinline__ DkvRows dkv_rows_own(const MainParams& p, const int32_t* idx, int warp, int lane) {
+  const int row0 = 16 * warp + (lane >> 2);
+  DkvRows r;
+  r.base = p.dkv + 4 * (lane & 3);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int32_t key = idx[row0 + 8 * half];
+    r.valid[half][0] = key_valid(key, p.T_kv);
+    r.row[half][0] = r.valid[half][0] ? uint32_t(key) : 0u;
+    r.valid[half][1] = false;
+    r.row[half][1] = 0u;
+  }
+  return r;
+}
+
+// The emission of dkv_rows_own's layout: for each valid row, the four float4 of n-group pairs m = 0 .. 3 at
+// positions 16 m + 4 q (dkv_pos), one red.global.add.v4.f32 each.
+__device__ __forceinline__ void emit_dkv_own(const float (&acc)[32], const DkvRows& rows, int chunk) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!rows.valid[half][0]) continue;
+    float* const d = rows.base + size_t(rows.row[half][0]) * kQkCols + chunk * kColsPerBlock;
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      hw::red_add_v4(d + 16 * m, make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1],
+                                             acc[8 * m + 4 + 2 * half], acc[8 * m + 5 + 2 * half]));
+  }
+}
+#endif
+
 template <bool kDeterministic>
 __device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* idx, int blk, int warp, int lane) {
+#if FLASHDSA_BWD_EMIT_HALF
+  if constexpr (!kDeterministic) return dkv_rows_own(p, idx, warp, lane);
+#endif
   const int odd = (lane >> 2) & 1;
   const int col = 16 * odd + 4 * (lane & 3);
   const int row0 = 16 * warp + (lane >> 2) - odd;
@@ -568,6 +663,12 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 // no dkv writes at all, wrong dkv.
 #if FLASHDSA_BWD_NO_DKV
   return;
+#endif
+#if FLASHDSA_BWD_EMIT_HALF
+  if constexpr (!kDeterministic) {
+    emit_dkv_own(acc, rows, chunk);
+    return;
+  }
 #endif
 #if FLASHDSA_BWD_DET_FP16
   if constexpr (kDeterministic) emit_dkv_pairs_fp16(acc, rows, chunk, lane);

@@ -132,9 +132,13 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     // The single kv tile is free once the front's and the back's dQ of block i - 1 completed; that
     // also ends every read of idx[i % 2] (block i - 2).
     if (i > 0) hw::mbar_wait(&sm.kv_empty, (i - 1) & 1);
+#if FLASHDSA_BWD_KV_SPLIT
+    gather_kv_split(p, sm, cp, kv_tile, i, keys);  // three parts: kv_part[0], kv_part[1], kv_full
+#else
     gather_kv(p, sm, cp, kv_tile, i, keys);
     hw::cp_async_arrive(&sm.kv_full);  // one arrival when this thread's copies landed
     hw::mbar_arrive(&sm.kv_full);      // and one for its idx stores
+#endif
     // Sweep mode: count the block. (No L2 prefetches of the dkv rows the block will update nor of the next
     // block's kv rows: both cost 2-5% at 8K-64K, docs/perf-notes.md, eighth session.)
     if (sweep && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
@@ -176,7 +180,11 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
     const int st = i & 1;
+#if FLASHDSA_BWD_KV_SPLIT
+    hw::mbar_wait(&sm.kv_part[0], st);
+#else
     hw::mbar_wait(&sm.kv_full, st);
+#endif
     hw::fence_proxy_async();  // cp.async (generic proxy) data is read by wgmma (async proxy)
     int2 mass_slot = make_int2(0, 0);
     if (p.mass != nullptr && warp == 0) mass_slot = mass_slot_of(p, w, sm.block_list[i], lane);
@@ -186,7 +194,23 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     {
       float s[32];
       hw::wgmma_fence();
+#if FLASHDSA_BWD_KV_SPLIT
+      // S's k-steps part by part, each as soon as its three column blocks landed (the last part: kv_full)
+      constexpr int kPer = kQkBlocks / kKvParts;
+      // (wgmma_fence after each wait: the wait loop is control flow between wgmma of one accumulator; ptxas would
+      // inject the same warpgroup.arrive, C7519)
+      mma_heads_keys_part<0, kPer>(s, sm.q, sm.kv);
+      hw::mbar_wait(&sm.kv_part[1], st);
+      hw::fence_proxy_async();
+      hw::wgmma_fence();
+      mma_heads_keys_part<kPer, kPer>(s, sm.q, sm.kv);
+      hw::mbar_wait(&sm.kv_full, st);
+      hw::fence_proxy_async();
+      hw::wgmma_fence();
+      mma_heads_keys_part<2 * kPer, kPer>(s, sm.q, sm.kv);
+#else
       mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
+#endif
       hw::wgmma_commit();
       scores_to_p<0>(s, sm.idx[st], p, fc, q4);
       // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
@@ -321,9 +345,16 @@ template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const __grid_constant__ MainParams p) {
   SmemPlan& sm = detail::dynamic_smem_plan<SmemPlan>();
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
+#if FLASHDSA_BWD_KV_SPLIT
+  detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
+                        detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},
+                        detail::BarrierInit{&sm.tiles_free, 128}, detail::BarrierInit{&sm.kv_part[0], 256},
+                        detail::BarrierInit{&sm.kv_part[1], 256});
+#else
   detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
                         detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},
                         detail::BarrierInit{&sm.tiles_free, 128});
+#endif
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg < 2) detail::load_q_do(p, sm, threadIdx.x);  // front + back; the producer starts gathering
