@@ -31,6 +31,15 @@ for t in memcheck racecheck synccheck; do
   timeout $(( left < 110 ? left : 110 )) $SAN --tool $t $B/check_wf --small --seed 1 > "$L/$t.log" 2>&1
   echo "$t rc=$? $(( $(date +%s) - s )) s"
 done
+# Added 2026-12-04 (twenty-second session), if time is left: an ncu report of the default bf16 kernel at 32K, H_I = 32
+# (comes back in the archive; read per instruction on the CPU machine: scripts/ncu_source_stalls.py X.ncu-rep).
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+left=$(( 570 - ($(date +%s) - s) ))
+if [ $left -gt 100 ]; then
+  timeout $(( left - 10 )) $NCU --set full -k regex:indexer_topk_v2 -s 1 -c 1 -o "$L/itk32k" $B/check_main --bench-only \
+    --bench-T 32768 --bench-H 32 --seed 7 > "$L/ncu.log" 2>&1
+  echo "ncu rc=$? $(( $(date +%s) - s )) s"
+fi
 tar -czf "$OUT/itkwf_logs.tgz" -C "$L" .
 echo "==== summary"; cat "$L/gpu.txt"; tail -2 "$L/correct.log"
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$L"/memcheck.log "$L"/racecheck.log "$L"/synccheck.log 2>/dev/null
