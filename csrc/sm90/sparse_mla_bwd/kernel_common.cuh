@@ -196,23 +196,17 @@ struct Copier {
   // Tile row rsub + 16 r of a [kRows x 64 kBlocks] tile <- src[64 b + 8 chunk .. + 8) for all b.
   template <int kBlocks, int kRows>
   __device__ __forceinline__ void copy_row(uint32_t tile, int r, const __nv_bfloat16* src_row, bool valid) const {
-    const uint32_t dst = tile + row_off + r * 16 * 128;
-    const __nv_bfloat16* src = src_row + 8 * chunk;
-    asm("" : "+l"(src));  // one pointer, immediate offsets per block
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
+    copy_row_part<0, kBlocks, kRows>(tile, r, src_row, valid);
   }
-#if FLASHDSA_BWD_KV_SPLIT
-  // Column blocks [kFirst, kFirst + kBlocks) only (the split gather).
+  // Column blocks [kFirst, kFirst + kBlocks) only (copy_row: all of them; the split gather: a third each).
   template <int kFirst, int kBlocks, int kRows>
   __device__ __forceinline__ void copy_row_part(uint32_t tile, int r, const __nv_bfloat16* src_row, bool valid) const {
     const uint32_t dst = tile + row_off + r * 16 * 128 + kFirst * kRows * 128;
     const __nv_bfloat16* src = src_row + 8 * chunk + kFirst * kColsPerBlock;
-    asm("" : "+l"(src));
+    asm("" : "+l"(src));  // one pointer, immediate offsets per block
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
   }
-#endif
 };
 
 // Writes the keys k of this thread's gather rows cp.rsub + 16 r of block i to idx[i % 2] and issues
@@ -367,16 +361,7 @@ __device__ __forceinline__ void store_dq_blocks(const MainParams& p, const float
 
 // acc (+)= A . KV^T over kBlocks column blocks: A = Q (S) or dO (dP), [64 heads x 64 keys] (no fence,
 // no commit).
-template <int kBlocks>
-__device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_tile, const void* kv_tile) {
-#pragma unroll
-  for (int ks = 0; ks < 4 * kBlocks; ++ks)
-    hw::wgmma_ss_m64n64k16<0, 0>(acc, desc_k_major(a_tile, kHeadsPerCta, ks), desc_k_major(kv_tile, kBlockKeys, ks),
-                                 ks > 0);
-}
-
-#if FLASHDSA_BWD_KV_SPLIT
-// Column blocks [kFirst, kFirst + kBlocks) of mma_heads_keys (the split gather's parts; kFirst = 0 starts acc).
+// Column blocks [kFirst, kFirst + kBlocks) (the split gather's parts; kFirst = 0 starts acc).
 template <int kFirst, int kBlocks>
 __device__ __forceinline__ void mma_heads_keys_part(float (&acc)[32], const void* a_tile, const void* kv_tile) {
 #pragma unroll
@@ -384,7 +369,10 @@ __device__ __forceinline__ void mma_heads_keys_part(float (&acc)[32], const void
     hw::wgmma_ss_m64n64k16<0, 0>(acc, desc_k_major(a_tile, kHeadsPerCta, ks), desc_k_major(kv_tile, kBlockKeys, ks),
                                  ks > 0);
 }
-#endif
+template <int kBlocks>
+__device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_tile, const void* kv_tile) {
+  mma_heads_keys_part<0, kBlocks>(acc, a_tile, kv_tile);
+}
 
 // The A operands of the back's dKV chunks. FLASHDSA_BWD_RS_DKV: dS^T and P^T as wgmma register fragments,
 // loaded once per block from the tiles (load_dkv_a), so that the chunks read only Q / dO from shared

@@ -346,15 +346,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const 
   SmemPlan& sm = detail::dynamic_smem_plan<SmemPlan>();
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
 #if FLASHDSA_BWD_KV_SPLIT
-  detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
-                        detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},
-                        detail::BarrierInit{&sm.tiles_free, 128}, detail::BarrierInit{&sm.kv_part[0], 256},
-                        detail::BarrierInit{&sm.kv_part[1], 256});
-#else
+  if (threadIdx.x == 0) {  // the split gather's part barriers (init_barriers' fence and barrier cover them)
+    hw::mbar_init(&sm.kv_part[0], 256);
+    hw::mbar_init(&sm.kv_part[1], 256);
+  }
+#endif
   detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
                         detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},
                         detail::BarrierInit{&sm.tiles_free, 128});
-#endif
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg < 2) detail::load_q_do(p, sm, threadIdx.x);  // front + back; the producer starts gathering
