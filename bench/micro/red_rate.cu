@@ -16,7 +16,9 @@
 // emission of a dKV accumulator without the quad-pair exchange: the 4 lanes of each quad send 64 consecutive bytes
 // (half a line) of their own row, 8 rows per instruction; "paired" completes the same 8 lines with the next
 // instruction (as consecutive n-group pairs of the accumulator would), "unpaired" leaves the other halves to some
-// other step of some other warp. Question: does the L2 reduce half-line requests at the full-line rate?
+// other step of some other warp. Question: does the L2 reduce half-line requests at the full-line rate? The u64
+// half-line pattern (twenty-third session) is the same question for 64-bit integer adds: 8 lanes x 8 B per half
+// line, 4 lines per instruction, the next instruction completing them (fixed-point pairs, the backward's FIX_EMIT).
 //
 // Every pattern adds 1 to each value of a 512-byte chunk (128 four-byte or 64 eight-byte values) per
 // warp step, the chunks visited in a fixed scattered order over an L2-resident buffer (default 32 MiB,
@@ -45,13 +47,14 @@
 namespace {
 
 enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kBulkF32, kBulkF32x4, kV4F32Reads,
-               kV4F32HalfPairs, kV4F32HalfSpread, kPatterns };
+               kV4F32HalfPairs, kV4F32HalfSpread, kU64HalfPairs, kPatterns };
 const char* const kNames[kPatterns] = {
     "red.v4.f32, 4 lines / instr (fast mode)", "red.f32, 1 line / instr", "red.u32, 1 line / instr",
     "red.u64, 2 lines / instr", "red.u32, v4 layout (lane stride 16 B)", "red.u32, 4 full sectors in 4 lines / instr",
     "atom.u32 (value returned), 1 line / instr", "cp.reduce.async.bulk add.f32, 512 B / op",
     "cp.reduce.async.bulk add.f32, 2 KB / op", "red.v4.f32 + 256 B of L2 reads / step",
-    "red.v4.f32, 8 half lines / instr, paired", "red.v4.f32, 8 half lines / instr, unpaired"};
+    "red.v4.f32, 8 half lines / instr, paired", "red.v4.f32, 8 half lines / instr, unpaired",
+    "red.u64, 4 half lines / instr, paired"};
 
 constexpr int kChunkBytes = 512;
 constexpr int kBulkMaxBytes = 2048;
@@ -110,6 +113,13 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
         if constexpr (P == kF32Line) red_f32(c + 128 * l + 4 * lane);
         else red_u32(c + 128 * l + 4 * lane);
       }
+    } else if constexpr (P == kU64HalfPairs) {
+      // lanes 8g .. 8g + 7 add 8 B each to half h of line g: 4 half lines per instruction, the second instruction
+      // the other halves of the same 4 lines (the fixed-point pair emission of the backward's FIX_EMIT build)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(c + 128 * (lane >> 3) + 64 * h + 8 * (lane & 7)), "l"(1ull)
+                     : "memory");
     } else if constexpr (P == kU64Line) {
 #pragma unroll
       for (int l = 0; l < 2; ++l)
@@ -167,6 +177,7 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
     case kV4F32Reads: launch<kV4F32Reads>(buf, mask, steps, grid, threads); break;
     case kV4F32HalfPairs: launch<kV4F32HalfPairs>(buf, mask, steps, grid, threads); break;
     case kV4F32HalfSpread: launch<kV4F32HalfSpread>(buf, mask, steps, grid, threads); break;
+    case kU64HalfPairs: launch<kU64HalfPairs>(buf, mask, steps, grid, threads); break;
     default: launch<kAtomU32Line>(buf, mask, steps, grid, threads); break;
   }
   CHECK_CUDA(cudaGetLastError());
@@ -179,7 +190,7 @@ double buffer_sum(int p, const std::vector<uint8_t>& h) {
       p == kV4F32HalfSpread) {
     const float* f = reinterpret_cast<const float*>(h.data());
     for (size_t i = 0; i < h.size() / 4; ++i) s += f[i];
-  } else if (p == kU64Line) {
+  } else if (p == kU64Line || p == kU64HalfPairs) {
     const uint64_t* u = reinterpret_cast<const uint64_t*>(h.data());
     for (size_t i = 0; i < h.size() / 8; ++i) s += static_cast<double>(u[i]);
   } else {
@@ -237,7 +248,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaEventSynchronize(e1));
     float ms = 0.f;
     CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    const int word = p == kU64Line ? 8 : 4;
+    const int word = p == kU64Line || p == kU64HalfPairs ? 8 : 4;
     const double values = warps * steps * (step_bytes(p) / word) * iters;
     CHECK_CUDA(cudaMemcpy(host.data(), buf, bytes, cudaMemcpyDeviceToHost));
     const double expect = warps * steps * (step_bytes(p) / word) * (iters + 1);

@@ -269,6 +269,11 @@ __device__ __forceinline__ void red_add_u32(uint32_t* gptr, uint32_t v) {
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(gptr), "r"(v) : "memory");
 }
 
+// 64-bit integer reduction (wraps modulo 2^64; order-independent).
+__device__ __forceinline__ void red_add_u64(uint64_t* gptr, uint64_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;\n" ::"l"(gptr), "l"(v) : "memory");
+}
+
 // Hint: bring the line holding `gptr` into L2.
 __device__ __forceinline__ void prefetch_l2(const void* gptr) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gptr));

@@ -12,6 +12,7 @@
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
+#include "sm90/sparse_mla_bwd/fixed_pair.h"
 
 // A/B builds only (default 0): FLASHDSA_BWD_DET_FP16=1 stores the deterministic mode's per-slot dkv partials as fp16
 // with one power-of-two scale per (slot, 64-column chunk) instead of fp32 (1,168 instead of 2,304 bytes per slot:
@@ -19,6 +20,14 @@
 // (st.global.cs) stores. The fast mode is unchanged.
 #ifndef FLASHDSA_BWD_DET_FP16
 #define FLASHDSA_BWD_DET_FP16 0
+#endif
+// FLASHDSA_BWD_FIX_EMIT=1: measurement build (wrong dkv), the fast mode's dkv as fixed-point pairs in 64-bit integer
+// reductions (put_dkv_fixed below).
+#ifndef FLASHDSA_BWD_FIX_EMIT
+#define FLASHDSA_BWD_FIX_EMIT 0
+#endif
+#if FLASHDSA_BWD_FIX_EMIT && FLASHDSA_BWD_EMIT_HALF
+#error "FLASHDSA_BWD_FIX_EMIT emits after the quad-pair exchange: not with FLASHDSA_BWD_EMIT_HALF"
 #endif
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
@@ -443,11 +452,33 @@ __device__ __forceinline__ float4 shfl_xor4(float4 v, int mask) {
                      __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
 }
 
+#if FLASHDSA_BWD_FIX_EMIT
+// FLASHDSA_BWD_FIX_EMIT: measurement build only (wrong dkv: one fixed unit, no decode pass): the cost of emitting
+// dkv as pairs of 32-bit fixed-point values in 64-bit integer reductions (fixed_pair.h), the candidate for a
+// deterministic mode at the fast mode's speed (docs/perf-notes.md, twenty-third session). After the quad-pair
+// exchange a lane's float4 `v` (destined for the 16 bytes at dst) becomes two words: (x, y) at byte 8k and (z, w)
+// at byte 64 + 8k of the same 128-byte line (k = lane % 8, the lane's place in its quad pair), so each warp
+// instruction adds 64 consecutive bytes to 4 lines and the next one the other halves of the same lines (pattern
+// "red.u64, 4 half lines / instr, paired" of bench/micro/red_rate.cu). A real mode would choose the unit from a bound
+// of the row sums (n * max|x| * unit < 2^31) and decode with fixed_pair::unpack in the un-permute pass.
+__device__ __forceinline__ void put_dkv_fixed(float* dst, float4 v) {
+  constexpr float kUnit = 1048576.f;
+  const int k = threadIdx.x & 7;  // the back warpgroup starts at thread 128: threadIdx.x % 8 == lane % 8
+  uint64_t* const q = reinterpret_cast<uint64_t*>(dst - 2 * k);
+  hw::red_add_u64(q, fixed_pair::pack(fixed_pair::to_fixed(v.x, kUnit), fixed_pair::to_fixed(v.y, kUnit)));
+  hw::red_add_u64(q + 8, fixed_pair::pack(fixed_pair::to_fixed(v.z, kUnit), fixed_pair::to_fixed(v.w, kUnit)));
+}
+#endif
+
 // Fast mode: atomic add into dkv; deterministic mode: plain store into the slot's partial row.
 template <bool kDeterministic>
 __device__ __forceinline__ void put_dkv(float* dst, float4 v) {
   if constexpr (kDeterministic) hw::st_global_v4(dst, v);
+#if FLASHDSA_BWD_FIX_EMIT
+  else put_dkv_fixed(dst, v);
+#else
   else hw::red_add_v4(dst, v);
+#endif
 }
 
 // Emits one [64 keys x 64 cols] fp32 dKV chunk held as a natural-order wgmma accumulator: quad member

@@ -70,7 +70,7 @@ done
 tar -czf "$OUT/bwd5_logs.tgz" -C "$L" .
 echo "==== summary"; cat "$L/gpu.txt"
 for f in red_rate red_rate_wg132 red_rate_wg66 red_rate_wg33; do
-  echo "$f:"; grep -E "v4.f32|bulk" "$L/$f.log" 2>/dev/null
+  echo "$f:"; grep -E "v4.f32|bulk|u64" "$L/$f.log" 2>/dev/null
 done
 for v in rs eh ks ksh; do
   echo "$v: $(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/${v}_correct.log" | tail -1)," \

@@ -1,0 +1,71 @@
+// Internal: two signed 32-bit fixed-point values in one 64-bit word, for an order-independent (hence bitwise
+// reproducible) dkv reduction with `red.global.add.u64` (docs/perf-notes.md, twenty-third session). Plain
+// arithmetic, compiled for the device by the sparse MLA backward's A/B build -DFLASHDSA_BWD_FIX_EMIT and for the
+// host by tests/cpp/test_fixed_pair.cpp.
+//
+// Why a pair: the L2 reduces 64-bit integer adds at the same rate in bytes as the fast mode's 16-byte float adds
+// (bench/micro/red_rate.cu, 3.86 TB/s for full lines), so one u64 that carries two values moves dkv at the fast
+// mode's value rate, where one 64-bit value per column would halve it and 32-bit integer adds need whole lines per
+// instruction that the accumulator layout does not give.
+//
+// How: a pair (a, b) is stored as the 64-bit integer b * 2^32 + a (a sign-extended). Integer addition modulo 2^64 is
+// associative and commutative, so the sum of any number of such words, in any order, is B * 2^32 + A mod 2^64 with
+// A = sum of the a's and B = sum of the b's; intermediate sums may wrap. If the final A and B lie in
+// [-2^31, 2^31), `unpack` returns them exactly: the low 32 bits are A, and subtracting A sign-extended leaves B in
+// the high half. Overflow of a final sum is not detectable from the word itself: a user must choose the unit so
+// that n * max|x| * unit < 2^31 for a row of n addends (n and max|x| known or bounded).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define FLASHDSA_FIXED_HD __host__ __device__ __forceinline__
+#else
+#define FLASHDSA_FIXED_HD inline
+#endif
+
+namespace flashdsa::sm90::sparse_mla_bwd_impl::fixed_pair {
+
+// 1.5 * 2^23: x * unit + kMagic, rounded once to fp32 (a fused multiply-add), has the unit grid (1.0) as its last
+// place, so its bits minus kMagic's are x * unit rounded to the nearest integer (ties to even).
+constexpr float kMagic = 12582912.0f;
+constexpr uint32_t kMagicBits = 0x4B400000u;
+// to_fixed is exact (round to nearest) for |x * unit| < 2^22.
+constexpr float kMaxScaled = 4194304.0f;
+
+FLASHDSA_FIXED_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+// x * unit rounded to the nearest integer (ties to even), for |x * unit| < 2^22: one FFMA and one integer add.
+FLASHDSA_FIXED_HD int32_t to_fixed(float x, float unit) {
+#if defined(__CUDA_ARCH__)
+  const float t = __fmaf_rn(x, unit, kMagic);
+#else
+  const float t = std::fmaf(x, unit, kMagic);
+#endif
+  return static_cast<int32_t>(float_bits(t) - kMagicBits);
+}
+
+// The word b * 2^32 + a (mod 2^64, a sign-extended).
+FLASHDSA_FIXED_HD uint64_t pack(int32_t a, int32_t b) {
+  const uint32_t hi = static_cast<uint32_t>(b) + (a < 0 ? 0xFFFFFFFFu : 0u);
+  return (static_cast<uint64_t>(hi) << 32) | static_cast<uint32_t>(a);
+}
+
+// The pair (A, B) of a sum of packed words, exact when both lie in [-2^31, 2^31).
+FLASHDSA_FIXED_HD void unpack(uint64_t sum, int32_t& a, int32_t& b) {
+  a = static_cast<int32_t>(static_cast<uint32_t>(sum));
+  const uint64_t a_ext = static_cast<uint64_t>(static_cast<int64_t>(a));
+  b = static_cast<int32_t>(static_cast<uint32_t>((sum - a_ext) >> 32));
+}
+
+}  // namespace flashdsa::sm90::sparse_mla_bwd_impl::fixed_pair

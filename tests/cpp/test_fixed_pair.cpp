@@ -1,0 +1,138 @@
+// The fixed-point pair word of the sparse MLA backward's order-independent dkv reduction
+// (csrc/sm90/sparse_mla_bwd/fixed_pair.h): rounding of to_fixed, exact pack / unpack, sums that do not depend on
+// the order of their addends (also when intermediate sums wrap), and the limit of the exact range.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "sm90/sparse_mla_bwd/fixed_pair.h"
+
+namespace {
+
+namespace fp = flashdsa::sm90::sparse_mla_bwd_impl::fixed_pair;
+
+TEST(FixedPair, ToFixedRoundsToNearestEven) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> val(-1.f, 1.f);
+  for (float unit : {1.f, 1024.f, 1048576.f, 3.9e6f}) {
+    for (int i = 0; i < 20000; ++i) {
+      const float x = val(rng);
+      const double scaled = static_cast<double>(x) * unit;  // exact in double (24 x 24 bits)
+      ASSERT_LT(std::fabs(scaled), fp::kMaxScaled);
+      const double want = std::nearbyint(scaled);  // default rounding mode: to nearest, ties to even
+      ASSERT_EQ(fp::to_fixed(x, unit), static_cast<int32_t>(want)) << "x " << x << " unit " << unit;
+    }
+  }
+  // ties go to the even integer; the range ends
+  EXPECT_EQ(fp::to_fixed(0.5f, 1.f), 0);
+  EXPECT_EQ(fp::to_fixed(1.5f, 1.f), 2);
+  EXPECT_EQ(fp::to_fixed(-2.5f, 1.f), -2);
+  EXPECT_EQ(fp::to_fixed(-0.f, 1.f), 0);
+  EXPECT_EQ(fp::to_fixed(4194303.f, 1.f), 4194303);
+  EXPECT_EQ(fp::to_fixed(-4194303.f, 1.f), -4194303);
+}
+
+TEST(FixedPair, PackUnpackIsExact) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> any(INT32_MIN, INT32_MAX);
+  const int32_t edge[] = {0, 1, -1, INT32_MAX, INT32_MIN, INT32_MIN + 1, 123456789, -987654321};
+  for (int32_t a : edge) {
+    for (int32_t b : edge) {
+      int32_t ra = 0, rb = 0;
+      fp::unpack(fp::pack(a, b), ra, rb);
+      ASSERT_EQ(ra, a);
+      ASSERT_EQ(rb, b);
+    }
+  }
+  for (int i = 0; i < 100000; ++i) {
+    const int32_t a = any(rng), b = any(rng);
+    int32_t ra = 0, rb = 0;
+    fp::unpack(fp::pack(a, b), ra, rb);
+    ASSERT_EQ(ra, a);
+    ASSERT_EQ(rb, b);
+  }
+}
+
+// Sums of packed words in shuffled orders: the same word every time, and it unpacks to the exact integer sums.
+TEST(FixedPair, SumsAreExactAndOrderIndependent) {
+  std::mt19937 rng(3);
+  for (int n : {1, 2, 3, 64, 1000, 4096}) {
+    // addends up to 2^22 in magnitude; the final sums are kept in range by construction (|sum| < n * 2^22 < 2^31
+    // for n <= 511; larger n draw smaller addends)
+    const int32_t lim = n <= 511 ? (1 << 22) - 1 : static_cast<int32_t>((1LL << 31) / n) - 1;
+    std::uniform_int_distribution<int32_t> val(-lim, lim);
+    std::vector<int32_t> a(n), b(n);
+    for (int i = 0; i < n; ++i) a[i] = val(rng), b[i] = val(rng);
+    const int64_t sa = std::accumulate(a.begin(), a.end(), int64_t{0});
+    const int64_t sb = std::accumulate(b.begin(), b.end(), int64_t{0});
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    uint64_t first = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      std::shuffle(order.begin(), order.end(), rng);
+      uint64_t sum = 0;
+      for (int i : order) sum += fp::pack(a[i], b[i]);
+      if (rep == 0) first = sum;
+      ASSERT_EQ(sum, first) << "n " << n;
+      int32_t ra = 0, rb = 0;
+      fp::unpack(sum, ra, rb);
+      ASSERT_EQ(ra, sa) << "n " << n;
+      ASSERT_EQ(rb, sb) << "n " << n;
+    }
+  }
+}
+
+// Intermediate sums beyond the int32 range (in either half) do not matter, only the final ones.
+TEST(FixedPair, IntermediateWrapIsHarmless) {
+  std::vector<std::pair<int32_t, int32_t>> terms;
+  for (int i = 0; i < 600; ++i) terms.push_back({(1 << 22) - 1, -((1 << 22) - 1)});  // +-2.5e9 after 600 terms
+  for (int i = 0; i < 600; ++i) terms.push_back({-((1 << 22) - 1), (1 << 22) - 1});
+  terms.push_back({-5, 7});
+  uint64_t sum = 0;
+  for (const auto& t : terms) sum += fp::pack(t.first, t.second);
+  int32_t ra = 0, rb = 0;
+  fp::unpack(sum, ra, rb);
+  EXPECT_EQ(ra, -5);
+  EXPECT_EQ(rb, 7);
+}
+
+// The limit: a final sum outside [-2^31, 2^31) does not come back (the unit must be chosen against it).
+TEST(FixedPair, FinalOverflowIsNotRecovered) {
+  uint64_t sum = 0;
+  for (int i = 0; i < 600; ++i) sum += fp::pack((1 << 22) - 1, 1);  // A = 2.5e9 > 2^31 - 1
+  int32_t ra = 0, rb = 0;
+  fp::unpack(sum, ra, rb);
+  EXPECT_NE(static_cast<int64_t>(ra), 600LL * ((1 << 22) - 1));
+}
+
+// The chain the kernel uses: float addends -> to_fixed -> pack -> any order -> unpack -> / unit equals the exactly
+// rounded addends' sum, within n / 2 units of the exact float64 sum.
+TEST(FixedPair, FloatRoundTrip) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> val(0.f, 1.f);
+  const int n = 2048;
+  const float unit = 65536.f;  // |x| < 8 for every draw here: |x * unit| < 2^19
+  std::vector<float> x(n), y(n);
+  for (int i = 0; i < n; ++i) x[i] = std::clamp(val(rng), -7.f, 7.f), y[i] = std::clamp(val(rng), -7.f, 7.f);
+  double ex = 0.0, ey = 0.0;
+  int64_t fx = 0, fy = 0;
+  uint64_t sum = 0;
+  for (int i = n - 1; i >= 0; --i) {
+    ex += x[i], ey += y[i];
+    fx += fp::to_fixed(x[i], unit), fy += fp::to_fixed(y[i], unit);
+    sum += fp::pack(fp::to_fixed(x[i], unit), fp::to_fixed(y[i], unit));
+  }
+  int32_t ra = 0, rb = 0;
+  fp::unpack(sum, ra, rb);
+  EXPECT_EQ(ra, fx);
+  EXPECT_EQ(rb, fy);
+  EXPECT_LE(std::fabs(ra / static_cast<double>(unit) - ex), 0.5 * n / unit);
+  EXPECT_LE(std::fabs(rb / static_cast<double>(unit) - ey), 0.5 * n / unit);
+}
+
+}  // namespace
