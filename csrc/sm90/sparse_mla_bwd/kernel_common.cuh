@@ -26,6 +26,12 @@
 #ifndef FLASHDSA_BWD_FIX_EMIT
 #define FLASHDSA_BWD_FIX_EMIT 0
 #endif
+// FLASHDSA_BWD_SWEEP_NOROT=1: measurement build, the sorted sweep without its rotation (every CTA walks its sorted row
+// from the first block, a run-independent order as a deterministic mode needs; docs/perf-notes.md, twenty-third
+// session). dq and dkv stay correct.
+#ifndef FLASHDSA_BWD_SWEEP_NOROT
+#define FLASHDSA_BWD_SWEEP_NOROT 0
+#endif
 #if FLASHDSA_BWD_FIX_EMIT && FLASHDSA_BWD_EMIT_HALF
 #error "FLASHDSA_BWD_FIX_EMIT emits after the quad-pair exchange: not with FLASHDSA_BWD_EMIT_HALF"
 #endif
@@ -174,11 +180,13 @@ __device__ __forceinline__ void build_block_list(const MainParams& p, SmemPlan& 
     }
     __syncwarp();
     int rot = 0;
+#if !FLASHDSA_BWD_SWEEP_NOROT
     if (p.sweep_counter != nullptr && total > 0) {
       const uint32_t issued = *reinterpret_cast<volatile uint32_t*>(p.sweep_counter);
       const int position = static_cast<int>((issued / static_cast<uint32_t>(p.resident_ctas)) % num_row_blocks);
       rot = position * total / num_row_blocks;
     }
+#endif
     int before = 0;
 #pragma unroll
     for (int r = 0; r < kMaxBlocksPerRow / 32; ++r) {

@@ -12,8 +12,7 @@
 # checks the deterministic mode bitwise over 3 runs and against the fast one), with ab2 = the same with evict-first
 # partial stores (-DFLASHDSA_BWD_DET_FP16=2); (3) memcheck and synccheck of the
 # fp16 build --small (the change is global stores, shuffles and a new reduce kernel; no shared memory: racecheck
-# last, if time is left); (4, twenty-third session) the FIX_EMIT measurement build (bwd_fx) alternated with main, fast
-# mode; memcheck of it. Prints a table last: det ms and det / fast of both builds, main vs fx fast ms.
+# last, if time is left). Prints a table last: det ms and det / fast of both builds.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 L=/tmp/detf16; mkdir -p "$L"; B=build-x/bwd-f16; OUT=${OUT:-/tmp}
@@ -31,31 +30,11 @@ for r in 1 2; do
     echo "$v r$r rc=$? $(( $(date +%s) - s )) s"
   done
 done
-# (twenty-third session) fx = -DFLASHDSA_BWD_FIX_EMIT=1, a measurement build of the fast mode with dkv as fixed-point
-# pairs in 64-bit integer reductions (wrong dkv: cost only; docs/perf-notes.md, twenty-third session), alternated with
-# main, fast mode only, 2 rounds at 8K-32K, 64K / 128K once; then memcheck of it (addresses only: its dkv is wrong).
-for r in 1 2; do
-  order="main fx"; [ $r = 2 ] && order="fx main"
-  for v in $order; do
-    [ "$(left)" -lt 100 ] && { echo "fx round $r $v skipped (time)"; continue; }
-    timeout 40 $B/bwd_$v --bench-only --fast-only --T 8192,16384,32768 > "$L/fx_${v}_r$r.log" 2>&1
-    echo "fx round $r $v rc=$? $(( $(date +%s) - s )) s"
-  done
-done
-for v in main fx; do
-  [ "$(left)" -lt 90 ] && { echo "fx long $v skipped (time)"; continue; }
-  timeout 40 $B/bwd_$v --bench-only --fast-only --T 65536,131072 > "$L/fx_${v}_long.log" 2>&1
-  echo "fx long $v rc=$? $(( $(date +%s) - s )) s"
-done
 for t in memcheck synccheck racecheck; do
   l=$(left); [ "$l" -lt 30 ] && { echo "$t skipped (time)"; continue; }
   timeout $(( l < 150 ? l - 10 : 150 )) $SAN --tool $t $B/bwd_ab --small --no-bench --det-tol 1e-3 > "$L/$t.log" 2>&1
   echo "$t rc=$? $(( $(date +%s) - s )) s"
 done
-l=$(left); if [ "$l" -gt 40 ]; then
-  timeout $(( l < 100 ? l - 10 : 90 )) $SAN --tool memcheck $B/bwd_fx --small --no-bench > "$L/fx_memcheck.log" 2>&1
-  echo "fx memcheck rc=$? $(( $(date +%s) - s )) s"
-fi
 tar -czf "$OUT/detf16_logs.tgz" -C "$L" .
 echo "==== summary"; cat "$L/gpu.txt"
 grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/ab_correct.log" | tail -1
@@ -71,14 +50,3 @@ for T in 8192 32768 131072; do
   echo "$row"
 done
 grep -h "bitwise\|DIFFER" "$L"/ab_r*.log "$L"/ab2_r*.log | head -4
-echo "fast ms, main vs fx (FIX_EMIT: fixed-point pair emission, cost only), r1 r2:"
-for T in 8192 16384 32768 65536 131072; do
-  row="$T |"
-  for v in main fx; do
-    for f in "$L/fx_${v}_r1.log" "$L/fx_${v}_r2.log" "$L/fx_${v}_long.log"; do
-      row="$row $(awk -v T=$T -F'|' '$1 + 0 == T && NF >= 3 { split($2, a, " "); printf "%s", a[1]; exit }' "$f" 2>/dev/null)"
-    done; row="$row |"
-  done
-  echo "$row"
-done
-[ -f "$L/fx_memcheck.log" ] && grep -h "ERROR SUMMARY" "$L/fx_memcheck.log" | sed 's/^/fx memcheck: /'
