@@ -135,4 +135,36 @@ TEST(FixedPair, FloatRoundTrip) {
   EXPECT_LE(std::fabs(rb / static_cast<double>(unit) - ey), 0.5 * n / unit);
 }
 
+// The unit of a row: the largest power of two u with u * x <= 2^30 (so a row of check sum x stays exact), clamped.
+TEST(FixedPair, UnitForIsTheLargestSafePowerOfTwo) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> lg(-60.0, 60.0);
+  for (int i = 0; i < 20000; ++i) {
+    const double x = std::exp2(lg(rng));
+    const float u = fp::unit_for(x, 30, -100, 100);
+    int e = 0;
+    ASSERT_EQ(std::frexp(u, &e), 0.5f) << "a power of two";
+    ASSERT_LE(static_cast<double>(u) * x, std::ldexp(1.0, 30)) << x;
+    ASSERT_GT(2.0 * u * x, std::ldexp(1.0, 30)) << x;
+  }
+  EXPECT_EQ(fp::unit_for(std::ldexp(1.0, 10), 30, -100, 100), std::ldexp(1.f, 20));  // exact powers of two
+  EXPECT_EQ(fp::unit_for(std::ldexp(1.0, 10) * 1.0001, 30, -100, 100), std::ldexp(1.f, 19));
+  EXPECT_EQ(fp::unit_for(0.0, 30, -100, 100), std::ldexp(1.f, 100));
+  EXPECT_EQ(fp::unit_for(1e-200, 30, -100, 100), std::ldexp(1.f, 100));  // clamped
+  EXPECT_EQ(fp::unit_for(1e200, 30, -100, 100), std::ldexp(1.f, -100));
+  EXPECT_EQ(fp::unit_for(INFINITY, 30, -100, 100), std::ldexp(1.f, -100));
+  EXPECT_EQ(fp::unit_for(NAN, 30, -100, 100), std::ldexp(1.f, -100));
+}
+
+// The wide conversion (the device's cvt.rni.s32.f32): round to nearest even, saturated, NaN -> 0.
+TEST(FixedPair, ToFixedWideSaturates) {
+  EXPECT_EQ(fp::to_fixed_wide(2.5f, 1.f), 2);
+  EXPECT_EQ(fp::to_fixed_wide(-3.5f, 1.f), -4);
+  EXPECT_EQ(fp::to_fixed_wide(1.f, 1073741824.f), 1073741824);
+  EXPECT_EQ(fp::to_fixed_wide(3.f, 1073741824.f), INT32_MAX);
+  EXPECT_EQ(fp::to_fixed_wide(-3.f, 1073741824.f), INT32_MIN);
+  EXPECT_EQ(fp::to_fixed_wide(NAN, 1.f), 0);
+  EXPECT_EQ(fp::to_fixed_wide(INFINITY, 1.f), INT32_MAX);
+}
+
 }  // namespace

@@ -55,6 +55,21 @@ FLASHDSA_FIXED_HD int32_t to_fixed(float x, float unit) {
   return static_cast<int32_t>(float_bits(t) - kMagicBits);
 }
 
+// x * unit rounded to the nearest integer (ties to even), saturated to [-2^31, 2^31 - 1]; NaN gives 0 (the device's
+// cvt.rni.s32.f32). For units whose products may exceed to_fixed's 2^22: one multiply (exact for a power-of-two
+// unit) and one F2I.
+FLASHDSA_FIXED_HD int32_t to_fixed_wide(float x, float unit) {
+#if defined(__CUDA_ARCH__)
+  return __float2int_rn(x * unit);
+#else
+  const float y = x * unit;
+  if (std::isnan(y)) return 0;
+  if (y >= 2147483648.0f) return INT32_MAX;
+  if (y <= -2147483648.0f) return INT32_MIN;
+  return static_cast<int32_t>(std::nearbyint(y));
+#endif
+}
+
 // The word b * 2^32 + a (mod 2^64, a sign-extended).
 FLASHDSA_FIXED_HD uint64_t pack(int32_t a, int32_t b) {
   const uint32_t hi = static_cast<uint32_t>(b) + (a < 0 ? 0xFFFFFFFFu : 0u);
@@ -66,6 +81,21 @@ FLASHDSA_FIXED_HD void unpack(uint64_t sum, int32_t& a, int32_t& b) {
   a = static_cast<int32_t>(static_cast<uint32_t>(sum));
   const uint64_t a_ext = static_cast<uint64_t>(static_cast<int64_t>(a));
   b = static_cast<int32_t>(static_cast<uint32_t>((sum - a_ext) >> 32));
+}
+
+// The largest power of two u = 2^e with u · x <= 2^target (e clamped to [min_e, max_e]): the unit of a row whose
+// check sum (Σ |addend|) is at most x. x <= 0 gives 2^max_e, x infinite or NaN 2^min_e.
+FLASHDSA_FIXED_HD float unit_for(double x, int target, int min_e, int max_e) {
+  int e = max_e;
+  if (!(x < 1e300)) {
+    e = min_e;
+  } else if (x > 0.0) {
+    int ex = 0;
+    const double m = std::frexp(x, &ex);  // x = m · 2^ex, m in [0.5, 1): log2 x in [ex - 1, ex)
+    e = target - ex + (m == 0.5 ? 1 : 0);
+    e = e < min_e ? min_e : (e > max_e ? max_e : e);
+  }
+  return std::ldexp(1.f, e);
 }
 
 }  // namespace flashdsa::sm90::sparse_mla_bwd_impl::fixed_pair

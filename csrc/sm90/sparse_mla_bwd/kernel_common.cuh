@@ -26,6 +26,17 @@
 #ifndef FLASHDSA_BWD_FIX_EMIT
 #define FLASHDSA_BWD_FIX_EMIT 0
 #endif
+// FLASHDSA_BWD_DET_FIXED=1 (A/B build, not yet measured): the deterministic mode without partial buffers. The main
+// kernel adds each addend of dkv as 32-bit fixed-point pairs in 64-bit integer reductions (fixed_pair.h: exact and
+// order-independent), one power-of-two unit per key row, the rows sorted and walked without rotation (sweep sizes);
+// per key row an integer sum of the addends' largest magnitudes proves the row exact (or the row is re-run with a
+// unit from that sum); a decode pass writes fp32 dkv in natural order (docs/perf-notes.md, twenty-third session).
+#ifndef FLASHDSA_BWD_DET_FIXED
+#define FLASHDSA_BWD_DET_FIXED 0
+#endif
+#if FLASHDSA_BWD_DET_FIXED && (FLASHDSA_BWD_DET_FP16 || FLASHDSA_BWD_FIX_EMIT)
+#error "FLASHDSA_BWD_DET_FIXED replaces the deterministic mode: not with FLASHDSA_BWD_DET_FP16 or FLASHDSA_BWD_FIX_EMIT"
+#endif
 // FLASHDSA_BWD_SWEEP_NOROT=1: measurement build, the sorted sweep without its rotation (every CTA walks its sorted row
 // from the first block, a run-independent order as a deterministic mode needs; docs/perf-notes.md, twenty-third
 // session). dq and dkv stay correct.
@@ -61,6 +72,13 @@ struct MainParams {
   float scale;                // softmax scale
   float scale_log2;           // scale * log2(e)
   int resident_ctas;          // sweep mode: CTAs of this launch running at once
+#if FLASHDSA_BWD_DET_FIXED
+  float* fix_unit;               // [T_kv] deterministic mode: each key row's unit (a power of two); < 0: re-run row
+  unsigned long long* fix_l1;    // [T_kv] Σ over the row's addends of ⌈max |value| · unit⌉ (exact below 2^31)
+  uint32_t* fix_capped;          // [T_kv] != 0: an addend of the row reached 2^32 units (or was not finite)
+  const uint32_t* fix_rerun;     // pass 2 runs only when *fix_rerun != 0 (set by the check pass)
+  int fix_pass;                  // 1: every row; 2: only rows with fix_unit < 0, no mass output
+#endif
 #if FLASHDSA_BWD_DET_FP16
   uint8_t* partial_exp;       // [tokens of this launch, G, K, kDetExpBytes] deterministic mode: each (slot, chunk)'s
                               // biased exponent E (the partial's fp16 values are the chunk's values x 2^(140 - E));
@@ -537,6 +555,10 @@ struct DkvRows {
   uint16_t* hbase;  // deterministic mode: the fp16 partial row of slot row0, plus this lane's column
   uint8_t* ebase;   // and its exponent bytes
 #endif
+#if FLASHDSA_BWD_DET_FIXED
+  float unit[2][2];               // deterministic mode: the row's unit
+  mutable uint32_t amax[2][2];    // the bits of the largest |value| this lane sent to the row in this block
+#endif
 };
 
 #if FLASHDSA_BWD_EMIT_HALF
@@ -576,10 +598,39 @@ __device__ __forceinline__ void emit_dkv_own(const float (&acc)[32], const DkvRo
 }
 #endif
 
+#if FLASHDSA_BWD_DET_FIXED
+// Deterministic mode, fixed-point pairs: the fast mode's rows (keys of rows A, B) plus each row's unit; pass 2 sends
+// only rows marked for a re-run (negative unit), the others already hold their exact sums.
+__device__ __forceinline__ DkvRows dkv_rows_fixed(const MainParams& p, const int32_t* idx, int warp, int lane) {
+  const int odd = (lane >> 2) & 1;
+  const int row0 = 16 * warp + (lane >> 2) - odd;
+  DkvRows r;
+  r.base = p.dkv + 16 * odd + 4 * (lane & 3);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int ab = 0; ab < 2; ++ab) {
+      const int32_t key = idx[row0 + 8 * half + ab];
+      bool valid = key_valid(key, p.T_kv);
+      const float u = valid ? p.fix_unit[key] : 1.f;
+      if (p.fix_pass == 2) valid = valid && u < 0.f;
+      r.valid[half][ab] = valid;
+      r.row[half][ab] = valid ? uint32_t(key) : 0u;
+      r.unit[half][ab] = fabsf(u);
+      r.amax[half][ab] = 0u;
+    }
+  }
+  return r;
+}
+#endif
+
 template <bool kDeterministic>
 __device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* idx, int blk, int warp, int lane) {
 #if FLASHDSA_BWD_EMIT_HALF
   if constexpr (!kDeterministic) return dkv_rows_own(p, idx, warp, lane);
+#endif
+#if FLASHDSA_BWD_DET_FIXED
+  if constexpr (kDeterministic) return dkv_rows_fixed(p, idx, warp, lane);
 #endif
   const int odd = (lane >> 2) & 1;
   const int col = 16 * odd + 4 * (lane & 3);
@@ -682,6 +733,77 @@ __device__ __forceinline__ void emit_dkv_pairs_fp16(const float (&acc)[32], cons
 }
 #endif
 
+#if FLASHDSA_BWD_DET_FIXED
+// The bits of max(|x|) over the four values and `m` (as unsigned integers: NaN and inf order above every finite value,
+// so a non-finite addend makes the row's check fail).
+__device__ __forceinline__ uint32_t absmax_bits4(uint32_t m, float4 x) {
+  m = max(m, __float_as_uint(x.x) & 0x7FFFFFFFu);
+  m = max(m, __float_as_uint(x.y) & 0x7FFFFFFFu);
+  m = max(m, __float_as_uint(x.z) & 0x7FFFFFFFu);
+  return max(m, __float_as_uint(x.w) & 0x7FFFFFFFu);
+}
+
+// One lane's 16 bytes of a row line (float4 `x` bound for dst, the row's chunk start + 4k floats, k = lane % 8) as two
+// fixed-point pair words: (x, y) at byte 8k and (z, w) at byte 64 + 8k of the same line (the decode pass's layout).
+__device__ __forceinline__ void put_fixed_pairs(float* dst, float4 x, float unit, int k) {
+  using fixed_pair::pack;
+  using fixed_pair::to_fixed_wide;
+  uint64_t* const q = reinterpret_cast<uint64_t*>(dst - 2 * k);
+  hw::red_add_u64(q, pack(to_fixed_wide(x.x, unit), to_fixed_wide(x.y, unit)));
+  hw::red_add_u64(q + 8, pack(to_fixed_wide(x.z, unit), to_fixed_wide(x.w, unit)));
+}
+
+// Deterministic mode, fixed-point pairs: the fast mode's quad-pair exchange, then each valid row's two float4 as four
+// pair words (two half lines each, completed by the next instruction), and the running |max| of the row's values.
+__device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], const DkvRows& rows, int chunk, int lane) {
+  const bool odd = (lane >> 2) & 1;
+  const int k = lane & 7;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float4 piece[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      piece[m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
+                             acc[8 * m + 5 + 2 * half]);
+    const float4 got0 = shfl_xor4(odd ? piece[0] : piece[1], 4);
+    const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
+    const float4 x[2][2] = {{odd ? got0 : piece[0], odd ? got1 : piece[2]},   // row A, columns +0 / +32
+                            {odd ? piece[1] : got0, odd ? piece[3] : got1}};  // row B
+#pragma unroll
+    for (int ab = 0; ab < 2; ++ab) {
+      if (!rows.valid[half][ab]) continue;
+      float* const dst = rows.base + size_t(rows.row[half][ab]) * kQkCols + chunk * kColsPerBlock;
+      put_fixed_pairs(dst, x[ab][0], rows.unit[half][ab], k);
+      put_fixed_pairs(dst + 32, x[ab][1], rows.unit[half][ab], k);
+      rows.amax[half][ab] = absmax_bits4(absmax_bits4(rows.amax[half][ab], x[ab][0]), x[ab][1]);
+    }
+  }
+}
+
+// After a block's last chunk: each row's largest |value| over the 8 lanes of its quad pair, and one lane adds
+// ⌈max · unit⌉ (at most 2^32; 2^32 for a non-finite value) to the row's check sum: below 2^31 the sum of the row's
+// pair values is exact in any order (|Σ x| ≤ Σ |x|); a capped addend alone fails the check, and at most 2^31 addends
+// per row keep the sum below 2^63. All lanes call (shuffles).
+__device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const DkvRows& rows, int lane) {
+  constexpr unsigned long long kCap = 1ull << 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int ab = 0; ab < 2; ++ab) {
+      uint32_t m = rows.amax[half][ab];
+#pragma unroll
+      for (int mask = 1; mask < 8; mask <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, mask));
+      if ((lane & 7) == 0 && rows.valid[half][ab]) {
+        unsigned long long add = kCap;
+        if (m < 0x7F800000u) add = min(__float2ull_ru(__uint_as_float(m) * rows.unit[half][ab]), kCap);
+        atomicAdd(p.fix_l1 + rows.row[half][ab], add);  // integer: order-independent
+        if (add == kCap) atomicOr(p.fix_capped + rows.row[half][ab], 1u);  // the measured sum is a lower bound
+      }
+    }
+  }
+}
+#endif
+
 // Emits one [64 keys x 64 cols] fp32 dKV chunk (column block `chunk`) in full 128-byte lines
 // (emit_dkv_pairs).
 template <bool kDeterministic>
@@ -699,6 +821,10 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 #endif
 #if FLASHDSA_BWD_DET_FP16
   if constexpr (kDeterministic) emit_dkv_pairs_fp16(acc, rows, chunk, lane);
+  else
+#endif
+#if FLASHDSA_BWD_DET_FIXED
+  if constexpr (kDeterministic) emit_dkv_pairs_fixed(acc, rows, chunk, lane);
   else
 #endif
   emit_dkv_pairs<kDeterministic>(acc, rows.valid, lane, [&](int half, int ab) {

@@ -333,6 +333,9 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     issue_dkv_chunk(sm, acc0, 2, fa);
     back_tail<kDeterministic>(sm, acc0, acc1, rows, lane, fa);
 #endif
+#if FLASHDSA_BWD_DET_FIXED
+    if constexpr (kDeterministic) finish_fixed_rows(p, rows, lane);  // the rows' check sums
+#endif
   }
 
   store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
@@ -343,6 +346,13 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
 // grid = (tokens of this launch, ceil(H / 64)), kThreads, kSmemBytes dynamic.
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const __grid_constant__ MainParams p) {
+#if FLASHDSA_BWD_DET_FIXED
+  // The deterministic mode's second pass runs only when the check pass marked rows for it (uniform exit, before any
+  // barrier).
+  if constexpr (kDeterministic) {
+    if (p.fix_pass == 2 && *reinterpret_cast<const volatile uint32_t*>(p.fix_rerun) == 0u) return;
+  }
+#endif
   SmemPlan& sm = detail::dynamic_smem_plan<SmemPlan>();
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
 #if FLASHDSA_BWD_KV_SPLIT

@@ -26,6 +26,9 @@
 #include "sm90/backend.h"
 #include "sm90/heuristics.h"
 #include "sm90/sparse_mla_bwd/main_kernel.cuh"
+#if FLASHDSA_BWD_DET_FIXED
+#include "sm90/sparse_mla_bwd/det_fixed.cuh"
+#endif
 
 namespace flashdsa::sm90 {
 namespace sparse_mla_bwd_impl {
@@ -251,6 +254,8 @@ struct Plan {
   size_t sweep_counter = 0;
   size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0;
   size_t partial = 0, partial_exp = 0, key_count = 0, key_offset = 0, cub_temp = 0;
+  size_t fix_unit = 0, fix_l1 = 0, fix_capped = 0, fix_ctl = 0;  // FLASHDSA_BWD_DET_FIXED
+  bool fix_sorted = false;                        // FLASHDSA_BWD_DET_FIXED: rows sorted (keys_out holds all T rows)
   size_t cub_temp_bytes = 0;
   size_t total = 0;
 };
@@ -274,6 +279,23 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
   const int64_t T = std::max<int64_t>(p.T, 1);
   size_t cur = 0;
   pl.sweep_counter = carve(&cur, sizeof(uint32_t));
+#if FLASHDSA_BWD_DET_FIXED
+  if (p.deterministic) {  // fixed-point pairs: no partial buffers; the sorted rows of all T tokens when sweeping
+    pl.fix_sorted = p.T_kv >= kSweepMinKeys;
+    pl.chunk_tokens = pl.fix_sorted ? std::min<int64_t>(std::max<int64_t>(1, kSortChunkEntries / p.topk.K), T) : T;
+    if (pl.fix_sorted) {
+      pl.keys_out = carve(&cur, size_t(T) * p.topk.K * 4);
+      if (p.mass != nullptr) pl.pair_ids_out = carve(&cur, size_t(T) * p.topk.K * 4);
+    }
+    pl.key_count = carve(&cur, size_t(p.T_kv + 1) * 4);
+    pl.fix_unit = carve(&cur, size_t(p.T_kv + 1) * 4);
+    pl.fix_l1 = carve(&cur, size_t(p.T_kv + 1) * 8);
+    pl.fix_capped = carve(&cur, size_t(p.T_kv + 1) * 4);
+    pl.fix_ctl = carve(&cur, sizeof(FixedCtl));
+    pl.total = cur;
+    return Status::OK();
+  }
+#endif
   if (p.deterministic) {
     int sms = 132;
     FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
@@ -361,6 +383,67 @@ size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) {
   return plan.total;
 }
 
+#if FLASHDSA_BWD_DET_FIXED
+// The deterministic mode with fixed-point pairs (det_fixed.cuh, steps 1-4; the decode is sparse_mla_bwd's last pass).
+static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_impl::Plan& pl,
+                             sparse_mla_bwd_impl::MainParams mp, cudaStream_t stream) {
+  using namespace sparse_mla_bwd_impl;
+  char* ws = static_cast<char*>(p.workspace);
+  int32_t* count = reinterpret_cast<int32_t*>(ws + pl.key_count);
+  auto* ctl = reinterpret_cast<FixedCtl*>(ws + pl.fix_ctl);
+  mp.fix_unit = reinterpret_cast<float*>(ws + pl.fix_unit);
+  mp.fix_l1 = reinterpret_cast<unsigned long long*>(ws + pl.fix_l1);
+  mp.fix_capped = reinterpret_cast<uint32_t*>(ws + pl.fix_capped);
+  mp.fix_rerun = &ctl->rerun;
+  mp.sweep_counter = nullptr;  // no rotation: every CTA walks its (sorted) row from the first block
+  const int threads = 256;
+  FLASHDSA_CUDA_TRY(cudaMemsetAsync(count, 0, size_t(p.T_kv + 1) * 4, stream));
+  FLASHDSA_CUDA_TRY(cudaMemsetAsync(ctl, 0, sizeof(FixedCtl), stream));
+  fix_count_kernel<<<grid_for(p.T * p.topk.K, threads), threads, 0, stream>>>(
+      p.topk.indices, p.topk.stride_t, p.T, p.topk.K, p.T_kv, pl.num_head_groups, count);
+  FLASHDSA_CHECK_LAUNCH("fix_count_kernel");
+  fix_vmax_kernel<<<grid_for(p.T_kv * 32, threads), threads, 0, stream>>>(mp.kv, mp.kv_stride_t, p.T_kv, ctl);
+  FLASHDSA_CHECK_LAUNCH("fix_vmax_kernel");
+  fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(mp.q, mp.q_stride_t, mp.q_stride_h,
+                                                                             mp.dout, p.attn.H, mp.scale, ctl);
+  FLASHDSA_CHECK_LAUNCH("fix_bound_kernel");
+  fix_units_kernel<<<grid_for(p.T_kv, threads), threads, 0, stream>>>(count, ctl, p.T_kv, mp.fix_unit, mp.fix_l1,
+                                                                      mp.fix_capped);
+  FLASHDSA_CHECK_LAUNCH("fix_units_kernel");
+  int32_t* const keys = pl.fix_sorted ? reinterpret_cast<int32_t*>(ws + pl.keys_out) : nullptr;
+  int32_t* const pairs =
+      pl.fix_sorted && p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
+  for (int pass = 1; pass <= 2; ++pass) {
+    mp.fix_pass = pass;
+    for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
+      const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
+      mp.token_begin = t0;
+      mp.mass = pass == 1 ? static_cast<float*>(p.mass) : nullptr;  // pass 2 would add the mass twice
+      if (pl.fix_sorted) {
+        if (pass == 1)
+          FLASHDSA_RETURN_IF_ERROR(launch_sort_rows(p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t, tokens,
+                                                    p.topk.K, p.T_kv, keys + t0 * p.topk.K,
+                                                    pairs != nullptr ? pairs + t0 * p.topk.K : nullptr, stream));
+        mp.indices = keys + t0 * p.topk.K;
+        mp.indices_stride_t = p.topk.K;
+        mp.mass_slots = pairs != nullptr ? pairs + t0 * p.topk.K : nullptr;
+      } else {
+        mp.indices = p.topk.indices + t0 * p.topk.stride_t;
+        mp.indices_stride_t = p.topk.stride_t;
+        mp.mass_slots = nullptr;
+      }
+      FLASHDSA_RETURN_IF_ERROR(launch_main<true>(mp, tokens, pl.num_head_groups, stream));
+    }
+    if (pass == 1) {
+      fix_check_kernel<<<grid_for(p.T_kv, threads), threads, 0, stream>>>(mp.dkv, mp.fix_unit, mp.fix_l1,
+                                                                          mp.fix_capped, count, p.T_kv, ctl);
+      FLASHDSA_CHECK_LAUNCH("fix_check_kernel");
+    }
+  }
+  return Status::OK();
+}
+#endif
+
 // The host flow up to the last atomic / reduction into dkv; sparse_mla_bwd() below adds the column
 // un-permutation.
 static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_impl::Plan& pl) {
@@ -427,6 +510,9 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     return Status::OK();
   }
 
+#if FLASHDSA_BWD_DET_FIXED
+  return det_fixed_flow(p, pl, mp, stream);
+#else
   // Deterministic mode.
   int32_t* pair_ids_in = reinterpret_cast<int32_t*>(ws + pl.pair_ids_in);
   int32_t* pair_ids_out = reinterpret_cast<int32_t*>(ws + pl.pair_ids_out);
@@ -472,6 +558,7 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     }
   }
   return Status::OK();
+#endif  // FLASHDSA_BWD_DET_FIXED
 }
 
 Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
@@ -482,6 +569,19 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   st = sparse_mla_bwd_flow(p, pl);
   if (!st.ok() || p.T == 0 || p.T_kv == 0) return st;
   // Every atomic / reduction into dkv of this call precedes this launch on the stream.
+#if FLASHDSA_BWD_DET_FIXED
+  if (p.deterministic) {  // the pair words -> fp32, natural order
+    auto* ws = static_cast<char*>(p.workspace);
+    const int64_t lines = p.T_kv * (sparse_mla_bwd_impl::kQkCols / 32);
+    sparse_mla_bwd_impl::fix_decode_kernel<<<sparse_mla_bwd_impl::grid_for(lines, 256), 256, 0,
+                                             static_cast<cudaStream_t>(p.stream)>>>(
+        static_cast<float*>(p.dkv), reinterpret_cast<const float*>(ws + pl.fix_unit),
+        reinterpret_cast<const unsigned long long*>(ws + pl.fix_l1),
+        reinterpret_cast<const sparse_mla_bwd_impl::FixedCtl*>(ws + pl.fix_ctl), p.T_kv);
+    FLASHDSA_CHECK_LAUNCH("fix_decode_kernel");
+    return Status::OK();
+  }
+#endif
   const int64_t groups = p.T_kv * (sparse_mla_bwd_impl::kQkCols / 16);
   sparse_mla_bwd_impl::dkv_unpermute_kernel<<<sparse_mla_bwd_impl::grid_for(groups, 256), 256, 0,
                                               static_cast<cudaStream_t>(p.stream)>>>(static_cast<float*>(p.dkv),

@@ -1,0 +1,182 @@
+// Internal: the host-side kernels of the deterministic mode with fixed-point pairs (A/B build
+// -DFLASHDSA_BWD_DET_FIXED=1; the main kernel's part: kernel_common.cuh; design and prediction: docs/perf-notes.md,
+// twenty-third session). Included by sparse_mla_bwd.cu only in that build.
+//
+//   1. n_j: the addends each key row will receive (an integer histogram of the index rows, times the head groups).
+//   2. A guess of each row's Σ |addend| from a bound of one addend that needs no P (P <= 1 per head):
+//      |addend| <= Σ_h (scale · 2 ‖dO_th‖ · max_j ‖V_j‖ · max|Q_th| + max|dO_th|) =: A_t (|dP - Δ| <= 2 ‖dO‖ max ‖V‖,
+//      since O is a convex mix of V rows), B = max_t A_t; guess_j = n_j · B / 2^8 (attention is rarely that peaky);
+//      unit_j = the power of two with guess_j · unit_j <= 2^30.
+//   3. Pass 1 of the main kernel: pairs at unit_j, and per row L_j = Σ ⌈max |value| · unit_j⌉ (integers).
+//   4. Check: a row with L_j >= 2^31 may have overflowed: it gets unit 2^30 / (L_j / unit_j) (or, when an addend was
+//      capped, 2^30 / (n_j · B)), marked negative; its words and L_j are zeroed, and the re-run flag is set. Pass 2 (always launched; its CTAs exit at once when the
+//      flag is clear) sends only the marked rows.
+//   5. Decode: each row's pair words -> fp32 (exact integers times 1 / unit), natural column order; a row whose L_j
+//      is still >= 2^31 (a non-finite addend) becomes NaN: never a silently wrong value.
+// Every step is integer arithmetic, a fixed-order float computation or an order-independent max, so the output is
+// bitwise the same in every run.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "sm90/sparse_mla_bwd/fixed_pair.h"
+#include "sm90/sparse_mla_bwd/kernel_common.cuh"
+
+namespace flashdsa::sm90::sparse_mla_bwd_impl {
+
+// Device control words of one call (zeroed before it).
+struct FixedCtl {
+  uint32_t rerun;       // set by fix_check_kernel when a row must be sent again
+  uint32_t vmax_bits;   // max_j ‖kv_j[0:512]‖₂ (float bits)
+  uint32_t bound_bits;  // B = max over (token, head group) of A (float bits)
+};
+
+#ifndef FLASHDSA_BWD_FIXED_MARGIN_LOG2  // check builds raise it to force the re-run path (guesses far too low)
+#define FLASHDSA_BWD_FIXED_MARGIN_LOG2 8
+#endif
+constexpr int kFixedGuessMarginLog2 = FLASHDSA_BWD_FIXED_MARGIN_LOG2;  // guess_j = n_j · B / 2^8
+constexpr int kFixedTargetLog2 = 30;       // unit_j · guess_j <= 2^30
+constexpr unsigned long long kFixedExact = 1ull << 31;  // L_j below this: the row's sums are exact
+constexpr int kFixedMinExp = -100, kFixedMaxExp = 100;
+constexpr int kFixedMaxHeads = 128;  // the CUDA backend's largest H (backend.cpp: 16, 32, 64, 128)
+
+__device__ __forceinline__ float fixed_unit_for(double x) {
+  return fixed_pair::unit_for(x, kFixedTargetLog2, kFixedMinExp, kFixedMaxExp);
+}
+
+// n_j += G for every valid slot (integer atomics: order-independent).
+__global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
+                                 int64_t t_kv, int groups, int32_t* __restrict__ count) {
+  const int64_t n = tokens * K;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t l = i / K;
+    const int32_t idx = indices[l * stride_t + (i - l * K)];
+    if (idx >= 0 && idx < t_kv) atomicAdd(&count[idx], groups);
+  }
+}
+
+// max_j ‖kv_j[0:512]‖₂: one warp per row, a fixed summation order, an order-independent max of positive floats.
+__global__ void fix_vmax_kernel(const __nv_bfloat16* __restrict__ kv, int64_t stride_t, int64_t t_kv,
+                                FixedCtl* __restrict__ ctl) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t j = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; j < t_kv; j += warps) {
+    const __nv_bfloat16* row = kv + j * stride_t;
+    float ss = 0.f;
+    for (int c = lane; c < kVCols; c += 32) {
+      const float x = __bfloat162float(row[c]);
+      ss = fmaf(x, x, ss);
+    }
+    for (int mask = 16; mask > 0; mask >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, mask);
+    if (lane == 0) atomicMax(&ctl->vmax_bits, __float_as_uint(sqrtf(ss)));
+  }
+}
+
+// A per (token, head group) (step 2 above): one CTA per token, a warp per head, the heads of a group summed in order.
+constexpr int kBoundThreads = 256;
+__global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const __nv_bfloat16* __restrict__ q,
+                                                                  int64_t q_stride_t, int64_t q_stride_h,
+                                                                  const __nv_bfloat16* __restrict__ dout, int H,
+                                                                  float scale, FixedCtl* __restrict__ ctl) {
+  __shared__ float term[kFixedMaxHeads];
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float vmax = __uint_as_float(ctl->vmax_bits);
+  for (int h = warp; h < H; h += kBoundThreads / 32) {
+    const __nv_bfloat16* qr = q + t * q_stride_t + h * q_stride_h;
+    const __nv_bfloat16* dr = dout + (t * H + h) * int64_t(kVCols);
+    float qmax = 0.f, dmax = 0.f, dss = 0.f;
+    for (int c = lane; c < kQkCols; c += 32) qmax = fmaxf(qmax, fabsf(__bfloat162float(qr[c])));
+    for (int c = lane; c < kVCols; c += 32) {
+      const float x = __bfloat162float(dr[c]);
+      dmax = fmaxf(dmax, fabsf(x));
+      dss = fmaf(x, x, dss);
+    }
+    for (int mask = 16; mask > 0; mask >>= 1) {
+      qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, mask));
+      dmax = fmaxf(dmax, __shfl_xor_sync(0xffffffffu, dmax, mask));
+      dss += __shfl_xor_sync(0xffffffffu, dss, mask);
+    }
+    if (lane == 0) term[h] = scale * 2.f * sqrtf(dss) * vmax * qmax + dmax;
+  }
+  __syncthreads();
+  const int groups = (H + kHeadsPerCta - 1) / kHeadsPerCta;
+  if (threadIdx.x < groups) {
+    float a = 0.f;
+    for (int h = threadIdx.x * kHeadsPerCta; h < min(H, (threadIdx.x + 1) * kHeadsPerCta); ++h) a += term[h];
+    atomicMax(&ctl->bound_bits, __float_as_uint(a * 1.0625f));  // + the bf16 roundings of P, dS, O
+  }
+}
+
+// unit_j from the guess n_j · B / 2^8; L_j = 0, no addend capped.
+__global__ void fix_units_kernel(const int32_t* __restrict__ count, const FixedCtl* __restrict__ ctl, int64_t t_kv,
+                                 float* __restrict__ unit, unsigned long long* __restrict__ l1,
+                                 uint32_t* __restrict__ capped) {
+  const double bound = double(__uint_as_float(ctl->bound_bits));
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < t_kv; j += int64_t(gridDim.x) * blockDim.x) {
+    const int n = count[j];
+    unit[j] = n > 0 ? fixed_unit_for(ldexp(double(n) * bound, -kFixedGuessMarginLog2)) : 1.f;
+    l1[j] = 0ull;
+    capped[j] = 0u;
+  }
+}
+
+// Rows whose check sum reached 2^31: a new unit (negative: pass 2 sends the row) from the measured sum when no addend
+// was capped (then L_j / unit >= Σ max |x|), else from the P-free bound n_j · B itself; the row's words, check sum
+// and capped flag zeroed, the re-run flag set.
+__global__ void fix_check_kernel(float* __restrict__ dkv, float* __restrict__ unit, unsigned long long* __restrict__ l1,
+                                 uint32_t* __restrict__ capped, const int32_t* __restrict__ count, int64_t t_kv,
+                                 FixedCtl* __restrict__ ctl) {
+  const double bound = double(__uint_as_float(ctl->bound_bits));
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < t_kv; j += int64_t(gridDim.x) * blockDim.x) {
+    if (l1[j] < kFixedExact) continue;
+    const double measured = capped[j] == 0u ? double(l1[j]) / double(unit[j]) : double(count[j]) * bound;
+    unit[j] = -fixed_unit_for(measured);
+    l1[j] = 0ull;
+    capped[j] = 0u;
+    float4* const row = reinterpret_cast<float4*>(dkv + j * kQkCols);
+    for (int c = 0; c < kQkCols / 4; ++c) row[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    ctl->rerun = 1u;
+  }
+}
+
+// One thread per (key row, 128-byte line): the 16 pair words of the line (words k and 8 + k hold stored positions
+// 4k, 4k + 1 and 4k + 2, 4k + 3: put_fixed_pairs) -> 32 fp32 values times 1 / |unit|, in natural column order
+// (stored position dkv_pos(c) -> column c), written over the same line. NaN for a row that is not proven exact, and
+// everywhere when the bound B itself is not finite (inputs so large that the units say nothing).
+__global__ void fix_decode_kernel(float* __restrict__ dkv, const float* __restrict__ unit,
+                                  const unsigned long long* __restrict__ l1, const FixedCtl* __restrict__ ctl,
+                                  int64_t t_kv) {
+  constexpr int kLines = kQkCols / 32;
+  const int64_t n = t_kv * kLines;
+  const bool bound_finite = ctl->bound_bits < 0x7F800000u;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < n; g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = g / kLines;
+    uint64_t* const words = reinterpret_cast<uint64_t*>(dkv + g * 32);
+    float v[32];
+    if (l1[j] >= kFixedExact || !bound_finite) {
+#pragma unroll
+      for (int p = 0; p < 32; ++p) v[p] = __int_as_float(0x7FC00000);
+    } else {
+      const float inv = 1.f / fabsf(unit[j]);  // a power of two in [2^-100, 2^100]: exact
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        int32_t a = 0, b = 0;
+        fixed_pair::unpack(words[k], a, b);
+        v[4 * k] = float(a) * inv, v[4 * k + 1] = float(b) * inv;
+        fixed_pair::unpack(words[8 + k], a, b);
+        v[4 * k + 2] = float(a) * inv, v[4 * k + 3] = float(b) * inv;
+      }
+    }
+    float4* const out = reinterpret_cast<float4*>(words);
+#pragma unroll
+    for (int c = 0; c < 32; c += 4)
+      out[c / 4] = make_float4(v[dkv_pos(c)], v[dkv_pos(c + 1)], v[dkv_pos(c + 2)], v[dkv_pos(c + 3)]);
+  }
+}
+
+}  // namespace flashdsa::sm90::sparse_mla_bwd_impl
