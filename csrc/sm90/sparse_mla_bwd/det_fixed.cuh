@@ -15,6 +15,8 @@
 //      is still >= 2^31 (a non-finite addend) becomes NaN: never a silently wrong value.
 // Every step is integer arithmetic, a fixed-order float computation or an order-independent max, so the output is
 // bitwise the same in every run.
+// The per-row rules (first unit, check term, re-run unit, decode) are fixed_pair.h's, tested on the CPU with a model of
+// this pipeline (tests/cpp/test_fixed_pair.cpp).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,14 +41,7 @@ struct FixedCtl {
 #define FLASHDSA_BWD_FIXED_MARGIN_LOG2 8
 #endif
 constexpr int kFixedGuessMarginLog2 = FLASHDSA_BWD_FIXED_MARGIN_LOG2;  // guess_j = n_j · B / 2^8
-constexpr int kFixedTargetLog2 = 30;       // unit_j · guess_j <= 2^30
-constexpr unsigned long long kFixedExact = 1ull << 31;  // L_j below this: the row's sums are exact
-constexpr int kFixedMinExp = -100, kFixedMaxExp = 100;
 constexpr int kFixedMaxHeads = 128;  // the CUDA backend's largest H (backend.cpp: 16, 32, 64, 128)
-
-__device__ __forceinline__ float fixed_unit_for(double x) {
-  return fixed_pair::unit_for(x, kFixedTargetLog2, kFixedMinExp, kFixedMaxExp);
-}
 
 // n_j += G for every valid slot (integer atomics: order-independent).
 __global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
@@ -118,8 +113,7 @@ __global__ void fix_units_kernel(const int32_t* __restrict__ count, const FixedC
                                  uint32_t* __restrict__ capped) {
   const double bound = double(__uint_as_float(ctl->bound_bits));
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < t_kv; j += int64_t(gridDim.x) * blockDim.x) {
-    const int n = count[j];
-    unit[j] = n > 0 ? fixed_unit_for(ldexp(double(n) * bound, -kFixedGuessMarginLog2)) : 1.f;
+    unit[j] = fixed_pair::first_unit(count[j], bound, kFixedGuessMarginLog2);
     l1[j] = 0ull;
     capped[j] = 0u;
   }
@@ -133,9 +127,8 @@ __global__ void fix_check_kernel(float* __restrict__ dkv, float* __restrict__ un
                                  FixedCtl* __restrict__ ctl) {
   const double bound = double(__uint_as_float(ctl->bound_bits));
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < t_kv; j += int64_t(gridDim.x) * blockDim.x) {
-    if (l1[j] < kFixedExact) continue;
-    const double measured = capped[j] == 0u ? double(l1[j]) / double(unit[j]) : double(count[j]) * bound;
-    unit[j] = -fixed_unit_for(measured);
+    if (l1[j] < fixed_pair::kCheckExact) continue;
+    unit[j] = -fixed_pair::rerun_unit(l1[j], capped[j] != 0u, unit[j], count[j], bound);
     l1[j] = 0ull;
     capped[j] = 0u;
     float4* const row = reinterpret_cast<float4*>(dkv + j * kQkCols);
@@ -158,18 +151,15 @@ __global__ void fix_decode_kernel(float* __restrict__ dkv, const float* __restri
     const int64_t j = g / kLines;
     uint64_t* const words = reinterpret_cast<uint64_t*>(dkv + g * 32);
     float v[32];
-    if (l1[j] >= kFixedExact || !bound_finite) {
+    if (l1[j] >= fixed_pair::kCheckExact || !bound_finite) {
 #pragma unroll
       for (int p = 0; p < 32; ++p) v[p] = __int_as_float(0x7FC00000);
     } else {
       const float inv = 1.f / fabsf(unit[j]);  // a power of two in [2^-100, 2^100]: exact
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        int32_t a = 0, b = 0;
-        fixed_pair::unpack(words[k], a, b);
-        v[4 * k] = float(a) * inv, v[4 * k + 1] = float(b) * inv;
-        fixed_pair::unpack(words[8 + k], a, b);
-        v[4 * k + 2] = float(a) * inv, v[4 * k + 3] = float(b) * inv;
+        fixed_pair::decode(words[k], inv, v[4 * k], v[4 * k + 1]);
+        fixed_pair::decode(words[8 + k], inv, v[4 * k + 2], v[4 * k + 3]);
       }
     }
     float4* const out = reinterpret_cast<float4*>(words);

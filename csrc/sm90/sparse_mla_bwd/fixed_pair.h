@@ -98,4 +98,50 @@ FLASHDSA_FIXED_HD float unit_for(double x, int target, int min_e, int max_e) {
   return std::ldexp(1.f, e);
 }
 
+// ---- the per-row rules of the deterministic mode with fixed-point pairs (det_fixed.cuh; CPU-tested) ----------------
+
+constexpr uint64_t kCheckCap = uint64_t(1) << 32;    // one addend's share of a row's check sum at most
+constexpr uint64_t kCheckExact = uint64_t(1) << 31;  // a check sum below this proves the row's pair sums exact
+constexpr int kUnitTargetLog2 = 30;                  // unit · (guessed or measured Σ |addend|) <= 2^30
+constexpr int kUnitMinLog2 = -100, kUnitMaxLog2 = 100;
+
+// An addend's share of its row's check sum: ⌈max |value| · unit⌉ from the bits of max |value| (as the kernel keeps
+// it: an unsigned max of |x| bits, so NaN / inf order above every finite value), capped at kCheckCap; a non-finite
+// value takes the cap. unit is a power of two, so the product is exact.
+FLASHDSA_FIXED_HD uint64_t check_term(uint32_t amax_bits, float unit) {
+  if (amax_bits >= 0x7F800000u) return kCheckCap;
+  float m;
+#if defined(__CUDA_ARCH__)
+  m = __uint_as_float(amax_bits);
+  const uint64_t t = __float2ull_ru(m * unit);
+#else
+  std::memcpy(&m, &amax_bits, sizeof m);
+  const float y = std::ceil(m * unit);
+  const uint64_t t = y >= 18446744073709551616.0f ? ~uint64_t(0) : static_cast<uint64_t>(y);
+#endif
+  return t < kCheckCap ? t : kCheckCap;
+}
+
+// The first unit of a row of n addends when one addend is at most `bound` (the P-free bound): the guess of Σ |addend|
+// is n · bound / 2^margin.
+FLASHDSA_FIXED_HD float first_unit(int n, double bound, int margin_log2) {
+  return n > 0 ? unit_for(std::ldexp(double(n) * bound, -margin_log2), kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2)
+               : 1.f;
+}
+
+// The unit of a row whose check sum `check` (at `unit`) failed: from the measured Σ |addend| <= check / unit when no
+// addend was capped, else from the P-free bound n · bound.
+FLASHDSA_FIXED_HD float rerun_unit(uint64_t check, bool capped, float unit, int n, double bound) {
+  const double measured = capped ? double(n) * bound : double(check) / double(unit);
+  return unit_for(measured, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
+}
+
+// The two values of a row's pair word, times 1 / unit (exact: a power of two).
+FLASHDSA_FIXED_HD void decode(uint64_t word, float inv_unit, float& x, float& y) {
+  int32_t a = 0, b = 0;
+  unpack(word, a, b);
+  x = static_cast<float>(a) * inv_unit;
+  y = static_cast<float>(b) * inv_unit;
+}
+
 }  // namespace flashdsa::sm90::sparse_mla_bwd_impl::fixed_pair

@@ -785,7 +785,6 @@ __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], con
 // pair values is exact in any order (|Σ x| ≤ Σ |x|); a capped addend alone fails the check, and at most 2^31 addends
 // per row keep the sum below 2^63. All lanes call (shuffles).
 __device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const DkvRows& rows, int lane) {
-  constexpr unsigned long long kCap = 1ull << 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -794,10 +793,9 @@ __device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const Dkv
 #pragma unroll
       for (int mask = 1; mask < 8; mask <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, mask));
       if ((lane & 7) == 0 && rows.valid[half][ab]) {
-        unsigned long long add = kCap;
-        if (m < 0x7F800000u) add = min(__float2ull_ru(__uint_as_float(m) * rows.unit[half][ab]), kCap);
+        const unsigned long long add = fixed_pair::check_term(m, rows.unit[half][ab]);
         atomicAdd(p.fix_l1 + rows.row[half][ab], add);  // integer: order-independent
-        if (add == kCap) atomicOr(p.fix_capped + rows.row[half][ab], 1u);  // the measured sum is a lower bound
+        if (add == fixed_pair::kCheckCap) atomicOr(p.fix_capped + rows.row[half][ab], 1u);  // measured sum: too low
       }
     }
   }
