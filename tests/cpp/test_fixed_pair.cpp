@@ -198,7 +198,8 @@ RowResult run_row(const std::vector<std::vector<float>>& addends, double bound, 
     capped = false;
     for (int i : order) {
       const auto& x = addends[i];
-      for (int c = 0; c < cols; c += 2) words[c / 2] += fp::pack(fp::to_fixed_wide(x[c], unit), fp::to_fixed_wide(x[c + 1], unit));
+      for (int c = 0; c < cols; c += 2)
+        words[c / 2] += fp::pack(fp::to_fixed_wide(x[c], unit), fp::to_fixed_wide(x[c + 1], unit));
       const uint64_t t = fp::check_term(amax_bits(x), unit);
       check += t;
       capped = capped || t == fp::kCheckCap;

@@ -9,8 +9,10 @@
 //      unit_j = the power of two with guess_j · unit_j <= 2^30.
 //   3. Pass 1 of the main kernel: pairs at unit_j, and per row L_j = Σ ⌈max |value| · unit_j⌉ (integers).
 //   4. Check: a row with L_j >= 2^31 may have overflowed: it gets unit 2^30 / (L_j / unit_j) (or, when an addend was
-//      capped, 2^30 / (n_j · B)), marked negative; its words and L_j are zeroed, and the re-run flag is set. Pass 2 (always launched; its CTAs exit at once when the
-//      flag is clear) sends only the marked rows.
+//      capped, 2^30 / (n_j · B)), marked negative; its words and L_j are zeroed, and the re-run flag is set. Pass 2
+//      (always launched; its CTAs exit at once when the flag is clear) visits only the key blocks holding a marked
+//      row, sends only those rows and stores no dq (pass 1's is final), so a few peaky keys cost a block or two per
+//      token, not a second backward.
 //   5. Decode: each row's pair words -> fp32 (exact integers times 1 / unit), natural column order; a row whose L_j
 //      is still >= 2^31 (a non-finite addend) becomes NaN: never a silently wrong value.
 // Every step is integer arithmetic, a fixed-order float computation or an order-independent max, so the output is

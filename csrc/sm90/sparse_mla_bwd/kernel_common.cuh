@@ -181,8 +181,16 @@ template <int kBar>
 __device__ __forceinline__ void build_block_list(const MainParams& p, SmemPlan& sm, const int32_t* idx_row,
                                                  int num_row_blocks, int warp, int lane) {
   for (int blk = warp; blk < num_row_blocks; blk += 4) {
+#if FLASHDSA_BWD_DET_FIXED
+    // the deterministic mode's pass 2: only blocks with a key row marked for the re-run (negative unit)
+    auto wanted = [&](int32_t key) {
+      return key_valid(key, p.T_kv) && (p.fix_pass != 2 || p.fix_unit[key] < 0.f);
+    };
+    const bool v = wanted(idx_row[blk * kBlockKeys + lane]) || wanted(idx_row[blk * kBlockKeys + 32 + lane]);
+#else
     const bool v = key_valid(idx_row[blk * kBlockKeys + lane], p.T_kv) ||
                    key_valid(idx_row[blk * kBlockKeys + 32 + lane], p.T_kv);
+#endif
     const bool any = __any_sync(0xffffffffu, v);
     if (lane == 0) sm.block_list[blk] = any ? 1 : 0;  // flags first, compacted below
   }

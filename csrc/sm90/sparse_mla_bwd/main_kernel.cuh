@@ -259,6 +259,9 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     hw::mbar_arrive(&sm.kv_empty);
   }
 
+#if FLASHDSA_BWD_DET_FIXED
+  if (kDeterministic && p.fix_pass == 2) return;  // pass 2 visits only the re-run rows' blocks: dq is pass 1's
+#endif
   __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
   store_dq<4>(dq_a, dqh0, w.heads, 0, r0, q4);
   store_dq<1>(dq_b, dqh0, w.heads, 4, r0, q4);
@@ -338,6 +341,9 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
 #endif
   }
 
+#if FLASHDSA_BWD_DET_FIXED
+  if (kDeterministic && p.fix_pass == 2) return;  // (as the front)
+#endif
   store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
 }
 
