@@ -397,18 +397,19 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   mp.fix_rerun = &ctl->rerun;
   mp.sweep_counter = nullptr;  // no rotation: every CTA walks its (sorted) row from the first block
   const int threads = 256;
+  // grid-stride kernels: at least one CTA (T_kv may be 0)
+  auto grid = [&](int64_t n) { return std::max(1u, grid_for(n, threads)); };
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(count, 0, size_t(p.T_kv + 1) * 4, stream));
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(ctl, 0, sizeof(FixedCtl), stream));
-  fix_count_kernel<<<grid_for(p.T * p.topk.K, threads), threads, 0, stream>>>(
+  fix_count_kernel<<<grid(p.T * p.topk.K), threads, 0, stream>>>(
       p.topk.indices, p.topk.stride_t, p.T, p.topk.K, p.T_kv, pl.num_head_groups, count);
   FLASHDSA_CHECK_LAUNCH("fix_count_kernel");
-  fix_vmax_kernel<<<grid_for(p.T_kv * 32, threads), threads, 0, stream>>>(mp.kv, mp.kv_stride_t, p.T_kv, ctl);
+  fix_vmax_kernel<<<grid(p.T_kv * 32), threads, 0, stream>>>(mp.kv, mp.kv_stride_t, p.T_kv, ctl);
   FLASHDSA_CHECK_LAUNCH("fix_vmax_kernel");
   fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(mp.q, mp.q_stride_t, mp.q_stride_h,
                                                                              mp.dout, p.attn.H, mp.scale, ctl);
   FLASHDSA_CHECK_LAUNCH("fix_bound_kernel");
-  fix_units_kernel<<<grid_for(p.T_kv, threads), threads, 0, stream>>>(count, ctl, p.T_kv, mp.fix_unit, mp.fix_l1,
-                                                                      mp.fix_capped);
+  fix_units_kernel<<<grid(p.T_kv), threads, 0, stream>>>(count, ctl, p.T_kv, mp.fix_unit, mp.fix_l1, mp.fix_capped);
   FLASHDSA_CHECK_LAUNCH("fix_units_kernel");
   int32_t* const keys = pl.fix_sorted ? reinterpret_cast<int32_t*>(ws + pl.keys_out) : nullptr;
   int32_t* const pairs =
@@ -435,8 +436,8 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
       FLASHDSA_RETURN_IF_ERROR(launch_main<true>(mp, tokens, pl.num_head_groups, stream));
     }
     if (pass == 1) {
-      fix_check_kernel<<<grid_for(p.T_kv, threads), threads, 0, stream>>>(mp.dkv, mp.fix_unit, mp.fix_l1,
-                                                                          mp.fix_capped, count, p.T_kv, ctl);
+      fix_check_kernel<<<grid(p.T_kv), threads, 0, stream>>>(mp.dkv, mp.fix_unit, mp.fix_l1, mp.fix_capped, count,
+                                                             p.T_kv, ctl);
       FLASHDSA_CHECK_LAUNCH("fix_check_kernel");
     }
   }
