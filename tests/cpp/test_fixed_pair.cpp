@@ -157,15 +157,36 @@ TEST(FixedPair, UnitForIsTheLargestSafePowerOfTwo) {
   EXPECT_EQ(fp::unit_for(NAN, 30, -100, 100), std::ldexp(1.f, -100));
 }
 
-// The wide conversion (the device's cvt.rni.s32.f32): round to nearest even, saturated, NaN -> 0.
-TEST(FixedPair, ToFixedWideSaturates) {
-  EXPECT_EQ(fp::to_fixed_wide(2.5f, 1.f), 2);
-  EXPECT_EQ(fp::to_fixed_wide(-3.5f, 1.f), -4);
-  EXPECT_EQ(fp::to_fixed_wide(1.f, 1073741824.f), 1073741824);
-  EXPECT_EQ(fp::to_fixed_wide(3.f, 1073741824.f), INT32_MAX);
-  EXPECT_EQ(fp::to_fixed_wide(-3.f, 1073741824.f), INT32_MIN);
-  EXPECT_EQ(fp::to_fixed_wide(NAN, 1.f), 0);
-  EXPECT_EQ(fp::to_fixed_wide(INFINITY, 1.f), INT32_MAX);
+// The rules' guarantees: the first unit keeps addends up to bound / 2^margin within 2^21 units and the guessed sum
+// within 2^30; a re-run unit keeps the measured largest addend within 2^21 units and the measured sum within 2^30;
+// check_term caps what to_fixed cannot convert exactly.
+TEST(FixedPair, RowRulesKeepTheirRanges) {
+  for (int n : {1, 7, 511, 512, 513, 2048, 1 << 20}) {
+    for (double bound : {1e-6, 0.37, 4.0, 1e6}) {
+      const float u = fp::first_unit(n, bound, 8);
+      EXPECT_LE(u * (bound / 256.0), 2097152.0) << n << " " << bound;
+      EXPECT_LE(u * std::max(n, 512) * (bound / 256.0), std::ldexp(1.0, 30)) << n << " " << bound;
+      EXPECT_GT(2.0 * u * std::max(n, 512) * (bound / 256.0), std::ldexp(1.0, 30)) << "the largest such power of two";
+    }
+  }
+  const float amax = 3.0f;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &amax, sizeof bits);
+  for (uint64_t check : {uint64_t(1) << 31, uint64_t(1) << 40}) {
+    for (bool capped : {false, true}) {
+      const float unit = 1024.f;
+      const float u = fp::rerun_unit(check, capped, unit, 5000, bits);
+      EXPECT_LE(amax * u, fp::kMaxAddendUnits);
+      const double sum = capped ? 5000.0 * amax : double(check) / unit;
+      EXPECT_LE(u * sum, std::ldexp(1.0, 30));
+    }
+  }
+  EXPECT_EQ(fp::check_term(bits, 1024.f), 3072u);
+  EXPECT_EQ(fp::check_term(bits, 1048576.f), fp::kCheckCap);  // 3 · 2^20 units: beyond 2^21
+  EXPECT_EQ(fp::check_term(bits, 524288.f), 1572864u);         // 3 · 2^19 units: within
+  EXPECT_EQ(fp::check_term(0x7F800000u, 1.f), fp::kCheckCap);  // inf
+  EXPECT_EQ(fp::check_term(0x7FC00000u, 1.f), fp::kCheckCap);  // NaN
+  EXPECT_EQ(fp::check_term(0u, 1e30f), 0u);
 }
 
 // The deterministic mode's per-row pipeline (det_fixed.cuh: first unit, pass 1, check, re-run, decode) run on the
@@ -191,30 +212,33 @@ RowResult run_row(const std::vector<std::vector<float>>& addends, double bound, 
   const int n = static_cast<int>(addends.size()), cols = static_cast<int>(addends[0].size());
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
-  auto pass = [&](float unit, std::vector<uint64_t>& words, uint64_t& check, bool& capped) {
+  auto pass = [&](float unit, std::vector<uint64_t>& words, uint64_t& check, bool& capped, uint32_t& amax) {
     std::shuffle(order.begin(), order.end(), rng);
     std::fill(words.begin(), words.end(), 0);
     check = 0;
     capped = false;
+    amax = 0;
     for (int i : order) {
       const auto& x = addends[i];
-      for (int c = 0; c < cols; c += 2)
-        words[c / 2] += fp::pack(fp::to_fixed_wide(x[c], unit), fp::to_fixed_wide(x[c + 1], unit));
-      const uint64_t t = fp::check_term(amax_bits(x), unit);
+      for (int c = 0; c < cols; c += 2) words[c / 2] += fp::pack(fp::to_fixed(x[c], unit), fp::to_fixed(x[c + 1], unit));
+      const uint32_t m = amax_bits(x);
+      const uint64_t t = fp::check_term(m, unit);
       check += t;
       capped = capped || t == fp::kCheckCap;
+      amax = std::max(amax, m);
     }
   };
   std::vector<uint64_t> words(cols / 2);
   uint64_t check = 0;
   bool capped = false;
+  uint32_t amax = 0;
   float unit = fp::first_unit(n, bound, 8);
-  pass(unit, words, check, capped);
+  pass(unit, words, check, capped, amax);
   RowResult r;
   if (check >= fp::kCheckExact) {
     r.reran = true;
-    unit = fp::rerun_unit(check, capped, unit, n, bound);
-    pass(unit, words, check, capped);
+    unit = fp::rerun_unit(check, capped, unit, n, amax);
+    pass(unit, words, check, capped, amax);
   }
   r.value.resize(cols);
   for (int c = 0; c < cols; c += 2) {
@@ -238,8 +262,8 @@ TEST(FixedPair, RowPipelineIsExactOrderFreeAndSafe) {
     bool reran;   // expected
   };
   // diffuse rows (values ~ bound / 2^11, the P ~ 1 / K case; 2^10: still no re-run), peaky rows (values above
-  // ~ bound / 2^7: the first guess n · B / 2^8 is too low, the row re-runs from its measured sum), a short peaky row
-  // (its addends pass 2^32 units: capped, re-run from the bound itself), a single diffuse addend
+  // ~ bound / 2^8: the first guess is too low — an addend beyond 2^21 units or the sum beyond 2^31 — and the row
+  // re-runs from its measured sums), a short peaky row, a single diffuse addend
   const Kind kinds[] = {{2048, 1.f / 2048, false}, {512, 1.f / 2048, false}, {2048, 1.f / 1024, false},
                         {2048, 1.f / 64, true},    {2048, 1.f / 4, true},    {3, 1.f / 4, true},
                         {1, 1.f / 2048, false}};

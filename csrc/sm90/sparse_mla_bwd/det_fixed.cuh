@@ -3,13 +3,14 @@
 // twenty-third session). Included by sparse_mla_bwd.cu only in that build.
 //
 //   1. n_j: the addends each key row will receive (an integer histogram of the index rows, times the head groups).
-//   2. A guess of each row's Σ |addend| from a bound of one addend that needs no P (P <= 1 per head):
+//   2. A guess of each row's Σ |addend| and largest addend from a bound of one addend that needs no P (P <= 1 per head):
 //      |addend| <= Σ_h (scale · 2 ‖dO_th‖ · max_j ‖V_j‖ · max|Q_th| + max|dO_th|) =: A_t (|dP - Δ| <= 2 ‖dO‖ max ‖V‖,
-//      since O is a convex mix of V rows), B = max_t A_t; guess_j = n_j · B / 2^8 (attention is rarely that peaky);
-//      unit_j = the power of two with guess_j · unit_j <= 2^30.
-//   3. Pass 1 of the main kernel: pairs at unit_j, and per row L_j = Σ ⌈max |value| · unit_j⌉ (integers).
-//   4. Check: a row with L_j >= 2^31 may have overflowed: it gets unit 2^30 / (L_j / unit_j) (or, when an addend was
-//      capped, 2^30 / (n_j · B)), marked negative; its words and L_j are zeroed, and the re-run flag is set. Pass 2
+//      since O is a convex mix of V rows), B = max_t A_t; both guessed 2^8 below n_j · B and B (attention is rarely
+//      that peaky); unit_j = the power of two with unit_j · max(n_j, 512) · B / 2^8 <= 2^30 (fixed_pair::first_unit).
+//   3. Pass 1 of the main kernel: pairs at unit_j (one FFMA per value, exact below 2^22 units), per row
+//      L_j = Σ ⌈max |value| · unit_j⌉ (integers; 2^32 for an addend beyond 2^21 units) and the row's largest |value|.
+//   4. Check: a row with L_j >= 2^31 may be wrong: it gets a unit from its measured sums (fixed_pair::rerun_unit),
+//      marked negative; its words and L_j are zeroed, and the re-run flag is set. Pass 2
 //      (always launched; its CTAs exit at once when the flag is clear) visits only the key blocks holding a marked
 //      row, sends only those rows and stores no dq (pass 1's is final), so a few peaky keys cost a block or two per
 //      token, not a second backward.
@@ -112,25 +113,25 @@ __global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const __nv_bfl
 // unit_j from the guess n_j · B / 2^8; L_j = 0, no addend capped.
 __global__ void fix_units_kernel(const int32_t* __restrict__ count, const FixedCtl* __restrict__ ctl, int64_t t_kv,
                                  float* __restrict__ unit, unsigned long long* __restrict__ l1,
-                                 uint32_t* __restrict__ capped) {
+                                 uint32_t* __restrict__ capped, uint32_t* __restrict__ amax) {
   const double bound = double(__uint_as_float(ctl->bound_bits));
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < t_kv; j += int64_t(gridDim.x) * blockDim.x) {
     unit[j] = fixed_pair::first_unit(count[j], bound, kFixedGuessMarginLog2);
     l1[j] = 0ull;
     capped[j] = 0u;
+    amax[j] = 0u;
   }
 }
 
-// Rows whose check sum reached 2^31: a new unit (negative: pass 2 sends the row) from the measured sum when no addend
-// was capped (then L_j / unit >= Σ max |x|), else from the P-free bound n_j · B itself; the row's words, check sum
+// Rows whose check sum reached 2^31: a new unit (negative: pass 2 sends the row) from the row's measured largest
+// addend and Σ |addend| (fixed_pair::rerun_unit: pass 2 cannot fail for finite addends); the row's words, check sum
 // and capped flag zeroed, the re-run flag set.
 __global__ void fix_check_kernel(float* __restrict__ dkv, float* __restrict__ unit, unsigned long long* __restrict__ l1,
-                                 uint32_t* __restrict__ capped, const int32_t* __restrict__ count, int64_t t_kv,
-                                 FixedCtl* __restrict__ ctl) {
-  const double bound = double(__uint_as_float(ctl->bound_bits));
+                                 uint32_t* __restrict__ capped, const uint32_t* __restrict__ amax,
+                                 const int32_t* __restrict__ count, int64_t t_kv, FixedCtl* __restrict__ ctl) {
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < t_kv; j += int64_t(gridDim.x) * blockDim.x) {
     if (l1[j] < fixed_pair::kCheckExact) continue;
-    unit[j] = -fixed_pair::rerun_unit(l1[j], capped[j] != 0u, unit[j], count[j], bound);
+    unit[j] = -fixed_pair::rerun_unit(l1[j], capped[j] != 0u, unit[j], count[j], amax[j]);
     l1[j] = 0ull;
     capped[j] = 0u;
     float4* const row = reinterpret_cast<float4*>(dkv + j * kQkCols);

@@ -55,21 +55,6 @@ FLASHDSA_FIXED_HD int32_t to_fixed(float x, float unit) {
   return static_cast<int32_t>(float_bits(t) - kMagicBits);
 }
 
-// x * unit rounded to the nearest integer (ties to even), saturated to [-2^31, 2^31 - 1]; NaN gives 0 (the device's
-// cvt.rni.s32.f32). For units whose products may exceed to_fixed's 2^22: one multiply (exact for a power-of-two
-// unit) and one F2I.
-FLASHDSA_FIXED_HD int32_t to_fixed_wide(float x, float unit) {
-#if defined(__CUDA_ARCH__)
-  return __float2int_rn(x * unit);
-#else
-  const float y = x * unit;
-  if (std::isnan(y)) return 0;
-  if (y >= 2147483648.0f) return INT32_MAX;
-  if (y <= -2147483648.0f) return INT32_MIN;
-  return static_cast<int32_t>(std::nearbyint(y));
-#endif
-}
-
 // The word b * 2^32 + a (mod 2^64, a sign-extended).
 FLASHDSA_FIXED_HD uint64_t pack(int32_t a, int32_t b) {
   const uint32_t hi = static_cast<uint32_t>(b) + (a < 0 ? 0xFFFFFFFFu : 0u);
@@ -99,41 +84,57 @@ FLASHDSA_FIXED_HD float unit_for(double x, int target, int min_e, int max_e) {
 }
 
 // ---- the per-row rules of the deterministic mode with fixed-point pairs (det_fixed.cuh; CPU-tested) ----------------
+//
+// Each addend is converted by to_fixed (one FFMA: exact only below 2^22 units), so a row is proven exact when (a) no
+// addend exceeded kMaxAddendUnits = 2^21 units and (b) Σ ⌈max |addend| · unit⌉ < 2^31 (then every pair sum fits its
+// 32-bit half). Units are powers of two with unit · S <= 2^30 for S = max(Σ |addend|, 512 · max |addend|) (guessed
+// first, measured for a re-run), which gives both (a) and (b).
 
-constexpr uint64_t kCheckCap = uint64_t(1) << 32;    // one addend's share of a row's check sum at most
+constexpr uint64_t kCheckCap = uint64_t(1) << 32;    // an addend beyond (a), or not finite: fails the row by itself
 constexpr uint64_t kCheckExact = uint64_t(1) << 31;  // a check sum below this proves the row's pair sums exact
-constexpr int kUnitTargetLog2 = 30;                  // unit · (guessed or measured Σ |addend|) <= 2^30
+constexpr float kMaxAddendUnits = 2097152.0f;        // 2^21: to_fixed's range (2^22) with a factor 2 to spare
+constexpr int kUnitTargetLog2 = 30;                  // unit · S <= 2^30
+constexpr double kAddendShare = 512.0;               // 2^30 / 2^21: S >= 512 · max |addend| keeps (a)
 constexpr int kUnitMinLog2 = -100, kUnitMaxLog2 = 100;
 
 // An addend's share of its row's check sum: ⌈max |value| · unit⌉ from the bits of max |value| (as the kernel keeps
-// it: an unsigned max of |x| bits, so NaN / inf order above every finite value), capped at kCheckCap; a non-finite
-// value takes the cap. unit is a power of two, so the product is exact.
+// it: an unsigned max of |x| bits, so NaN / inf order above every finite value); kCheckCap when that is beyond
+// kMaxAddendUnits (to_fixed was not exact) or not finite. unit is a power of two, so the product is exact.
 FLASHDSA_FIXED_HD uint64_t check_term(uint32_t amax_bits, float unit) {
   if (amax_bits >= 0x7F800000u) return kCheckCap;
   float m;
 #if defined(__CUDA_ARCH__)
   m = __uint_as_float(amax_bits);
-  const uint64_t t = __float2ull_ru(m * unit);
 #else
   std::memcpy(&m, &amax_bits, sizeof m);
-  const float y = std::ceil(m * unit);
-  const uint64_t t = y >= 18446744073709551616.0f ? ~uint64_t(0) : static_cast<uint64_t>(y);
 #endif
-  return t < kCheckCap ? t : kCheckCap;
+  const float y = m * unit;
+  if (!(y <= kMaxAddendUnits)) return kCheckCap;
+  return static_cast<uint64_t>(std::ceil(y));
 }
 
-// The first unit of a row of n addends when one addend is at most `bound` (the P-free bound): the guess of Σ |addend|
-// is n · bound / 2^margin.
+// The first unit of a row of n addends when one addend is at most `bound` (the P-free bound): both the row's Σ |addend|
+// and its largest addend are guessed 2^margin below the bound's n · bound and bound.
 FLASHDSA_FIXED_HD float first_unit(int n, double bound, int margin_log2) {
-  return n > 0 ? unit_for(std::ldexp(double(n) * bound, -margin_log2), kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2)
-               : 1.f;
+  if (n <= 0) return 1.f;
+  const double share = double(n) > kAddendShare ? double(n) : kAddendShare;
+  return unit_for(std::ldexp(share * bound, -margin_log2), kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
 }
 
-// The unit of a row whose check sum `check` (at `unit`) failed: from the measured Σ |addend| <= check / unit when no
-// addend was capped, else from the P-free bound n · bound.
-FLASHDSA_FIXED_HD float rerun_unit(uint64_t check, bool capped, float unit, int n, double bound) {
-  const double measured = capped ? double(n) * bound : double(check) / double(unit);
-  return unit_for(measured, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
+// The unit of a row whose check failed at `unit`: from its measured largest addend `amax` (a non-finite one gives the
+// smallest unit: the row fails again and is decoded as NaN) and Σ |addend| <= check / unit, or n · amax when an addend
+// was capped (its share of `check` is then not a measure).
+FLASHDSA_FIXED_HD float rerun_unit(uint64_t check, bool capped, float unit, int n, uint32_t amax_bits) {
+  if (amax_bits >= 0x7F800000u) return unit_for(INFINITY, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
+  float amax;
+#if defined(__CUDA_ARCH__)
+  amax = __uint_as_float(amax_bits);
+#else
+  std::memcpy(&amax, &amax_bits, sizeof amax);
+#endif
+  const double sum = capped ? double(n) * amax : double(check) / double(unit);
+  const double share = kAddendShare * amax;
+  return unit_for(sum > share ? sum : share, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
 }
 
 // The two values of a row's pair word, times 1 / unit (exact: a power of two).

@@ -75,7 +75,8 @@ struct MainParams {
 #if FLASHDSA_BWD_DET_FIXED
   float* fix_unit;               // [T_kv] deterministic mode: each key row's unit (a power of two); < 0: re-run row
   unsigned long long* fix_l1;    // [T_kv] Σ over the row's addends of ⌈max |value| · unit⌉ (exact below 2^31)
-  uint32_t* fix_capped;          // [T_kv] != 0: an addend of the row reached 2^32 units (or was not finite)
+  uint32_t* fix_capped;          // [T_kv] != 0: an addend of the row went beyond 2^21 units (or was not finite)
+  uint32_t* fix_amax;            // [T_kv] the bits of the row's largest |value| (an order-independent max)
   const uint32_t* fix_rerun;     // pass 2 runs only when *fix_rerun != 0 (set by the check pass)
   int fix_pass;                  // 1: every row; 2: only rows with fix_unit < 0, no mass output
 #endif
@@ -753,12 +754,13 @@ __device__ __forceinline__ uint32_t absmax_bits4(uint32_t m, float4 x) {
 
 // One lane's 16 bytes of a row line (float4 `x` bound for dst, the row's chunk start + 4k floats, k = lane % 8) as two
 // fixed-point pair words: (x, y) at byte 8k and (z, w) at byte 64 + 8k of the same line (the decode pass's layout).
+// to_fixed is one FFMA; a value beyond its range makes the row fail its check (fixed_pair::check_term) and re-run.
 __device__ __forceinline__ void put_fixed_pairs(float* dst, float4 x, float unit, int k) {
   using fixed_pair::pack;
-  using fixed_pair::to_fixed_wide;
+  using fixed_pair::to_fixed;
   uint64_t* const q = reinterpret_cast<uint64_t*>(dst - 2 * k);
-  hw::red_add_u64(q, pack(to_fixed_wide(x.x, unit), to_fixed_wide(x.y, unit)));
-  hw::red_add_u64(q + 8, pack(to_fixed_wide(x.z, unit), to_fixed_wide(x.w, unit)));
+  hw::red_add_u64(q, pack(to_fixed(x.x, unit), to_fixed(x.y, unit)));
+  hw::red_add_u64(q + 8, pack(to_fixed(x.z, unit), to_fixed(x.w, unit)));
 }
 
 // Deterministic mode, fixed-point pairs: the fast mode's quad-pair exchange, then each valid row's two float4 as four
@@ -788,10 +790,11 @@ __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], con
   }
 }
 
-// After a block's last chunk: each row's largest |value| over the 8 lanes of its quad pair, and one lane adds
-// ⌈max · unit⌉ (at most 2^32; 2^32 for a non-finite value) to the row's check sum: below 2^31 the sum of the row's
-// pair values is exact in any order (|Σ x| ≤ Σ |x|); a capped addend alone fails the check, and at most 2^31 addends
-// per row keep the sum below 2^63. All lanes call (shuffles).
+// After a block's last chunk: each row's largest |value| over the 8 lanes of its quad pair; one lane adds
+// fixed_pair::check_term (⌈max · unit⌉, or 2^32 for an addend beyond to_fixed's range or not finite) to the row's
+// check sum — below 2^31 the sum of the row's pair values is exact in any order (|Σ x| ≤ Σ |x|); a capped addend
+// alone fails the check, and at most 2^31 addends per row keep the sum below 2^63 — and maxes the row's largest
+// |value| (for a re-run's unit). All lanes call (shuffles).
 __device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const DkvRows& rows, int lane) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -803,6 +806,7 @@ __device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const Dkv
       if ((lane & 7) == 0 && rows.valid[half][ab]) {
         const unsigned long long add = fixed_pair::check_term(m, rows.unit[half][ab]);
         atomicAdd(p.fix_l1 + rows.row[half][ab], add);  // integer: order-independent
+        atomicMax(p.fix_amax + rows.row[half][ab], m);
         if (add == fixed_pair::kCheckCap) atomicOr(p.fix_capped + rows.row[half][ab], 1u);  // measured sum: too low
       }
     }

@@ -254,7 +254,7 @@ struct Plan {
   size_t sweep_counter = 0;
   size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0;
   size_t partial = 0, partial_exp = 0, key_count = 0, key_offset = 0, cub_temp = 0;
-  size_t fix_unit = 0, fix_l1 = 0, fix_capped = 0, fix_ctl = 0;  // FLASHDSA_BWD_DET_FIXED
+  size_t fix_unit = 0, fix_l1 = 0, fix_capped = 0, fix_amax = 0, fix_ctl = 0;  // FLASHDSA_BWD_DET_FIXED
   bool fix_sorted = false;                        // FLASHDSA_BWD_DET_FIXED: rows sorted (keys_out holds all T rows)
   size_t cub_temp_bytes = 0;
   size_t total = 0;
@@ -291,6 +291,7 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
     pl.fix_unit = carve(&cur, size_t(p.T_kv + 1) * 4);
     pl.fix_l1 = carve(&cur, size_t(p.T_kv + 1) * 8);
     pl.fix_capped = carve(&cur, size_t(p.T_kv + 1) * 4);
+    pl.fix_amax = carve(&cur, size_t(p.T_kv + 1) * 4);
     pl.fix_ctl = carve(&cur, sizeof(FixedCtl));
     pl.total = cur;
     return Status::OK();
@@ -394,6 +395,7 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   mp.fix_unit = reinterpret_cast<float*>(ws + pl.fix_unit);
   mp.fix_l1 = reinterpret_cast<unsigned long long*>(ws + pl.fix_l1);
   mp.fix_capped = reinterpret_cast<uint32_t*>(ws + pl.fix_capped);
+  mp.fix_amax = reinterpret_cast<uint32_t*>(ws + pl.fix_amax);
   mp.fix_rerun = &ctl->rerun;
   mp.sweep_counter = nullptr;  // no rotation: every CTA walks its (sorted) row from the first block
   const int threads = 256;
@@ -409,7 +411,8 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(mp.q, mp.q_stride_t, mp.q_stride_h,
                                                                              mp.dout, p.attn.H, mp.scale, ctl);
   FLASHDSA_CHECK_LAUNCH("fix_bound_kernel");
-  fix_units_kernel<<<grid(p.T_kv), threads, 0, stream>>>(count, ctl, p.T_kv, mp.fix_unit, mp.fix_l1, mp.fix_capped);
+  fix_units_kernel<<<grid(p.T_kv), threads, 0, stream>>>(count, ctl, p.T_kv, mp.fix_unit, mp.fix_l1, mp.fix_capped,
+                                                          mp.fix_amax);
   FLASHDSA_CHECK_LAUNCH("fix_units_kernel");
   int32_t* const keys = pl.fix_sorted ? reinterpret_cast<int32_t*>(ws + pl.keys_out) : nullptr;
   int32_t* const pairs =
@@ -436,8 +439,8 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
       FLASHDSA_RETURN_IF_ERROR(launch_main<true>(mp, tokens, pl.num_head_groups, stream));
     }
     if (pass == 1) {
-      fix_check_kernel<<<grid(p.T_kv), threads, 0, stream>>>(mp.dkv, mp.fix_unit, mp.fix_l1, mp.fix_capped, count,
-                                                             p.T_kv, ctl);
+      fix_check_kernel<<<grid(p.T_kv), threads, 0, stream>>>(mp.dkv, mp.fix_unit, mp.fix_l1, mp.fix_capped,
+                                                             mp.fix_amax, count, p.T_kv, ctl);
       FLASHDSA_CHECK_LAUNCH("fix_check_kernel");
     }
   }
