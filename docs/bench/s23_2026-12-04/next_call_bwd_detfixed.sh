@@ -52,7 +52,9 @@ echo "==== summary"; cat "$L/gpu.txt"
 for v in dfx dfxr; do
   echo "$v: $(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/${v}_correct.log" | tail -1)," \
     "$(grep -c "RUNS DIFFER\|FAIL" "$L/${v}_correct.log") lines with FAIL / RUNS DIFFER"
-  awk '/dq rel_l2/ { for (i = 1; i <= NF; ++i) if ($i == "dkv" && $(i+1) == "rel_l2" && $(i+2) > w) w = $(i+2) } END { print "  worst dkv rel_l2 vs float64: " w }' "$L/${v}_correct.log"
+  for m in fast det; do
+    awk -v m=$m '$1 == m && $2 == "dq" { for (i = 1; i <= NF; ++i) if ($i == "dkv" && $(i+1) == "rel_l2" && $(i+2) + 0 > w + 0) w = $(i+2) } END { print "  worst " m " dkv rel_l2 vs float64: " w }' "$L/${v}_correct.log"
+  done
 done
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$L"/memcheck.log "$L"/synccheck.log "$L"/racecheck.log 2>/dev/null
 col() { awk -v T=$1 -v F=$2 -F'|' '$1 + 0 == T && NF >= 5 { split($F, a, " "); printf "%s", a[1]; exit }' "$3" 2>/dev/null; }
