@@ -45,6 +45,16 @@ FLASHDSA_FIXED_HD uint32_t float_bits(float f) {
 #endif
 }
 
+FLASHDSA_FIXED_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
 // x * unit rounded to the nearest integer (ties to even), for |x * unit| < 2^22: one FFMA and one integer add.
 FLASHDSA_FIXED_HD int32_t to_fixed(float x, float unit) {
 #if defined(__CUDA_ARCH__)
@@ -102,13 +112,7 @@ constexpr int kUnitMinLog2 = -100, kUnitMaxLog2 = 100;
 // kMaxAddendUnits (to_fixed was not exact) or not finite. unit is a power of two, so the product is exact.
 FLASHDSA_FIXED_HD uint64_t check_term(uint32_t amax_bits, float unit) {
   if (amax_bits >= 0x7F800000u) return kCheckCap;
-  float m;
-#if defined(__CUDA_ARCH__)
-  m = __uint_as_float(amax_bits);
-#else
-  std::memcpy(&m, &amax_bits, sizeof m);
-#endif
-  const float y = m * unit;
+  const float y = bits_float(amax_bits) * unit;
   if (!(y <= kMaxAddendUnits)) return kCheckCap;
   return static_cast<uint64_t>(std::ceil(y));
 }
@@ -126,12 +130,7 @@ FLASHDSA_FIXED_HD float first_unit(int n, double bound, int margin_log2) {
 // was capped (its share of `check` is then not a measure).
 FLASHDSA_FIXED_HD float rerun_unit(uint64_t check, bool capped, float unit, int n, uint32_t amax_bits) {
   if (amax_bits >= 0x7F800000u) return unit_for(INFINITY, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
-  float amax;
-#if defined(__CUDA_ARCH__)
-  amax = __uint_as_float(amax_bits);
-#else
-  std::memcpy(&amax, &amax_bits, sizeof amax);
-#endif
+  const float amax = bits_float(amax_bits);
   const double sum = capped ? double(n) * amax : double(check) / double(unit);
   const double share = kAddendShare * amax;
   return unit_for(sum > share ? sum : share, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
