@@ -15,11 +15,17 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=cs
 s=$(date +%s)
 # (twenty-second session) The backward's switches are now chosen by the first call of docs/bench/NEXT_CALLS.md:
 # set BWD_FLAGS below to its winner (e.g. "-DFLASHDSA_BWD_EMIT_HALF=1 -DFLASHDSA_BWD_KV_SPLIT=1") before the call.
-BWD_FLAGS=${BWD_FLAGS:-"-DFLASHDSA_BWD_RS_DKV=2"}
+# (twenty-third session) Without BWD_FLAGS the winner that call 1 wrote to /tmp/bwd5/winner_flags in the same warm
+# session is used ("" there = the default build wins: the peers run then measures it).
+if [ -z "${BWD_FLAGS+set}" ]; then
+  [ -f /tmp/bwd5/winner_flags ] || { echo "no BWD_FLAGS and no /tmp/bwd5/winner_flags (call 1 not run in this warm session)"; exit 2; }
+  BWD_FLAGS=$(cat /tmp/bwd5/winner_flags)
+fi
+echo "backward flags of this run: '$BWD_FLAGS'"
 CUDAFLAGS="$BWD_FLAGS" FLASHDSA_BUILD_DIR=/tmp/build_rs MAX_JOBS=16 \
   timeout 200 python3 -m pip install --no-build-isolation --no-deps -e . > "$L/ext_build.log" 2>&1
 echo "ext build ($BWD_FLAGS) rc=$? $(( $(date +%s) - s )) s"
-grep -c -e "${BWD_FLAGS%% *}" /tmp/build_rs/build.ninja 2>/dev/null | sed 's/^/build.ninja lines with the first define: /'
+[ -n "$BWD_FLAGS" ] && grep -c -e "${BWD_FLAGS%% *}" /tmp/build_rs/build.ninja 2>/dev/null | sed 's/^/build.ninja lines with the first define: /'
 left=$(( 570 - ($(date +%s) - s) ))
 PEERS_SKIP_BUILD=1 PEERS_RUN_TIMEOUT=$(( left - 20 )) OUT=$L timeout "$left" bash scripts/peers_gpu.sh --run \
   --peer-kernels sparse_mla_bwd --peer-keys cudnn --seq-lens 4096 8192 16384 32768 65536 131072 \

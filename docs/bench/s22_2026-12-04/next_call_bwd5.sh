@@ -86,3 +86,45 @@ for idx in uniform causal; do for T in 4096 8192 16384 32768; do
   echo "$row"
 done; done
 for v in $V; do echo "$v long: $(grep -hE "^ +(65536|131072) " "$L/${v}_long.log" | awk -F'|' '{ printf "%s:%s ", $1 + 0, $2 }')"; done
+# (twenty-third session) The decision rule of the 22nd session's perf-notes entry, applied here so that the peers call
+# (docs/bench/s21_2026-12-04/next_call_rs_peers.sh) can follow in the same warm session: a variant qualifies when its
+# cases passed, it gains >= 3% at 8K and 16K on both index sets (means of the rounds) and no point of 4K-32K is >= 2%
+# slower; the qualifier with the largest mean gain wins. Its -D flags go to /tmp/bwd5/winner_flags ("" = keep main);
+# /tmp survives back-to-back calls while the machine stays warm. (Sanitizers of a winner other than ksh: before the flip.)
+python3 - "$L" "$V" > "$L/winner.txt" <<'PY'
+import re, sys, statistics
+L, V = sys.argv[1], sys.argv[2].split()
+flags = {"rs": "-DFLASHDSA_BWD_RS_DKV=2", "eh": "-DFLASHDSA_BWD_EMIT_HALF=1", "ks": "-DFLASHDSA_BWD_KV_SPLIT=1",
+         "ksh": "-DFLASHDSA_BWD_EMIT_HALF=1 -DFLASHDSA_BWD_KV_SPLIT=1"}
+def ms(v, idx, T):
+    vals = []
+    for r in (1, 2):
+        try:
+            for line in open(f"{L}/{v}_{idx}_r{r}.log"):
+                f = line.split("|")
+                if len(f) >= 5 and f[0].strip() == str(T):
+                    vals.append(float(f[1].split()[0]))
+        except OSError:
+            pass
+    return statistics.mean(vals) if vals else None
+best, best_gain = "main", 0.0
+for v in V:
+    if v == "main":
+        continue
+    ratios = {}
+    for idx in ("uniform", "causal"):
+        for T in (4096, 8192, 16384, 32768):
+            a, b = ms("main", idx, T), ms(v, idx, T)
+            if a and b:
+                ratios[(idx, T)] = a / b
+    need = [(i, T) for i in ("uniform", "causal") for T in (8192, 16384)]
+    ok = all(k in ratios and ratios[k] >= 1.03 for k in need) and all(r > 0.98 for r in ratios.values())
+    gain = statistics.mean(ratios.values()) if ratios else 0.0
+    print(f"{v}: " + " ".join(f"{i[0]}{T // 1024}K {r:.3f}" for (i, T), r in sorted(ratios.items())) +
+          (" qualifies" if ok else ""))
+    if ok and gain > best_gain:
+        best, best_gain = v, gain
+print(f"winner: {best} (mean main/variant {best_gain:.3f})" if best != "main" else "winner: main (no variant qualifies)")
+open(f"{L}/winner_flags", "w").write(flags.get(best, ""))
+PY
+cat "$L/winner.txt"; echo "winner flags: '$(cat "$L/winner_flags" 2>/dev/null)' (in $L/winner_flags)"
