@@ -1,0 +1,37 @@
+"""scripts/bwd_fixed_point_sim.py: the numpy model behind the fixed-point deterministic backward's unit margin
+(docs/perf-notes.md, twenty-third session). Small sizes, CPU only: a margin that fits the data re-runs no row and stays
+far below the bf16 error; a margin far beyond it re-runs every row; a sink key re-runs its own rows only."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> dict[int, tuple[int, int, float | None]]:
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bwd_fixed_point_sim.py"), "--T", "16", "--T-kv",
+                          "512", "--K", "128", *args], capture_output=True, text=True, check=True).stdout
+    rows = {}
+    pattern = r"margin 2\^(\d+): rows re-run (\d+) / (\d+), fixed-point rel-L2 of the proven rows ([^,\s]+)"
+    for m in re.finditer(pattern, out):
+        err = None if m.group(4) == "-" else float(m.group(4))
+        rows[int(m.group(1))] = (int(m.group(2)), int(m.group(3)), err)
+    return rows
+
+
+def test_margin_fits_diffuse_attention():
+    r = _run("--margins", "12", "20")
+    rerun, used, err = r[12]
+    assert used > 400 and rerun == 0
+    assert err is not None and err < 1e-4  # dkv's bf16 error is ~2e-3
+    assert r[20][0] == r[20][1]  # every row fails its check at 2^20 and would re-run
+
+
+def test_sink_keys_rerun_alone():
+    rerun, used, err = _run("--margins", "12", "--peaky", "0.5")[12]
+    assert 0 < rerun <= 16 + 2  # one sink key per token (16 tokens), nothing else
+    assert err is not None and err < 1e-4
