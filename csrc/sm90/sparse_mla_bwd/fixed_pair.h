@@ -35,25 +35,16 @@ constexpr uint32_t kMagicBits = 0x4B400000u;
 // to_fixed is exact (round to nearest) for |x * unit| < 2^22.
 constexpr float kMaxScaled = 4194304.0f;
 
-FLASHDSA_FIXED_HD uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
+// The bits of a float as an unsigned integer and back (a 4-byte copy: one move on both sides).
+template <class To, class From>
+FLASHDSA_FIXED_HD To bit_copy(From x) {
+  static_assert(sizeof(To) == sizeof(From), "same size");
+  To y;
+  std::memcpy(&y, &x, sizeof y);
+  return y;
 }
-
-FLASHDSA_FIXED_HD float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
+FLASHDSA_FIXED_HD uint32_t float_bits(float f) { return bit_copy<uint32_t>(f); }
+FLASHDSA_FIXED_HD float bits_float(uint32_t u) { return bit_copy<float>(u); }
 
 // x * unit rounded to the nearest integer (ties to even), for |x * unit| < 2^22: one FFMA and one integer add.
 FLASHDSA_FIXED_HD int32_t to_fixed(float x, float unit) {
