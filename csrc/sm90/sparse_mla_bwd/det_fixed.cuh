@@ -70,9 +70,14 @@ __global__ void fix_vmax_kernel(const __nv_bfloat16* __restrict__ kv, int64_t st
   for (int64_t j = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; j < t_kv; j += warps) {
     const __nv_bfloat16* row = kv + j * stride_t;
     float ss = 0.f;
-    for (int c = lane; c < kVCols; c += 32) {
-      const float x = __bfloat162float(row[c]);
-      ss = fmaf(x, x, ss);
+    for (int c = lane; c < kVCols / 8; c += 32) {  // 16-byte loads (kv rows are 16-byte aligned)
+      const uint4 v = *reinterpret_cast<const uint4*>(row + 8 * c);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+      }
     }
     for (int mask = 16; mask > 0; mask >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, mask);
     if (lane == 0) atomicMax(&ctl->vmax_bits, __float_as_uint(sqrtf(ss)));
@@ -93,11 +98,25 @@ __global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const __nv_bfl
     const __nv_bfloat16* qr = q + t * q_stride_t + h * q_stride_h;
     const __nv_bfloat16* dr = dout + (t * H + h) * int64_t(kVCols);
     float qmax = 0.f, dmax = 0.f, dss = 0.f;
-    for (int c = lane; c < kQkCols; c += 32) qmax = fmaxf(qmax, fabsf(__bfloat162float(qr[c])));
-    for (int c = lane; c < kVCols; c += 32) {
-      const float x = __bfloat162float(dr[c]);
-      dmax = fmaxf(dmax, fabsf(x));
-      dss = fmaf(x, x, dss);
+    // 16-byte loads (8 values; rows are 16-byte aligned, as the main kernel's cp.async copies require)
+    for (int c = lane; c < kQkCols / 8; c += 32) {
+      const uint4 v = *reinterpret_cast<const uint4*>(qr + 8 * c);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        qmax = fmaxf(qmax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+    for (int c = lane; c < kVCols / 8; c += 32) {
+      const uint4 v = *reinterpret_cast<const uint4*>(dr + 8 * c);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        dmax = fmaxf(dmax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        dss = fmaf(f.x, f.x, fmaf(f.y, f.y, dss));
+      }
     }
     for (int mask = 16; mask > 0; mask >>= 1) {
       qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, mask));
