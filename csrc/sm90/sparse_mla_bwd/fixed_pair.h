@@ -1,7 +1,8 @@
 // Internal: two signed 32-bit fixed-point values in one 64-bit word, for an order-independent (hence bitwise
-// reproducible) dkv reduction with `red.global.add.u64` (docs/perf-notes.md, twenty-third session). Plain
-// arithmetic, compiled for the device by the sparse MLA backward's A/B build -DFLASHDSA_BWD_FIX_EMIT and for the
-// host by tests/cpp/test_fixed_pair.cpp.
+// reproducible) dkv reduction with `red.global.add.u64` (docs/perf-notes.md, twenty-third session), and the per-row
+// rules of the deterministic mode built on it. Plain arithmetic, compiled for the device by the sparse MLA backward's
+// A/B builds -DFLASHDSA_BWD_DET_FIXED (det_fixed.cuh) and -DFLASHDSA_BWD_FIX_EMIT, and for the host by
+// tests/cpp/test_fixed_pair.cpp.
 //
 // Why a pair: the L2 reduces 64-bit integer adds at the same rate in bytes as the fast mode's 16-byte float adds
 // (bench/micro/red_rate.cu, 3.86 TB/s for full lines), so one u64 that carries two values moves dkv at the fast
@@ -12,8 +13,8 @@
 // associative and commutative, so the sum of any number of such words, in any order, is B * 2^32 + A mod 2^64 with
 // A = sum of the a's and B = sum of the b's; intermediate sums may wrap. If the final A and B lie in
 // [-2^31, 2^31), `unpack` returns them exactly: the low 32 bits are A, and subtracting A sign-extended leaves B in
-// the high half. Overflow of a final sum is not detectable from the word itself: a user must choose the unit so
-// that n * max|x| * unit < 2^31 for a row of n addends (n and max|x| known or bounded).
+// the high half. Overflow of a final sum is not detectable from the word itself: the rules at the end of this file
+// prove it absent per row (Σ ⌈max |x| · unit⌉ < 2^31) or send the row again with a safe unit.
 #pragma once
 
 #include <cmath>
