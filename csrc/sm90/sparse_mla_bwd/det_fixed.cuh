@@ -62,6 +62,18 @@ __global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t st
   }
 }
 
+// The lanes of a warp read a bf16 row of `cols` values with 16-byte loads (rows are 16-byte aligned, as the main
+// kernel's cp.async copies require) and hand each pair of values to f(float2), in a fixed order per lane.
+template <class F>
+__device__ __forceinline__ void for_each_pair_of_row(const __nv_bfloat16* row, int cols, int lane, F f) {
+  for (int c = lane; c < cols / 8; c += 32) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row + 8 * c);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(__bfloat1622float2(h[e]));
+  }
+}
+
 // max_j ‖kv_j[0:512]‖₂: one warp per row, a fixed summation order, an order-independent max of positive floats.
 __global__ void fix_vmax_kernel(const __nv_bfloat16* __restrict__ kv, int64_t stride_t, int64_t t_kv,
                                 FixedCtl* __restrict__ ctl) {
@@ -70,15 +82,7 @@ __global__ void fix_vmax_kernel(const __nv_bfloat16* __restrict__ kv, int64_t st
   for (int64_t j = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; j < t_kv; j += warps) {
     const __nv_bfloat16* row = kv + j * stride_t;
     float ss = 0.f;
-    for (int c = lane; c < kVCols / 8; c += 32) {  // 16-byte loads (kv rows are 16-byte aligned)
-      const uint4 v = *reinterpret_cast<const uint4*>(row + 8 * c);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(h[e]);
-        ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-      }
-    }
+    for_each_pair_of_row(row, kVCols, lane, [&](float2 f) { ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss)); });
     for (int mask = 16; mask > 0; mask >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, mask);
     if (lane == 0) atomicMax(&ctl->vmax_bits, __float_as_uint(sqrtf(ss)));
   }
@@ -98,26 +102,11 @@ __global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const __nv_bfl
     const __nv_bfloat16* qr = q + t * q_stride_t + h * q_stride_h;
     const __nv_bfloat16* dr = dout + (t * H + h) * int64_t(kVCols);
     float qmax = 0.f, dmax = 0.f, dss = 0.f;
-    // 16-byte loads (8 values; rows are 16-byte aligned, as the main kernel's cp.async copies require)
-    for (int c = lane; c < kQkCols / 8; c += 32) {
-      const uint4 v = *reinterpret_cast<const uint4*>(qr + 8 * c);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(h[e]);
-        qmax = fmaxf(qmax, fmaxf(fabsf(f.x), fabsf(f.y)));
-      }
-    }
-    for (int c = lane; c < kVCols / 8; c += 32) {
-      const uint4 v = *reinterpret_cast<const uint4*>(dr + 8 * c);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(h[e]);
-        dmax = fmaxf(dmax, fmaxf(fabsf(f.x), fabsf(f.y)));
-        dss = fmaf(f.x, f.x, fmaf(f.y, f.y, dss));
-      }
-    }
+    for_each_pair_of_row(qr, kQkCols, lane, [&](float2 f) { qmax = fmaxf(qmax, fmaxf(fabsf(f.x), fabsf(f.y))); });
+    for_each_pair_of_row(dr, kVCols, lane, [&](float2 f) {
+      dmax = fmaxf(dmax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      dss = fmaf(f.x, f.x, fmaf(f.y, f.y, dss));
+    });
     for (int mask = 16; mask > 0; mask >>= 1) {
       qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, mask));
       dmax = fmaxf(dmax, __shfl_xor_sync(0xffffffffu, dmax, mask));

@@ -552,6 +552,23 @@ __device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const boo
   }
 }
 
+#if FLASHDSA_BWD_DET_FP16 || FLASHDSA_BWD_DET_FIXED
+// emit_dkv_pairs's quad-pair exchange for rows r0 + 8 half, for the A/B emissions: x[0] / x[1] = this lane's 16 bytes
+// of row A / B, [0] / [1] = the chunk's first / second 128-byte line. (emit_dkv_pairs keeps its own inline copy: calling
+// this helper there changed the default build's instruction schedule.)
+__device__ __forceinline__ void quad_pair_exchange(const float (&acc)[32], int half, bool odd, float4 (&x)[2][2]) {
+  float4 piece[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+    piece[m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
+                           acc[8 * m + 5 + 2 * half]);
+  const float4 got0 = shfl_xor4(odd ? piece[0] : piece[1], 4);
+  const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
+  x[0][0] = odd ? got0 : piece[0], x[0][1] = odd ? got1 : piece[2];
+  x[1][0] = odd ? piece[1] : got0, x[1][1] = odd ? piece[3] : got1;
+}
+#endif
+
 // dkv destinations of one thread for the current key block: rows A = 16 warp + lane / 4 + 8 half -
 // odd and B = A + 1 (quads 2k and 2k + 1 write together, emit_dkv_pairs) of `base`, a [rows, 576]
 // fp32 matrix (dkv, or the CTA's deterministic partial rows), plus this lane's column. One 64-bit base
@@ -718,15 +735,9 @@ __device__ __forceinline__ void emit_dkv_pairs_fp16(const float (&acc)[32], cons
   const bool odd = (lane >> 2) & 1;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float4 piece[4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m)
-      piece[m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
-                             acc[8 * m + 5 + 2 * half]);
-    const float4 got0 = shfl_xor4(odd ? piece[0] : piece[1], 4);
-    const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
-    const float4 a0 = odd ? got0 : piece[0], a1 = odd ? got1 : piece[2];  // row A, columns +0 / +32
-    const float4 b0 = odd ? piece[1] : got0, b1 = odd ? piece[3] : got1;  // row B
+    float4 x[2][2];
+    quad_pair_exchange(acc, half, odd, x);
+    const float4 a0 = x[0][0], a1 = x[0][1], b0 = x[1][0], b1 = x[1][1];
     const uint32_t ea = det_fp16_exp(row_absmax8(a0, a1)), eb = det_fp16_exp(row_absmax8(b0, b1));
 #pragma unroll
     for (int ab = 0; ab < 2; ++ab) {
@@ -770,15 +781,8 @@ __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], con
   const int k = lane & 7;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float4 piece[4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m)
-      piece[m] = make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1], acc[8 * m + 4 + 2 * half],
-                             acc[8 * m + 5 + 2 * half]);
-    const float4 got0 = shfl_xor4(odd ? piece[0] : piece[1], 4);
-    const float4 got1 = shfl_xor4(odd ? piece[2] : piece[3], 4);
-    const float4 x[2][2] = {{odd ? got0 : piece[0], odd ? got1 : piece[2]},   // row A, columns +0 / +32
-                            {odd ? piece[1] : got0, odd ? piece[3] : got1}};  // row B
+    float4 x[2][2];
+    quad_pair_exchange(acc, half, odd, x);
 #pragma unroll
     for (int ab = 0; ab < 2; ++ab) {
       if (!rows.valid[half][ab]) continue;
