@@ -17,36 +17,14 @@
 # Issue 19's target: det >= 0.8x the fast mode at 32K and 128K, bitwise equal over 3 runs, dkv error no worse.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-L=/tmp/detfixed; mkdir -p "$L"; B=build-x/bwd-dfxcall; OUT=${OUT:-/tmp}
+L=/tmp/detfixed; rm -rf "$L"; mkdir -p "$L"; B=build-x/bwd-dfxcall; OUT=${OUT:-/tmp}
 [ -x $B/bwd_dfx ] || tar -xJf $B/dfx.tar.xz -C $B || exit 2
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv > "$L/gpu.txt" 2>&1
 s=$(date +%s)
-left() { echo $(( 570 - ($(date +%s) - s) )); }
-el() { echo "$(( $(date +%s) - s )) s"; }
-timeout 220 $B/bwd_dfx --no-bench > "$L/dfx_correct.log" 2>&1 &
-timeout 220 $B/bwd_dfxr --no-bench --det-tol 1e-2 > "$L/dfxr_correct.log" 2>&1 &
-wait; echo "correctness done $(el)"
-ok=1
-grep -q "correctness: [0-9]* passed, 0 failed" "$L/dfx_correct.log" && ! grep -q "RUNS DIFFER" "$L/dfx_correct.log" || ok=0
-for r in 1 2; do
-  order="main dfx"; [ $r = 2 ] && order="dfx main"
-  for v in $order; do
-    [ $ok = 0 ] && [ $v = dfx ] && { echo "dfx not timed: its correctness cases failed"; continue; }
-    [ "$(left)" -lt 200 ] && { echo "round $r $v skipped (time)"; continue; }
-    timeout 90 $B/bwd_$v --bench-only --T 8192,32768,131072 > "$L/${v}_r$r.log" 2>&1
-    echo "$v r$r rc=$? $(el)"
-  done
-done
-for v in main dfx; do
-  [ "$(left)" -lt 170 ] && { echo "causal $v skipped (time)"; continue; }
-  timeout 40 $B/bwd_$v --bench-only --bench-indices causal --T 32768 > "$L/${v}_causal.log" 2>&1; echo "$v causal rc=$? $(el)"
-done
-for t in memcheck synccheck racecheck; do
-  l=$(left); [ "$l" -lt 40 ] && { echo "$t skipped (time)"; continue; }
-  timeout $(( l < 150 ? l - 15 : 140 )) $SAN --tool $t $B/bwd_dfx --small --no-bench > "$L/$t.log" 2>&1
-  echo "$t rc=$? $(el)"
-done
+# The archive and the table, written after the timed rounds and again at the end, so a call cut short still returns
+# them (review of 2026-12-05).
+report() {
 tar -czf "$OUT/detfixed_logs.tgz" -C "$L" .
 echo "==== summary"; cat "$L/gpu.txt"
 for v in dfx dfxr; do
@@ -68,3 +46,31 @@ for T in 8192 32768 131072; do
 done
 echo "causal 32K: main $(col 32768 2 "$L/main_causal.log") $(col 32768 3 "$L/main_causal.log") | dfx $(col 32768 2 "$L/dfx_causal.log") $(col 32768 3 "$L/dfx_causal.log")"
 grep -h "bitwise\|DIFFER" "$L"/dfx_r*.log | head -2
+}
+left() { echo $(( 570 - ($(date +%s) - s) )); }
+el() { echo "$(( $(date +%s) - s )) s"; }
+timeout 220 $B/bwd_dfx --no-bench > "$L/dfx_correct.log" 2>&1 &
+timeout 220 $B/bwd_dfxr --no-bench --det-tol 1e-2 > "$L/dfxr_correct.log" 2>&1 &
+wait; echo "correctness done $(el)"
+ok=1
+grep -q "correctness: [0-9]* passed, 0 failed" "$L/dfx_correct.log" && ! grep -q "RUNS DIFFER" "$L/dfx_correct.log" || ok=0
+for r in 1 2; do
+  order="main dfx"; [ $r = 2 ] && order="dfx main"
+  for v in $order; do
+    [ $ok = 0 ] && [ $v = dfx ] && { echo "dfx not timed: its correctness cases failed"; continue; }
+    [ "$(left)" -lt 200 ] && { echo "round $r $v skipped (time)"; continue; }
+    timeout 90 $B/bwd_$v --bench-only --T 8192,32768,131072 > "$L/${v}_r$r.log" 2>&1
+    echo "$v r$r rc=$? $(el)"
+  done
+done
+report
+for v in main dfx; do
+  [ "$(left)" -lt 170 ] && { echo "causal $v skipped (time)"; continue; }
+  timeout 40 $B/bwd_$v --bench-only --bench-indices causal --T 32768 > "$L/${v}_causal.log" 2>&1; echo "$v causal rc=$? $(el)"
+done
+for t in memcheck synccheck racecheck; do
+  l=$(left); [ "$l" -lt 40 ] && { echo "$t skipped (time)"; continue; }
+  timeout $(( l < 150 ? l - 15 : 140 )) $SAN --tool $t $B/bwd_dfx --small --no-bench > "$L/$t.log" 2>&1
+  echo "$t rc=$? $(el)"
+done
+report
