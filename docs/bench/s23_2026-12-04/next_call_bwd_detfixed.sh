@@ -29,7 +29,7 @@ tar -czf "$OUT/detfixed_logs.tgz" -C "$L" .
 echo "==== summary"; cat "$L/gpu.txt"
 for v in dfx dfxr; do
   echo "$v: $(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/${v}_correct.log" | tail -1)," \
-    "$(grep -c "RUNS DIFFER\|FAIL" "$L/${v}_correct.log") lines with FAIL / RUNS DIFFER"
+    "$(grep -c "RUNS DIFFER\|FAIL" "$L/${v}_correct.log") lines with FAIL / RUNS DIFFER, $(grep -x "exit=[0-9]*" "$L/${v}_correct.log")"
   for m in fast det; do
     awk -v m=$m '$1 == m && $2 == "dq" { for (i = 1; i <= NF; ++i) if ($i == "dkv" && $(i+1) == "rel_l2" && $(i+2) + 0 > w + 0) w = $(i+2) } END { print "  worst " m " dkv rel_l2 vs float64: " w }' "$L/${v}_correct.log"
   done
@@ -49,11 +49,12 @@ grep -h "bitwise\|DIFFER" "$L"/dfx_r*.log | head -2
 }
 left() { echo $(( 570 - ($(date +%s) - s) )); }
 el() { echo "$(( $(date +%s) - s )) s"; }
-timeout 220 $B/bwd_dfx --no-bench > "$L/dfx_correct.log" 2>&1 &
-timeout 220 $B/bwd_dfxr --no-bench --det-tol 1e-2 > "$L/dfxr_correct.log" 2>&1 &
+( timeout 220 $B/bwd_dfx --no-bench > "$L/dfx_correct.log" 2>&1; echo "exit=$?" >> "$L/dfx_correct.log" ) &
+( timeout 220 $B/bwd_dfxr --no-bench --det-tol 1e-2 > "$L/dfxr_correct.log" 2>&1; echo "exit=$?" >> "$L/dfxr_correct.log" ) &
 wait; echo "correctness done $(el)"
 ok=1
-grep -q "correctness: [0-9]* passed, 0 failed" "$L/dfx_correct.log" && ! grep -q "RUNS DIFFER" "$L/dfx_correct.log" || ok=0
+grep -q "correctness: [0-9]* passed, 0 failed" "$L/dfx_correct.log" && ! grep -q "RUNS DIFFER\|FAIL" "$L/dfx_correct.log" \
+  && grep -qx "exit=0" "$L/dfx_correct.log" || ok=0  # the scale check runs after the "correctness:" line
 for r in 1 2; do
   order="main dfx"; [ $r = 2 ] && order="dfx main"
   for v in $order; do
