@@ -157,16 +157,21 @@ TEST(FixedPair, UnitForIsTheLargestSafePowerOfTwo) {
   EXPECT_EQ(fp::unit_for(NAN, 30, -100, 100), std::ldexp(1.f, -100));
 }
 
-// The rules' guarantees: the first unit keeps addends up to bound / 2^margin within 2^21 units and the guessed sum
-// within 2^30; a re-run unit keeps the measured largest addend within 2^21 units and the measured sum within 2^30;
-// check_term caps what to_fixed cannot convert exactly.
+// The rules' guarantees: the first unit keeps the guessed sum (Σ q / 2^5) and the floor (256 · max q / 2^4) within 2^30
+// (the largest such power of two); a re-run unit keeps the measured largest addend within 2^21 units and the measured
+// sum within 2^30; check_term caps what to_fixed cannot convert exactly (2^22 units or more).
 TEST(FixedPair, RowRulesKeepTheirRanges) {
-  for (int n : {1, 7, 511, 512, 513, 2048, 1 << 20}) {
-    for (double bound : {1e-6, 0.37, 4.0, 1e6}) {
-      const float u = fp::first_unit(n, bound, 8);
-      EXPECT_LE(u * (bound / 256.0), 2097152.0) << n << " " << bound;
-      EXPECT_LE(u * std::max(n, 512) * (bound / 256.0), std::ldexp(1.0, 30)) << n << " " << bound;
-      EXPECT_GT(2.0 * u * std::max(n, 512) * (bound / 256.0), std::ldexp(1.0, 30)) << "the largest such power of two";
+  for (double qsum : {0.0, 1e-6, 0.37, 4.0, 3e4, 1e9}) {
+    for (float qmax : {0.f, 1e-7f, 0.01f, 4.f, 1e6f}) {
+      const float u = fp::first_unit(qsum, qmax, 5, 4);
+      const double guess = std::max(qsum / 32.0, 256.0 * qmax / 16.0);
+      if (guess == 0.0) {
+        EXPECT_EQ(u, std::ldexp(1.f, fp::kUnitMaxLog2));
+        continue;
+      }
+      EXPECT_LE(u * guess, std::ldexp(1.0, 30)) << qsum << " " << qmax;
+      EXPECT_GT(2.0 * u * guess, std::ldexp(1.0, 30)) << "the largest such power of two";
+      EXPECT_LE(u * (qmax / 16.0), std::ldexp(1.0, 22)) << "an addend of max q / 2^4 converts exactly";
     }
   }
   const float amax = 3.0f;
@@ -182,11 +187,50 @@ TEST(FixedPair, RowRulesKeepTheirRanges) {
     }
   }
   EXPECT_EQ(fp::check_term(bits, 1024.f), 3072u);
-  EXPECT_EQ(fp::check_term(bits, 1048576.f), fp::kCheckCap);  // 3 · 2^20 units: beyond 2^21
-  EXPECT_EQ(fp::check_term(bits, 524288.f), 1572864u);         // 3 · 2^19 units: within
+  EXPECT_EQ(fp::check_term(bits, 1048576.f), 3145728u);        // 3 · 2^20 units: within 2^22
+  EXPECT_EQ(fp::check_term(bits, 2097152.f), fp::kCheckCap);   // 3 · 2^21 units: beyond
+  const float just = 4194303.f / 1048576.f, at = 4.f;          // (2^22 - 1) / 2^20 and 2^22 / 2^20
+  uint32_t jb = 0, ab = 0;
+  std::memcpy(&jb, &just, sizeof jb);
+  std::memcpy(&ab, &at, sizeof ab);
+  EXPECT_EQ(fp::check_term(jb, 1048576.f), 4194303u);           // the last exact value
+  EXPECT_EQ(fp::check_term(ab, 1048576.f), fp::kCheckCap);      // 2^22 itself is beyond to_fixed's range
+  EXPECT_EQ(fp::to_fixed(-just, 1048576.f), -4194303);
   EXPECT_EQ(fp::check_term(0x7F800000u, 1.f), fp::kCheckCap);  // inf
   EXPECT_EQ(fp::check_term(0x7FC00000u, 1.f), fp::kCheckCap);  // NaN
   EXPECT_EQ(fp::check_term(0u, 1e30f), 0u);
+}
+
+// The per-row guess sums: integer terms that never under-state q / q_max (so Σ q is never under-estimated), any order
+// gives the same sum, and what is not a positive finite q adds nothing.
+TEST(FixedPair, GuessSumsAreConservativeAndOrderFree) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<double> lg(-40.0, 0.0);
+  const float q_max = 3.75f;
+  std::vector<float> q(5000);
+  for (float& v : q) v = static_cast<float>(q_max * std::exp2(lg(rng)));
+  q[0] = q_max;
+  double exact = 0.0;
+  uint64_t terms = 0;
+  for (float v : q) {
+    exact += v;
+    const uint64_t t = fp::q_term(v, q_max);
+    ASSERT_GE(std::ldexp(static_cast<double>(t), -fp::kQScaleLog2) * q_max, static_cast<double>(v));
+    ASSERT_LE(t, uint64_t(1) << fp::kQScaleLog2);
+    terms += t;
+  }
+  std::shuffle(q.begin(), q.end(), rng);
+  uint64_t again = 0;
+  for (float v : q) again += fp::q_term(v, q_max);
+  EXPECT_EQ(again, terms);
+  const double got = fp::q_sum(terms, q_max);
+  EXPECT_GE(got, exact);
+  EXPECT_LE(got, exact + 5000.0 * std::ldexp(double(q_max), -fp::kQScaleLog2));  // at most one quantum per term
+  EXPECT_EQ(fp::q_term(0.f, q_max), 0u);
+  EXPECT_EQ(fp::q_term(-1.f, q_max), 0u);
+  EXPECT_EQ(fp::q_term(INFINITY, q_max), 0u);
+  EXPECT_EQ(fp::q_term(NAN, q_max), 0u);
+  EXPECT_EQ(fp::q_term(1.f, 0.f), 0u);
 }
 
 // The deterministic mode's per-row pipeline (det_fixed.cuh: first unit, pass 1, check, re-run, decode) run on the
@@ -208,7 +252,9 @@ uint32_t amax_bits(const std::vector<float>& x) {
   return m;
 }
 
-RowResult run_row(const std::vector<std::vector<float>>& addends, double bound, std::mt19937& rng) {
+// q: each addend's guess (the token's A / K_t); q_max: the call's largest q (the scale of the guess sums)
+RowResult run_row(const std::vector<std::vector<float>>& addends, const std::vector<float>& q, float q_max,
+                  std::mt19937& rng) {
   const int n = static_cast<int>(addends.size()), cols = static_cast<int>(addends[0].size());
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -228,11 +274,14 @@ RowResult run_row(const std::vector<std::vector<float>>& addends, double bound, 
       amax = std::max(amax, m);
     }
   };
+  uint64_t qsum = 0;
+  float qtop = 0.f;
+  for (float v : q) qsum += fp::q_term(v, q_max), qtop = std::max(qtop, v);
   std::vector<uint64_t> words(cols / 2);
   uint64_t check = 0;
   bool capped = false;
   uint32_t amax = 0;
-  float unit = fp::first_unit(n, bound, 8);
+  float unit = fp::first_unit(fp::q_sum(qsum, q_max), qtop, 5, 4);
   pass(unit, words, check, capped, amax);
   RowResult r;
   if (check >= fp::kCheckExact) {
@@ -255,25 +304,28 @@ TEST(FixedPair, RowPipelineIsExactOrderFreeAndSafe) {
   std::mt19937 rng(13);
   std::normal_distribution<float> normal(0.f, 1.f);
   const int cols = 16;
-  const float bound = 4.f;  // the P-free bound of one addend (every |value| below it)
+  const float bound = 4.f;  // A: the P-free bound of one addend at P = 1 (every |value| below it)
   struct Kind {
-    int n;
-    float scale;  // typical |value| relative to the bound
-    bool reran;   // expected
+    int n;       // addends of the row
+    int kt;      // the tokens' valid keys: q = A / K_t
+    float rel;   // typical |value| relative to q
+    bool reran;  // expected
   };
-  // diffuse rows (values ~ bound / 2^11, the P ~ 1 / K case; 2^10: still no re-run), peaky rows (values above
-  // ~ bound / 2^8: the first guess is too low — an addend beyond 2^21 units or the sum beyond 2^31 — and the row
-  // re-runs from its measured sums), a short peaky row, a single diffuse addend
-  const Kind kinds[] = {{2048, 1.f / 2048, false}, {512, 1.f / 2048, false}, {2048, 1.f / 1024, false},
-                        {2048, 1.f / 64, true},    {2048, 1.f / 4, true},    {3, 1.f / 4, true},
-                        {1, 1.f / 2048, false}};
+  // diffuse rows (values ~ q / 64, as the check program's inputs give at H = 64; q / 40: still no re-run), peaky rows
+  // (values ~ q / 8 and q: the first guess is too low — the sum beyond 2^31 or an addend beyond 2^22 units — and the
+  // row re-runs from its measured sums), a short row of a token with 3 keys (diffuse, and peaky), a single addend
+  const Kind kinds[] = {{2048, 2048, 1.f / 64, false}, {512, 2048, 1.f / 64, false}, {2048, 2048, 1.f / 40, false},
+                        {2048, 2048, 1.f / 8, true},   {2048, 2048, 1.f, true},       {3, 3, 1.f / 64, false},
+                        {3, 3, 1.f / 2, true},         {1, 1, 1.f / 64, false}};
   for (const Kind& kind : kinds) {
+    const float q = bound / kind.kt;
     std::vector<std::vector<float>> add(kind.n, std::vector<float>(cols));
     for (auto& a : add)
-      for (float& v : a) v = std::clamp(normal(rng) * kind.scale * bound, -bound, bound);
+      for (float& v : a) v = std::clamp(normal(rng) * kind.rel * q, -bound, bound);
+    const std::vector<float> qs(kind.n, q);
     std::mt19937 order_a(1), order_b(2);
-    const RowResult ra = run_row(add, bound, order_a), rb = run_row(add, bound, order_b);
-    ASSERT_EQ(ra.reran, kind.reran) << "n " << kind.n << " scale " << kind.scale;
+    const RowResult ra = run_row(add, qs, bound, order_a), rb = run_row(add, qs, bound, order_b);
+    ASSERT_EQ(ra.reran, kind.reran) << "n " << kind.n << " rel " << kind.rel;
     ASSERT_EQ(0, std::memcmp(ra.value.data(), rb.value.data(), cols * sizeof(float))) << "order-dependent bits";
     double err = 0.0, ref = 0.0;
     for (int c = 0; c < cols; ++c) {
@@ -282,15 +334,15 @@ TEST(FixedPair, RowPipelineIsExactOrderFreeAndSafe) {
       err += (ra.value[c] - exact) * (ra.value[c] - exact);
       ref += exact * exact;
     }
-    // fixed-point error ~ sqrt(n / 12) units against a row of magnitude ~ sqrt(n) x typical value: ~4e-6 for the
-    // diffuse rows with the first guess 3 bits coarse, ~1e-6 for the re-run rows
-    EXPECT_LE(std::sqrt(err / std::max(ref, 1e-300)), 2e-5) << "n " << kind.n << " scale " << kind.scale;
+    // fixed-point error ~ sqrt(n / 12) units against a row of magnitude ~ sqrt(n) x typical value: ~1e-6 for the
+    // diffuse rows, less for the re-run rows
+    EXPECT_LE(std::sqrt(err / std::max(ref, 1e-300)), 2e-5) << "n " << kind.n << " rel " << kind.rel;
   }
   // a non-finite addend: the check fails in both passes and the row is NaN, never a finite wrong value
   std::vector<std::vector<float>> add(64, std::vector<float>(cols, 0.01f));
   add[17][3] = NAN;
   std::mt19937 order(3);
-  const RowResult r = run_row(add, bound, order);
+  const RowResult r = run_row(add, std::vector<float>(64, bound / 64), bound, order);
   EXPECT_TRUE(r.reran);
   for (float v : r.value) EXPECT_TRUE(std::isnan(v));
 }

@@ -2,12 +2,15 @@
 // -DFLASHDSA_BWD_DET_FIXED=1; the main kernel's part: kernel_common.cuh; design and prediction: docs/perf-notes.md,
 // twenty-third session). Included by sparse_mla_bwd.cu only in that build.
 //
-//   1. n_j: the addends each key row will receive (an integer histogram of the index rows, times the head groups).
-//   2. A guess of each row's Σ |addend| and largest addend from a bound of one addend that needs no P (P <= 1 per head):
-//      |addend| <= Σ_h (scale · 2 ‖dO_th‖ · max_j ‖V_j‖ · max|Q_th| + max|dO_th|) =: A_t (|dP - Δ| <= 2 ‖dO‖ max ‖V‖,
-//      since O is a convex mix of V rows), B = max_t A_t; both guessed 2^12 below n_j · B and B (the bound ignores P
-//      and the cancellation in dP - Δ: on the check program's inputs the largest addend is 2^15 below B); unit_j = the
-//      power of two with unit_j · max(n_j, 512) · B / 2^12 <= 2^30 (fixed_pair::first_unit).
+//   1. Per (token t, head group g) a bound of one addend that needs no P (P <= 1 per head):
+//      |addend| <= Σ_h (scale · 2 ‖dO_th‖ · max_j ‖V_j‖ · max|Q_th| + max|dO_th|) =: A_tg (|dP - Δ| <= 2 ‖dO‖ max ‖V‖,
+//      since O is a convex mix of V rows), and q_tg = A_tg / K_t with K_t the token's valid keys: the bound at the mean
+//      probability 1 / K_t.
+//   2. Per key row j (integer atomics and an unsigned max: order-independent): n_j the addends it receives, Σ q and
+//      max q over them. unit_j = the power of two with unit_j · max(Σ q / 2^5, 256 · max q / 2^4) <= 2^30
+//      (fixed_pair::first_unit; the margins from a model of the check program's inputs and of causal softmax rows,
+//      docs/perf-notes.md, twenty-fourth session). Per row, so one token with large gradients coarsens only the rows
+//      it selects.
 //   3. Pass 1 of the main kernel: pairs at unit_j (one FFMA per value, exact below 2^22 units), per row
 //      L_j = Σ ⌈max |value| · unit_j⌉ (integers; 2^32 for an addend beyond 2^21 units) and the row's largest |value|.
 //   4. Check: a row with L_j >= 2^31 may be wrong: it gets a unit from its measured sums (fixed_pair::rerun_unit),
@@ -16,7 +19,9 @@
 //      row, sends only those rows and stores no dq (pass 1's is final), so a few peaky keys cost a block or two per
 //      token, not a second backward.
 //   5. Decode: each row's pair words -> fp32 (exact integers times 1 / unit), natural column order; a row whose L_j
-//      is still >= 2^31 (a non-finite addend) becomes NaN: never a silently wrong value.
+//      is still >= 2^31 (a non-finite addend) becomes NaN: never a silently wrong value. A row whose guess is not
+//      finite (a token's bound overflowed or is NaN) is marked failed before pass 1, so it is sent again with a unit
+//      from its measured addends: a meaningless guess never decides a unit.
 // Every step is integer arithmetic, a fixed-order float computation or an order-independent max, so the output is
 // bitwise the same in every run.
 // The per-row rules (first unit, check term, re-run unit, decode) are fixed_pair.h's, tested on the CPU with a model of
@@ -36,31 +41,22 @@ namespace flashdsa::sm90::sparse_mla_bwd_impl {
 
 // Device control words of one call (zeroed before it).
 struct FixedCtl {
-  uint32_t rerun;       // set by fix_check_kernel when a row must be sent again
-  uint32_t vmax_bits;   // max_j ‖kv_j[0:512]‖₂ (float bits)
-  uint32_t bound_bits;  // B = max over (token, head group) of A (float bits)
+  uint32_t rerun;      // set by fix_check_kernel when a row must be sent again
+  uint32_t vmax_bits;  // max_j ‖kv_j[0:512]‖₂ (float bits)
+  uint32_t qmax_bits;  // the largest finite q_tg (float bits): the scale of the per-row guess sums
 };
 
-// 2^12: a numpy model of the check program's inputs (scripts/bwd_fixed_point_sim.py: uniform Q, kv, dO; a real
-// softmax; K = 1024) gives a fixed-point dkv error of 2.3e-4 rel-L2 at 2^8 (too coarse next to the bf16 P / dS error
-// of 2e-3), 1.5e-5 at 2^12, 9e-7 at 2^16 and every row re-run at 2^20 (perf-notes, twenty-third session). Check builds
-// raise it to force the re-run path.
-#ifndef FLASHDSA_BWD_FIXED_MARGIN_LOG2
-#define FLASHDSA_BWD_FIXED_MARGIN_LOG2 12
+// The margins of the first guess (fixed_pair::first_unit): the row's Σ q and max q taken 2^5 and 2^4 below. Check
+// builds raise both to force the re-run path.
+#ifndef FLASHDSA_BWD_FIXED_SUM_MARGIN_LOG2
+#define FLASHDSA_BWD_FIXED_SUM_MARGIN_LOG2 5
 #endif
-constexpr int kFixedGuessMarginLog2 = FLASHDSA_BWD_FIXED_MARGIN_LOG2;  // guess_j = max(n_j, 512) · B / 2^12
+#ifndef FLASHDSA_BWD_FIXED_MAX_MARGIN_LOG2
+#define FLASHDSA_BWD_FIXED_MAX_MARGIN_LOG2 4
+#endif
+constexpr int kFixedSumMarginLog2 = FLASHDSA_BWD_FIXED_SUM_MARGIN_LOG2;
+constexpr int kFixedMaxMarginLog2 = FLASHDSA_BWD_FIXED_MAX_MARGIN_LOG2;
 constexpr int kFixedMaxHeads = 128;  // the CUDA backend's largest H (backend.cpp: 16, 32, 64, 128)
-
-// n_j += G for every valid slot (integer atomics: order-independent).
-__global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
-                                 int64_t t_kv, int groups, int32_t* __restrict__ count) {
-  const int64_t n = tokens * K;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t l = i / K;
-    const int32_t idx = indices[l * stride_t + (i - l * K)];
-    if (idx >= 0 && idx < t_kv) atomicAdd(&count[idx], groups);
-  }
-}
 
 // The lanes of a warp read a bf16 row of `cols` values with 16-byte loads (rows are 16-byte aligned, as the main
 // kernel's cp.async copies require) and hand each pair of values to f(float2), in a fixed order per lane.
@@ -88,16 +84,24 @@ __global__ void fix_vmax_kernel(const __nv_bfloat16* __restrict__ kv, int64_t st
   }
 }
 
-// A per (token, head group) (step 2 above): one CTA per token, a warp per head, the heads of a group summed in order.
+// q_tg = A_tg / K_t (step 1 above): one CTA per token, a warp per head, the heads of a group summed in order.
 constexpr int kBoundThreads = 256;
 __global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const __nv_bfloat16* __restrict__ q,
                                                                   int64_t q_stride_t, int64_t q_stride_h,
                                                                   const __nv_bfloat16* __restrict__ dout, int H,
-                                                                  float scale, FixedCtl* __restrict__ ctl) {
+                                                                  float scale, const int32_t* __restrict__ indices,
+                                                                  int64_t idx_stride_t, int K, int64_t t_kv,
+                                                                  float* __restrict__ qg, FixedCtl* __restrict__ ctl) {
   __shared__ float term[kFixedMaxHeads];
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const float vmax = __uint_as_float(ctl->vmax_bits);
+  int valid = 0;  // K_t (the same count in every thread)
+  for (int k0 = 0; k0 < K; k0 += kBoundThreads) {
+    const int k = k0 + threadIdx.x;
+    const int32_t idx = k < K ? indices[t * idx_stride_t + k] : -1;
+    valid += __syncthreads_count(idx >= 0 && idx < t_kv);
+  }
   for (int h = warp; h < H; h += kBoundThreads / 32) {
     const __nv_bfloat16* qr = q + t * q_stride_t + h * q_stride_h;
     const __nv_bfloat16* dr = dout + (t * H + h) * int64_t(kVCols);
@@ -112,26 +116,60 @@ __global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const __nv_bfl
       dmax = fmaxf(dmax, __shfl_xor_sync(0xffffffffu, dmax, mask));
       dss += __shfl_xor_sync(0xffffffffu, dss, mask);
     }
-    if (lane == 0) term[h] = scale * 2.f * sqrtf(dss) * vmax * qmax + dmax;
+    if (lane == 0) term[h] = fabsf(scale) * 2.f * sqrtf(dss) * vmax * qmax + dmax;
   }
   __syncthreads();
   const int groups = (H + kHeadsPerCta - 1) / kHeadsPerCta;
   if (threadIdx.x < groups) {
     float a = 0.f;
     for (int h = threadIdx.x * kHeadsPerCta; h < min(H, (threadIdx.x + 1) * kHeadsPerCta); ++h) a += term[h];
-    atomicMax(&ctl->bound_bits, __float_as_uint(a * 1.0625f));  // + the bf16 roundings of P, dS, O
+    a *= 1.0625f;  // + the bf16 roundings of P, dS, O
+    // a NaN or inf q marks its rows (fix_count_kernel's max), not the scale of the sums
+    const float qv = valid > 0 ? a / float(valid) : 0.f;
+    qg[t * groups + threadIdx.x] = qv;
+    if (qv > 0.f && qv < INFINITY) atomicMax(&ctl->qmax_bits, __float_as_uint(qv));
   }
 }
 
-// unit_j from the guess max(n_j, 512) · B / 2^margin; L_j = 0, no addend capped.
-__global__ void fix_units_kernel(const int32_t* __restrict__ count, const FixedCtl* __restrict__ ctl, int64_t t_kv,
+// Per valid slot (step 2 above): n_j += G, Σ q (fixed-point terms, integer atomics) and max q (unsigned max of the
+// float bits: NaN and inf above every finite value) of the token's head groups.
+__global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
+                                 int64_t t_kv, int groups, const float* __restrict__ qg,
+                                 const FixedCtl* __restrict__ ctl, int32_t* __restrict__ count,
+                                 unsigned long long* __restrict__ qsum, uint32_t* __restrict__ qrow) {
+  const float q_max = __uint_as_float(ctl->qmax_bits);
+  const int64_t n = tokens * K;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t l = i / K;
+    const int32_t idx = indices[l * stride_t + (i - l * K)];
+    if (idx < 0 || idx >= t_kv) continue;
+    unsigned long long terms = 0ull;
+    uint32_t top = 0u;
+    for (int g = 0; g < groups; ++g) {
+      const float qv = qg[l * groups + g];
+      terms += fixed_pair::q_term(qv, q_max);
+      top = max(top, __float_as_uint(qv) & 0x7FFFFFFFu);
+    }
+    atomicAdd(&count[idx], groups);
+    if (terms != 0ull) atomicAdd(&qsum[idx], terms);
+    atomicMax(&qrow[idx], top);
+  }
+}
+
+// unit_j from the row's guesses (fixed_pair::first_unit); L_j = 0, no addend capped. A row whose largest q is not
+// finite starts failed (L_j = 2^32, capped: fix_check_kernel sizes it from the measured n_j · max |addend|).
+__global__ void fix_units_kernel(const int32_t* __restrict__ count, const unsigned long long* __restrict__ qsum,
+                                 const uint32_t* __restrict__ qrow, const FixedCtl* __restrict__ ctl, int64_t t_kv,
                                  float* __restrict__ unit, unsigned long long* __restrict__ l1,
                                  uint32_t* __restrict__ capped, uint32_t* __restrict__ amax) {
-  const double bound = double(__uint_as_float(ctl->bound_bits));
+  const float q_max = __uint_as_float(ctl->qmax_bits);
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < t_kv; j += int64_t(gridDim.x) * blockDim.x) {
-    unit[j] = fixed_pair::first_unit(count[j], bound, kFixedGuessMarginLog2);
-    l1[j] = 0ull;
-    capped[j] = 0u;
+    const bool guess_finite = qrow[j] < 0x7F800000u;
+    unit[j] = guess_finite ? fixed_pair::first_unit(fixed_pair::q_sum(qsum[j], q_max), __uint_as_float(qrow[j]),
+                                                    kFixedSumMarginLog2, kFixedMaxMarginLog2)
+                           : 1.f;
+    l1[j] = guess_finite || count[j] == 0 ? 0ull : fixed_pair::kCheckCap;
+    capped[j] = guess_finite || count[j] == 0 ? 0u : 1u;
     amax[j] = 0u;
   }
 }
@@ -155,23 +193,20 @@ __global__ void fix_check_kernel(float* __restrict__ dkv, float* __restrict__ un
 
 // One thread per (key row, 128-byte line): the 16 pair words of the line (words k and 8 + k hold stored positions
 // 4k, 4k + 1 and 4k + 2, 4k + 3: put_fixed_pairs) -> 32 fp32 values times 1 / |unit|, in natural column order
-// (stored position dkv_pos(c) -> column c), written over the same line. NaN for a row that is not proven exact, and
-// everywhere when the bound B itself is not finite (inputs so large that the units say nothing).
+// (stored position dkv_pos(c) -> column c), written over the same line. NaN for a row that is not proven exact.
 __global__ void fix_decode_kernel(float* __restrict__ dkv, const float* __restrict__ unit,
-                                  const unsigned long long* __restrict__ l1, const FixedCtl* __restrict__ ctl,
-                                  int64_t t_kv) {
+                                  const unsigned long long* __restrict__ l1, int64_t t_kv) {
   constexpr int kLines = kQkCols / 32;
   const int64_t n = t_kv * kLines;
-  const bool bound_finite = ctl->bound_bits < 0x7F800000u;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < n; g += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = g / kLines;
     uint64_t* const words = reinterpret_cast<uint64_t*>(dkv + g * 32);
     float v[32];
-    if (l1[j] >= fixed_pair::kCheckExact || !bound_finite) {
+    if (l1[j] >= fixed_pair::kCheckExact) {
 #pragma unroll
       for (int p = 0; p < 32; ++p) v[p] = __int_as_float(0x7FC00000);
     } else {
-      const float inv = 1.f / fabsf(unit[j]);  // a power of two in [2^-100, 2^100]: exact
+      const float inv = 1.f / fabsf(unit[j]);  // a power of two in [2^-126, 2^126]: exact
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         fixed_pair::decode(words[k], inv, v[4 * k], v[4 * k + 1]);

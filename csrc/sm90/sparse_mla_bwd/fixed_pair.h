@@ -87,34 +87,50 @@ FLASHDSA_FIXED_HD float unit_for(double x, int target, int min_e, int max_e) {
 
 // ---- the per-row rules of the deterministic mode with fixed-point pairs (det_fixed.cuh; CPU-tested) ----------------
 //
-// Each addend is converted by to_fixed (one FFMA: exact only below 2^22 units), so a row is proven exact when (a) no
-// addend exceeded kMaxAddendUnits = 2^21 units and (b) Σ ⌈max |addend| · unit⌉ < 2^31 (then every pair sum fits its
-// 32-bit half). Units are powers of two with unit · S <= 2^30 for S = max(Σ |addend|, 512 · max |addend|) (guessed
-// first, measured for a re-run), which gives both (a) and (b).
+// Each addend is converted by to_fixed (one FFMA: exact only below 2^22 units), so a row is proven exact when (a) every
+// addend is below 2^22 units (checked exactly: max |addend| · unit is exact for a power-of-two unit) and (b) Σ ⌈max
+// |addend| · unit⌉ < 2^31 (then every pair sum fits its 32-bit half). The first unit is a guess (below); a row whose
+// check fails is sent again with a unit from its measured sums that satisfies (a) with a factor 2 to spare and (b).
 
 constexpr uint64_t kCheckCap = uint64_t(1) << 32;    // an addend beyond (a), or not finite: fails the row by itself
 constexpr uint64_t kCheckExact = uint64_t(1) << 31;  // a check sum below this proves the row's pair sums exact
-constexpr float kMaxAddendUnits = 2097152.0f;        // 2^21: to_fixed's range (2^22) with a factor 2 to spare
+constexpr float kMaxAddendUnits = 2097152.0f;        // 2^21: what a re-run unit guarantees for the largest addend
 constexpr int kUnitTargetLog2 = 30;                  // unit · S <= 2^30
-constexpr double kAddendShare = 512.0;               // 2^30 / 2^21: S >= 512 · max |addend| keeps (a)
-constexpr int kUnitMinLog2 = -100, kUnitMaxLog2 = 100;
+constexpr double kAddendShare = 512.0;               // 2^30 / 2^21: a re-run's S >= 512 · max |addend|
+constexpr double kFirstShare = 256.0;                // 2^30 / 2^22: the first guess's floor (a) (no factor spare)
+constexpr int kUnitMinLog2 = -126, kUnitMaxLog2 = 126;  // 1 / unit stays a normal float: the decode is exact
+constexpr int kQScaleLog2 = 32;                      // the per-row guess sums: q / q_max in units of 2^-32
 
 // An addend's share of its row's check sum: ⌈max |value| · unit⌉ from the bits of max |value| (as the kernel keeps
-// it: an unsigned max of |x| bits, so NaN / inf order above every finite value); kCheckCap when that is beyond
-// kMaxAddendUnits (to_fixed was not exact) or not finite. unit is a power of two, so the product is exact.
+// it: an unsigned max of |x| bits, so NaN / inf order above every finite value); kCheckCap when that is 2^22 or more
+// (to_fixed was not exact) or not finite. unit is a power of two, so the product is exact.
 FLASHDSA_FIXED_HD uint64_t check_term(uint32_t amax_bits, float unit) {
   if (amax_bits >= 0x7F800000u) return kCheckCap;
   const float y = bits_float(amax_bits) * unit;
-  if (!(y <= kMaxAddendUnits)) return kCheckCap;
+  if (!(y < kMaxScaled)) return kCheckCap;
   return static_cast<uint64_t>(std::ceil(y));
 }
 
-// The first unit of a row of n addends when one addend is at most `bound` (the P-free bound): both the row's Σ |addend|
-// and its largest addend are guessed 2^margin below the bound's n · bound and bound.
-FLASHDSA_FIXED_HD float first_unit(int n, double bound, int margin_log2) {
-  if (n <= 0) return 1.f;
-  const double share = double(n) > kAddendShare ? double(n) : kAddendShare;
-  return unit_for(std::ldexp(share * bound, -margin_log2), kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
+// The first unit's inputs are per-occurrence guesses q = A / K_t of one addend's size (A: the P-free bound of the
+// token's head group, K_t: the token's valid keys, so q is the bound at the mean probability 1 / K_t); a row gets
+// their sum and their largest value. The sum is kept exactly in integers (order-independent) as ⌈q / q_max · 2^32⌉
+// terms, q_max the call's largest finite q: a term never under-states its q.
+FLASHDSA_FIXED_HD uint64_t q_term(float q, float q_max) {
+  if (!(q > 0.f) || !(q <= q_max)) return 0;  // zero, or not finite (the row's largest q marks those rows)
+  return static_cast<uint64_t>(std::ceil(std::ldexp(static_cast<double>(q) / static_cast<double>(q_max), kQScaleLog2)));
+}
+FLASHDSA_FIXED_HD double q_sum(uint64_t terms, float q_max) {
+  return std::ldexp(static_cast<double>(terms), -kQScaleLog2) * static_cast<double>(q_max);
+}
+
+// The first unit of a row from its guesses: Σ q (the row's check sum at the mean probabilities) and max q (its
+// largest addend), each taken 2^margin below (the bound ignores the signs that cancel in the head sums: on the check
+// program's inputs max |addend| ≈ 2^-6 q at H = 64, 2^-5 at H = 16; docs/perf-notes.md, twenty-fourth session), with
+// the floor (a) on the largest addend.
+FLASHDSA_FIXED_HD float first_unit(double q_sum_value, float q_max_row, int sum_margin_log2, int max_margin_log2) {
+  const double s = std::ldexp(q_sum_value, -sum_margin_log2);
+  const double m = kFirstShare * std::ldexp(static_cast<double>(q_max_row), -max_margin_log2);
+  return unit_for(s > m ? s : m, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
 }
 
 // The unit of a row whose check failed at `unit`: from its measured largest addend `amax` (a non-finite one gives the

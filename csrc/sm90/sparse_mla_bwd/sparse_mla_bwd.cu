@@ -255,6 +255,7 @@ struct Plan {
   size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0;
   size_t partial = 0, partial_exp = 0, key_count = 0, key_offset = 0, cub_temp = 0;
   size_t fix_unit = 0, fix_l1 = 0, fix_capped = 0, fix_amax = 0, fix_ctl = 0;  // FLASHDSA_BWD_DET_FIXED
+  size_t fix_q = 0, fix_qsum = 0, fix_qrow = 0;                                 // FLASHDSA_BWD_DET_FIXED
   bool fix_sorted = false;                        // FLASHDSA_BWD_DET_FIXED: rows sorted (keys_out holds all T rows)
   size_t cub_temp_bytes = 0;
   size_t total = 0;
@@ -293,6 +294,9 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
     pl.fix_capped = carve(&cur, size_t(p.T_kv + 1) * 4);
     pl.fix_amax = carve(&cur, size_t(p.T_kv + 1) * 4);
     pl.fix_ctl = carve(&cur, sizeof(FixedCtl));
+    pl.fix_q = carve(&cur, size_t(T) * pl.num_head_groups * 4);
+    pl.fix_qsum = carve(&cur, size_t(p.T_kv + 1) * 8);
+    pl.fix_qrow = carve(&cur, size_t(p.T_kv + 1) * 4);
     pl.total = cur;
     return Status::OK();
   }
@@ -401,18 +405,25 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   const int threads = 256;
   // grid-stride kernels: at least one CTA (T_kv may be 0)
   auto grid = [&](int64_t n) { return std::max(1u, grid_for(n, threads)); };
+  float* const qg = reinterpret_cast<float*>(ws + pl.fix_q);
+  auto* const qsum = reinterpret_cast<unsigned long long*>(ws + pl.fix_qsum);
+  uint32_t* const qrow = reinterpret_cast<uint32_t*>(ws + pl.fix_qrow);
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(count, 0, size_t(p.T_kv + 1) * 4, stream));
+  FLASHDSA_CUDA_TRY(cudaMemsetAsync(qsum, 0, size_t(p.T_kv + 1) * 8, stream));
+  FLASHDSA_CUDA_TRY(cudaMemsetAsync(qrow, 0, size_t(p.T_kv + 1) * 4, stream));
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(ctl, 0, sizeof(FixedCtl), stream));
-  fix_count_kernel<<<grid(p.T * p.topk.K), threads, 0, stream>>>(
-      p.topk.indices, p.topk.stride_t, p.T, p.topk.K, p.T_kv, pl.num_head_groups, count);
-  FLASHDSA_CHECK_LAUNCH("fix_count_kernel");
   fix_vmax_kernel<<<grid(p.T_kv * 32), threads, 0, stream>>>(mp.kv, mp.kv_stride_t, p.T_kv, ctl);
   FLASHDSA_CHECK_LAUNCH("fix_vmax_kernel");
-  fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(mp.q, mp.q_stride_t, mp.q_stride_h,
-                                                                             mp.dout, p.attn.H, mp.scale, ctl);
+  fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(
+      mp.q, mp.q_stride_t, mp.q_stride_h, mp.dout, p.attn.H, mp.scale, p.topk.indices, p.topk.stride_t, p.topk.K,
+      p.T_kv, qg, ctl);
   FLASHDSA_CHECK_LAUNCH("fix_bound_kernel");
-  fix_units_kernel<<<grid(p.T_kv), threads, 0, stream>>>(count, ctl, p.T_kv, mp.fix_unit, mp.fix_l1, mp.fix_capped,
-                                                          mp.fix_amax);
+  fix_count_kernel<<<grid(p.T * p.topk.K), threads, 0, stream>>>(p.topk.indices, p.topk.stride_t, p.T, p.topk.K,
+                                                                 p.T_kv, pl.num_head_groups, qg, ctl, count, qsum,
+                                                                 qrow);
+  FLASHDSA_CHECK_LAUNCH("fix_count_kernel");
+  fix_units_kernel<<<grid(p.T_kv), threads, 0, stream>>>(count, qsum, qrow, ctl, p.T_kv, mp.fix_unit, mp.fix_l1,
+                                                          mp.fix_capped, mp.fix_amax);
   FLASHDSA_CHECK_LAUNCH("fix_units_kernel");
   int32_t* const keys = pl.fix_sorted ? reinterpret_cast<int32_t*>(ws + pl.keys_out) : nullptr;
   int32_t* const pairs =
@@ -580,8 +591,7 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
     sparse_mla_bwd_impl::fix_decode_kernel<<<sparse_mla_bwd_impl::grid_for(lines, 256), 256, 0,
                                              static_cast<cudaStream_t>(p.stream)>>>(
         static_cast<float*>(p.dkv), reinterpret_cast<const float*>(ws + pl.fix_unit),
-        reinterpret_cast<const unsigned long long*>(ws + pl.fix_l1),
-        reinterpret_cast<const sparse_mla_bwd_impl::FixedCtl*>(ws + pl.fix_ctl), p.T_kv);
+        reinterpret_cast<const unsigned long long*>(ws + pl.fix_l1), p.T_kv);
     FLASHDSA_CHECK_LAUNCH("fix_decode_kernel");
     return Status::OK();
   }

@@ -5,8 +5,12 @@
 # packed in build-x/bwd-dfxcall/dfx.tar.xz (flags.txt):
 #   main  the default build (deterministic mode = fp32 partial buffers)
 #   dfx   -DFLASHDSA_BWD_DET_FIXED=1
-#   dfxr  the same with the first unit guess 2^8 too fine (-DFLASHDSA_BWD_FIXED_MARGIN_LOG2=20): every row fails the
-#         first pass's check, so its cases test the re-run path (check kernel, pass 2 of the marked rows only)
+#   dfxr  the same with the first unit guesses 2^15 / 2^16 too fine (-DFLASHDSA_BWD_FIXED_SUM_MARGIN_LOG2=20
+#         -DFLASHDSA_BWD_FIXED_MAX_MARGIN_LOG2=20): every row fails the first pass's check, so its cases test the
+#         re-run path (check kernel, pass 2 of the marked rows only)
+# (twenty-fourth session) Rebuilt with the per-row first guesses (docs/perf-notes.md, twenty-fourth session). dfx's
+# cases run with --det-tol 3e-4: its fixed-point rounding (predicted <= 9e-5 rel-L2 on the check inputs, 1e-5 on the
+# benchmark rows) is by design; the acceptance is dkv vs float64, which the summary prints for both modes.
 #   BUILD_ONLY=1 BIN=build-x/bwd-X AB_FLAGS="<flags>" bash scripts/bwd_gpu.sh
 # Device: run(command="bash docs/bench/s23_2026-12-04/next_call_bwd_detfixed.sh", carry=["build-x/bwd-dfxcall"])
 # Steps (guarded to ~570 s): the 38 correctness cases of dfx and of dfxr, concurrently (not timed; deterministic 3 runs
@@ -49,7 +53,7 @@ grep -h "bitwise\|DIFFER" "$L"/dfx_r*.log | head -2
 }
 left() { echo $(( 570 - ($(date +%s) - s) )); }
 el() { echo "$(( $(date +%s) - s )) s"; }
-( timeout 220 $B/bwd_dfx --no-bench > "$L/dfx_correct.log" 2>&1; echo "exit=$?" >> "$L/dfx_correct.log" ) &
+( timeout 220 $B/bwd_dfx --no-bench --det-tol 3e-4 > "$L/dfx_correct.log" 2>&1; echo "exit=$?" >> "$L/dfx_correct.log" ) &
 ( timeout 220 $B/bwd_dfxr --no-bench --det-tol 1e-2 > "$L/dfxr_correct.log" 2>&1; echo "exit=$?" >> "$L/dfxr_correct.log" ) &
 wait; echo "correctness done $(el)"
 ok=1
