@@ -393,6 +393,9 @@ size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) {
 static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_impl::Plan& pl,
                              sparse_mla_bwd_impl::MainParams mp, cudaStream_t stream) {
   using namespace sparse_mla_bwd_impl;
+  if (p.attn.H > kFixedMaxHeads)  // fix_bound_kernel's shared array (the backend allows H <= 128 anyway)
+    return Status::InvalidArgument("sm90 sparse_mla_bwd (fixed-point deterministic mode): H must be <= " +
+                                   std::to_string(kFixedMaxHeads));
   char* ws = static_cast<char*>(p.workspace);
   int32_t* count = reinterpret_cast<int32_t*>(ws + pl.key_count);
   auto* ctl = reinterpret_cast<FixedCtl*>(ws + pl.fix_ctl);
