@@ -35,3 +35,13 @@ def test_sink_keys_rerun_alone():
     rerun, used, err = _run("--margins", "5", "--peaky", "0.5")[5]
     assert 0 < rerun <= 16 + 2  # one sink key per token (16 tokens), nothing else
     assert err is not None and err < 2e-5
+
+
+def test_one_large_token_coarsens_only_its_own_rows():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bwd_fixed_point_sim.py"), "--skew-case"],
+                         capture_output=True, text=True, check=True).stdout
+    err = {}
+    for m in re.finditer(r"skew 2\^14 (global B / 2\^12|per row \(2\^5, 2\^4\)): .*fixed-point rel-L2 ([0-9.e+-]+)", out):
+        err[m.group(1)] = float(m.group(2))
+    assert err["global B / 2^12"] > 1e-2  # the former rule: one bound for all rows
+    assert err["per row (2^5, 2^4)"] < 1e-5  # the rows the large token does not select keep their precision
