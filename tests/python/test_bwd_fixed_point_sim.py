@@ -41,7 +41,8 @@ def test_one_large_token_coarsens_only_its_own_rows():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bwd_fixed_point_sim.py"), "--skew-case"],
                          capture_output=True, text=True, check=True).stdout
     err = {}
-    for m in re.finditer(r"skew 2\^14 (global B / 2\^12|per row \(2\^5, 2\^4\)): .*fixed-point rel-L2 ([0-9.e+-]+)", out):
+    pattern = r"skew 2\^14 (global B / 2\^12|per row \(2\^5, 2\^4\)): .*fixed-point rel-L2 ([0-9.e+-]+)"
+    for m in re.finditer(pattern, out):
         err[m.group(1)] = float(m.group(2))
     assert err["global B / 2^12"] > 1e-2  # the former rule: one bound for all rows
     assert err["per row (2^5, 2^4)"] < 1e-5  # the rows the large token does not select keep their precision

@@ -12,7 +12,7 @@
 //      docs/perf-notes.md, twenty-fourth session). Per row, so one token with large gradients coarsens only the rows
 //      it selects.
 //   3. Pass 1 of the main kernel: pairs at unit_j (one FFMA per value, exact below 2^22 units), per row
-//      L_j = Σ ⌈max |value| · unit_j⌉ (integers; 2^32 for an addend beyond 2^21 units) and the row's largest |value|.
+//      L_j = Σ ⌈max |value| · unit_j⌉ (integers; 2^32 for an addend of 2^22 units or more) and the row's largest |value|.
 //   4. Check: a row with L_j >= 2^31 may be wrong: it gets a unit from its measured sums (fixed_pair::rerun_unit),
 //      marked negative; its words and L_j are zeroed, and the re-run flag is set. Pass 2
 //      (always launched; its CTAs exit at once when the flag is clear) visits only the key blocks holding a marked

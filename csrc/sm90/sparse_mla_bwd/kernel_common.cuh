@@ -75,7 +75,7 @@ struct MainParams {
 #if FLASHDSA_BWD_DET_FIXED
   float* fix_unit;               // [T_kv] deterministic mode: each key row's unit (a power of two); < 0: re-run row
   unsigned long long* fix_l1;    // [T_kv] Σ over the row's addends of ⌈max |value| · unit⌉ (exact below 2^31)
-  uint32_t* fix_capped;          // [T_kv] != 0: an addend of the row went beyond 2^21 units (or was not finite)
+  uint32_t* fix_capped;          // [T_kv] != 0: an addend of the row reached 2^22 units (or was not finite)
   uint32_t* fix_amax;            // [T_kv] the bits of the row's largest |value| (an order-independent max)
   const uint32_t* fix_rerun;     // pass 2 runs only when *fix_rerun != 0 (set by the check pass)
   int fix_pass;                  // 1: every row; 2: only rows with fix_unit < 0, no mass output
