@@ -56,6 +56,15 @@
 #define FLASHDSA_ITK_WARP_FINAL 0
 #endif
 
+// A/B builds only (default 0): FLASHDSA_ITK_PINGPONG=1 orders the two warpgroups' MMAs of a CTA (twenty-sixth session,
+// docs/perf-notes.md): warpgroup 1 issues tile it's MMA once warpgroup 0's has completed, warpgroup 0 issues tile
+// it + 1's once warpgroup 1's of tile it has completed, so that each warpgroup's epilogue runs while the other's MMA
+// is in flight instead of both warpgroups scoring, then both summing. The per-tile CTA barrier (the compaction vote)
+// is reached by warpgroup 1 right after its issue and by warpgroup 0 after its MMA completed.
+#ifndef FLASHDSA_ITK_PINGPONG
+#define FLASHDSA_ITK_PINGPONG 0
+#endif
+
 // Attribution builds of the check program only (docs/kernels/indexer_topk.md, "Attribution builds"):
 // 1 = MMA only (the accumulators are folded into a sink), 2 = head sums and reduce-scatter with the
 // pass test, but no appends. Never defined in the library build.
@@ -105,6 +114,9 @@ namespace flashdsa::sm90::indexer_topk_impl::v2 {
 constexpr int kThreads = 256;   // two consumer warpgroups
 constexpr int kCtasPerSm = 2;   // 2 x 256 threads x 128 registers = the register file
 constexpr int kWgCols = kHalfCols;  // (token, head) columns per warpgroup: one m64n128 accumulator
+// FLASHDSA_ITK_PINGPONG: named barriers (id 0 is __syncthreads): warpgroup 0's MMA of a tile completed (turn of
+// warpgroup 1), warpgroup 1's completed (turn of warpgroup 0), and the compaction vote.
+constexpr int kBarTurnWg1 = 1, kBarTurnWg0 = 2, kBarVote = 3;
 
 template <int H, int D>
 struct Config {
@@ -303,6 +315,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     bool list_nearly_full = false;
     for (int it = 0; it < ntiles; ++it) {
       const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
+      if constexpr (FLASHDSA_ITK_PINGPONG != 0) {
+        // (warp-uniform branches around barriers only: every wgmma instruction stays on the common path)
+        if (wg != 0)
+          hw::named_bar_sync_any(kBarTurnWg1, kThreads);  // warpgroup 0's MMA of tile it has completed
+        else if (it > 0)
+          hw::named_bar_sync_any(kBarTurnWg0, kThreads);  // warpgroup 1's MMA of tile it - 1 has completed
+      }
       float acc[kHalfAcc];
       {
         // Both operands' descriptors through a shuffle per tile: warp-uniform for the compiler, so they
@@ -316,10 +335,23 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // it == walk_na - 1: the last tile of phase A; after its appends the long rows are cut to their r best
       // instead of the usual compaction (kernel.cuh "sampled threshold").
       const bool cut_now = walk_na != 0 && it == walk_na - 1;
-      const bool compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
-      list_nearly_full = false;
+      bool compact = false;
+      if constexpr (FLASHDSA_ITK_PINGPONG != 0) {
+        if (wg != 0) compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
+      } else {
+        compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
+      }
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
+      if constexpr (FLASHDSA_ITK_PINGPONG != 0) {
+        if (wg == 0) {
+          hw::named_bar_arrive_any(kBarTurnWg1, kThreads);
+          compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
+        } else if (it + 1 < ntiles) {
+          hw::named_bar_arrive_any(kBarTurnWg0, kThreads);
+        }
+      }
+      list_nearly_full = false;
       // This warp is done reading the stage. The last of the 8 warps to get here refills it with tile
       // it + S at once (the "empty" side of the ring, without a barrier: it does not wait for the
       // epilogues). The counter only grows (8 per use of the stage), so nothing but atomics touch it.
