@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepared on 2026-12-05 (twenty-sixth session; no device was lent that session), not yet run. Replaces call 3 of
-# docs/bench/NEXT_CALLS.md (docs/bench/s21_2026-12-04/next_call_itk_warp_final.sh): the bf16 indexer's two A/B builds
+# docs/bench/NEXT_CALLS.md (docs/bench/s21_2026-12-04/next_call_itk_warp_final.sh, deleted): the bf16 indexer's two A/B builds
 # against the default build in one call —
 #   wf    -DFLASHDSA_ITK_WARP_FINAL=1  final selections one warp per row (twenty-first session)
 #   pp    -DFLASHDSA_ITK_PINGPONG=1    the two warpgroups' MMAs of a CTA ordered, each epilogue under the other's MMA
