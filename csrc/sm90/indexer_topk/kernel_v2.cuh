@@ -56,14 +56,17 @@
 #define FLASHDSA_ITK_WARP_FINAL 0
 #endif
 
-// A/B builds only (default 0): FLASHDSA_ITK_PINGPONG=1 orders the two warpgroups' MMAs of a CTA (twenty-sixth session,
-// docs/perf-notes.md): warpgroup 1 issues tile it's MMA once warpgroup 0's has completed, warpgroup 0 issues tile
-// it + 1's once warpgroup 1's of tile it has completed, so that each warpgroup's epilogue runs while the other's MMA
-// is in flight instead of both warpgroups scoring, then both summing. The per-tile CTA barrier (the compaction vote)
-// is reached by warpgroup 1 right after its issue and by warpgroup 0 after its MMA completed.
+// A/B builds only (default 0): FLASHDSA_ITK_PINGPONG orders the two warpgroups' MMAs of a CTA (twenty-sixth session,
+// docs/perf-notes.md), so that each warpgroup's epilogue runs while the other's MMA is in flight instead of both
+// warpgroups scoring, then both summing. =1: warpgroup 1 issues tile it's MMA once warpgroup 0's has completed,
+// warpgroup 0 issues tile it + 1's once warpgroup 1's of tile it has completed; the per-tile CTA barrier (the
+// compaction vote) is reached by warpgroup 1 right after its issue and by warpgroup 0 after its MMA completed. =2
+// (FlashAttention-3's order): the same turns, but each passes right after its issue, so both MMAs are in flight and
+// the tensor pipe runs them in issue order; the vote stays where it is.
 #ifndef FLASHDSA_ITK_PINGPONG
 #define FLASHDSA_ITK_PINGPONG 0
 #endif
+static_assert(FLASHDSA_ITK_PINGPONG >= 0 && FLASHDSA_ITK_PINGPONG <= 2, "FLASHDSA_ITK_PINGPONG is 0, 1 or 2");
 
 // Attribution builds of the check program only (docs/kernels/indexer_topk.md, "Attribution builds"):
 // 1 = MMA only (the accumulators are folded into a sink), 2 = head sums and reduce-scatter with the
@@ -114,8 +117,8 @@ namespace flashdsa::sm90::indexer_topk_impl::v2 {
 constexpr int kThreads = 256;   // two consumer warpgroups
 constexpr int kCtasPerSm = 2;   // 2 x 256 threads x 128 registers = the register file
 constexpr int kWgCols = kHalfCols;  // (token, head) columns per warpgroup: one m64n128 accumulator
-// FLASHDSA_ITK_PINGPONG: named barriers (id 0 is __syncthreads): warpgroup 0's MMA of a tile completed (turn of
-// warpgroup 1), warpgroup 1's completed (turn of warpgroup 0), and the compaction vote.
+// FLASHDSA_ITK_PINGPONG: named barriers (id 0 is __syncthreads): warpgroup 0's MMA of a tile completed (=2: issued;
+// the turn of warpgroup 1), warpgroup 1's (the turn of warpgroup 0), and the compaction vote (=1 only).
 constexpr int kBarTurnWg1 = 1, kBarTurnWg0 = 2, kBarVote = 3;
 
 template <int H, int D>
@@ -318,9 +321,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       if constexpr (FLASHDSA_ITK_PINGPONG != 0) {
         // (warp-uniform branches around barriers only: every wgmma instruction stays on the common path)
         if (wg != 0)
-          hw::named_bar_sync_any(kBarTurnWg1, kThreads);  // warpgroup 0's MMA of tile it has completed
+          hw::named_bar_sync_any(kBarTurnWg1, kThreads);  // warpgroup 0's MMA of tile it has completed (=2: is issued)
         else if (it > 0)
-          hw::named_bar_sync_any(kBarTurnWg0, kThreads);  // warpgroup 1's MMA of tile it - 1 has completed
+          hw::named_bar_sync_any(kBarTurnWg0, kThreads);  // warpgroup 1's MMA of tile it - 1 has completed (=2: issued)
       }
       float acc[kHalfAcc];
       {
@@ -335,15 +338,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // it == walk_na - 1: the last tile of phase A; after its appends the long rows are cut to their r best
       // instead of the usual compaction (kernel.cuh "sampled threshold").
       const bool cut_now = walk_na != 0 && it == walk_na - 1;
+      if constexpr (FLASHDSA_ITK_PINGPONG == 2) {
+        if (wg == 0)
+          hw::named_bar_arrive_any(kBarTurnWg1, kThreads);  // warpgroup 0's MMA of tile it is issued
+        else if (it + 1 < ntiles)
+          hw::named_bar_arrive_any(kBarTurnWg0, kThreads);  // warpgroup 1's is issued: warpgroup 0's turn for it + 1
+      }
       bool compact = false;
-      if constexpr (FLASHDSA_ITK_PINGPONG != 0) {
+      if constexpr (FLASHDSA_ITK_PINGPONG == 1) {
         if (wg != 0) compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
       } else {
         compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
       }
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
-      if constexpr (FLASHDSA_ITK_PINGPONG != 0) {
+      if constexpr (FLASHDSA_ITK_PINGPONG == 1) {
         if (wg == 0) {
           hw::named_bar_arrive_any(kBarTurnWg1, kThreads);
           compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
