@@ -103,8 +103,6 @@ constexpr int kRing = 8;             // key-tile ring depth (8 KB e4m3 tiles)
 constexpr uint32_t kTileBytes = kTileKeys * kFp8RowBytes;
 constexpr int kWgCols = kHalfCols;   // (token, head) columns per warpgroup
 constexpr int kW2Ld = 20;            // packed weights: words per (warpgroup, quad) row (16 + 4: no bank conflict)
-// FLASHDSA_FP8V2_PINGPONG's named barriers (id 0 is __syncthreads): the turns of warpgroups 1 and 0, the vote (=1).
-constexpr int kBarTurnWg1 = 1, kBarTurnWg0 = 2, kBarVote = 3;
 
 // Per-H_I shape of a block and of a warpgroup's share of it.
 template <int H>
@@ -739,12 +737,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     float ksv[V];
     for (int it = 0; it < ntiles; ++it) {
       const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
-      if constexpr (FLASHDSA_FP8V2_PINGPONG != 0) {  // (branches around barriers only, as in kernel_v2.cuh)
-        if (wg != 0)
-          hw::named_bar_sync_any(kBarTurnWg1, kNth);  // warpgroup 0's MMA of tile it has completed (=2: is issued)
-        else if (it > 0)
-          hw::named_bar_sync_any(kBarTurnWg0, kNth);  // warpgroup 1's of tile it - 1 has completed (=2: is issued)
-      }
+      if constexpr (FLASHDSA_FP8V2_PINGPONG != 0) mma_turn_wait<kNth>(wg, it);  // (kernel.cuh)
       float acc[kHalfAcc];
       {
         const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
@@ -754,12 +747,7 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       // it == walk_na (> 0): phase A's appends (tiles < walk_na) are in after this iteration's, and the
       // long rows are cut to their r best instead of the usual compaction (kernel.cuh "sampled threshold").
       const bool cut_now = kSampled && it == walk_phase_a_tiles(sm.walk) && it != 0;
-      if constexpr (FLASHDSA_FP8V2_PINGPONG == 2) {
-        if (wg == 0)
-          hw::named_bar_arrive_any(kBarTurnWg1, kNth);
-        else if (it + 1 < ntiles)
-          hw::named_bar_arrive_any(kBarTurnWg0, kNth);
-      }
+      if constexpr (FLASHDSA_FP8V2_PINGPONG == 2) mma_turn_pass<kNth>(wg, it, ntiles);  // this MMA is issued
       bool compact = false;
       if constexpr (FLASHDSA_FP8V2_PINGPONG == 1) {
         if (wg != 0) {
@@ -774,12 +762,10 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
       if constexpr (FLASHDSA_FP8V2_PINGPONG == 1) {
+        mma_turn_pass<kNth>(wg, it, ntiles);  // this MMA is complete
         if (wg == 0) {
-          hw::named_bar_arrive_any(kBarTurnWg1, kNth);
           compact = hw::named_bar_or_any(kBarVote, kNth, list_nearly_full || cut_now);
           list_nearly_full = false;
-        } else if (it + 1 < ntiles) {
-          hw::named_bar_arrive_any(kBarTurnWg0, kNth);
         }
       }
       release_stage(slot, it);

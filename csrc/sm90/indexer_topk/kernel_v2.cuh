@@ -62,7 +62,7 @@
 // warpgroup 0 issues tile it + 1's once warpgroup 1's of tile it has completed; the per-tile CTA barrier (the
 // compaction vote) is reached by warpgroup 1 right after its issue and by warpgroup 0 after its MMA completed. =2
 // (FlashAttention-3's order): the same turns, but each passes right after its issue, so both MMAs are in flight and
-// the tensor pipe runs them in issue order; the vote stays where it is.
+// the order holds if the tensor pipe runs wgmma groups in issue order; the vote stays where it is.
 #ifndef FLASHDSA_ITK_PINGPONG
 #define FLASHDSA_ITK_PINGPONG 0
 #endif
@@ -117,9 +117,6 @@ namespace flashdsa::sm90::indexer_topk_impl::v2 {
 constexpr int kThreads = 256;   // two consumer warpgroups
 constexpr int kCtasPerSm = 2;   // 2 x 256 threads x 128 registers = the register file
 constexpr int kWgCols = kHalfCols;  // (token, head) columns per warpgroup: one m64n128 accumulator
-// FLASHDSA_ITK_PINGPONG: named barriers (id 0 is __syncthreads): warpgroup 0's MMA of a tile completed (=2: issued;
-// the turn of warpgroup 1), warpgroup 1's (the turn of warpgroup 0), and the compaction vote (=1 only).
-constexpr int kBarTurnWg1 = 1, kBarTurnWg0 = 2, kBarVote = 3;
 
 template <int H, int D>
 struct Config {
@@ -318,13 +315,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     bool list_nearly_full = false;
     for (int it = 0; it < ntiles; ++it) {
       const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
-      if constexpr (FLASHDSA_ITK_PINGPONG != 0) {
-        // (warp-uniform branches around barriers only: every wgmma instruction stays on the common path)
-        if (wg != 0)
-          hw::named_bar_sync_any(kBarTurnWg1, kThreads);  // warpgroup 0's MMA of tile it has completed (=2: is issued)
-        else if (it > 0)
-          hw::named_bar_sync_any(kBarTurnWg0, kThreads);  // warpgroup 1's MMA of tile it - 1 has completed (=2: issued)
-      }
+      // (the turns: warp-uniform branches around barriers only, every wgmma instruction stays on the common path)
+      if constexpr (FLASHDSA_ITK_PINGPONG != 0) mma_turn_wait<kThreads>(wg, it);
       float acc[kHalfAcc];
       {
         // Both operands' descriptors through a shuffle per tile: warp-uniform for the compiler, so they
@@ -338,12 +330,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // it == walk_na - 1: the last tile of phase A; after its appends the long rows are cut to their r best
       // instead of the usual compaction (kernel.cuh "sampled threshold").
       const bool cut_now = walk_na != 0 && it == walk_na - 1;
-      if constexpr (FLASHDSA_ITK_PINGPONG == 2) {
-        if (wg == 0)
-          hw::named_bar_arrive_any(kBarTurnWg1, kThreads);  // warpgroup 0's MMA of tile it is issued
-        else if (it + 1 < ntiles)
-          hw::named_bar_arrive_any(kBarTurnWg0, kThreads);  // warpgroup 1's is issued: warpgroup 0's turn for it + 1
-      }
+      if constexpr (FLASHDSA_ITK_PINGPONG == 2) mma_turn_pass<kThreads>(wg, it, ntiles);  // this MMA is issued
       bool compact = false;
       if constexpr (FLASHDSA_ITK_PINGPONG == 1) {
         if (wg != 0) compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
@@ -353,12 +340,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
       if constexpr (FLASHDSA_ITK_PINGPONG == 1) {
-        if (wg == 0) {
-          hw::named_bar_arrive_any(kBarTurnWg1, kThreads);
-          compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
-        } else if (it + 1 < ntiles) {
-          hw::named_bar_arrive_any(kBarTurnWg0, kThreads);
-        }
+        mma_turn_pass<kThreads>(wg, it, ntiles);  // this MMA is complete
+        if (wg == 0) compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
       }
       list_nearly_full = false;
       // This warp is done reading the stage. The last of the 8 warps to get here refills it with tile
