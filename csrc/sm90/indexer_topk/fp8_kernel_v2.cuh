@@ -809,24 +809,25 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
 #endif
       band_tail<H, D, kRelu>(a, sm, t0, cand_s, cand_i);
       continue;  // (the next block's claim starts with a barrier: the histograms and sm.count / thr are done)
-    }
-    for (int r = 0; r < NT; ++r) {
-      const int t = t0 + r;
-      if (t >= a.T) break;
-      float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
-      int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
-      int m = sm.count[r];
+    } else {  // (an else: in the band instances the loop below would be unreachable code, nvcc warning 128)
+      for (int r = 0; r < NT; ++r) {
+        const int t = t0 + r;
+        if (t >= a.T) break;
+        float* list_s = cand_s + static_cast<size_t>(r) * a.cap;
+        int* list_i = cand_i + static_cast<size_t>(r) * a.cap;
+        int m = sm.count[r];
 #if FLASHDSA_FP8V2_ABLATE >= 2
-      continue;
+        continue;
 #endif
-      if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
+        if (m > a.C) m = keep_top_k(list_s, list_i, m, a.C, list_s, list_i, sm.sel).count;
 #if FLASHDSA_FP8V2_ABLATE != 1
-      // Heads in rolled passes of 32 (H_I = 64: two), which keeps the tail within the 128 registers.
-      rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
+        // Heads in rolled passes of 32 (H_I = 64: two), which keeps the tail within the 128 registers.
+        rescore_row_ring<H, D, kRelu, kNWarps, 32, true>(a, t, list_s, list_i, m, *reinterpret_cast<RS*>(sm.q));
 #endif
-      int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
-      float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
-      write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);
+        int32_t* out_i = a.out_idx + static_cast<int64_t>(t) * a.K;
+        float* out_s = a.out_scores != nullptr ? a.out_scores + static_cast<int64_t>(t) * a.K : nullptr;
+        write_row_top_k(a, list_s, list_i, m, out_i, out_s, sm.sel);
+      }
     }
   }
 #if FLASHDSA_FP8V2_ABLATE == 3
