@@ -425,6 +425,7 @@ __device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_t
 #ifndef FLASHDSA_BWD_RS_DKV
 #define FLASHDSA_BWD_RS_DKV 0
 #endif
+static_assert(!(FLASHDSA_BWD_FRONT_CHUNK8 && FLASHDSA_BWD_RS_DKV), "FLASHDSA_BWD_FRONT_CHUNK8 uses the SS dKV form");
 struct DkvA {
 #if FLASHDSA_BWD_RS_DKV
   uint32_t ds[4][4];  // [k-step over heads][a0..a3]: A = dS^T [64 keys x 64 heads]
@@ -863,9 +864,12 @@ __device__ __forceinline__ void dkv_step(const SmemPlan& sm, float (&acc0)[32], 
 // acc0, chunk 0 emitted, the dQ group done): chunks 1 .. 8 emitted, chunks 3 .. 8 issued one ahead;
 // arrives on sm.tiles_free once chunk 8 read the P and dS tiles (FLASHDSA_BWD_RS_DKV: the caller arrived
 // after its dQ and the fragment loads, the chunks do not read the tiles).
-template <bool kDeterministic>
+// kLastChunk = 7: FLASHDSA_BWD_FRONT_CHUNK8 (A/B builds, fast mode), the front computes and emits chunk 8.
+template <bool kDeterministic, int kLastChunk = 8>
 __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float (&acc1)[32], const DkvRows& rows,
                                           int lane, const DkvA& a) {
+  static_assert(kLastChunk == 7 || kLastChunk == 8, "the back ends at chunk 7 or 8");
+  float(&last)[32] = (kLastChunk % 2 == 0) ? acc0 : acc1;
   hw::wgmma_wait<1>();  // chunk 1
   hw::fence_regs(acc1);
   emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
@@ -874,13 +878,13 @@ __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float
   dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane, a);
   dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane, a);
   dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane, a);
-  dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane, a);
-  hw::wgmma_wait<0>();  // chunk 8: the back's last read of the P and dS tiles
-  hw::fence_regs(acc0);
+  if constexpr (kLastChunk == 8) dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane, a);
+  hw::wgmma_wait<0>();  // the last chunk: the back's last read of the P and dS tiles
+  hw::fence_regs(last);
 #if !FLASHDSA_BWD_RS_DKV
   hw::mbar_arrive(&sm.tiles_free);
 #endif
-  emit_dkv_chunk<kDeterministic>(acc0, 8, rows, lane);
+  emit_dkv_chunk<kDeterministic>(last, kLastChunk, rows, lane);
 }
 
 // ---- attention mass ---------------------------------------------------------------------------

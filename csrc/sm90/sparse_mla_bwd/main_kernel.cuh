@@ -257,6 +257,19 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
     hw::mbar_arrive(&sm.kv_empty);
+#if FLASHDSA_BWD_FRONT_CHUNK8
+    if constexpr (!kDeterministic) {
+      // dKV chunk 8 (dS^T . Q[:, 512:576): 4 k-steps, reads Q and the dS tile only), emitted while the next block is
+      // gathered. The front itself rewrites the dS tile, after this wait; idx[st] is rewritten only after
+      // kv_empty(i + 1), which needs this warpgroup's arrival of block i + 1.
+      float acc8[32];
+      issue_dkv_chunk(sm, acc8, 8, DkvA{});
+      const DkvRows rows = dkv_rows<false>(p, sm.idx[st], sm.block_list[i], warp, lane);
+      hw::wgmma_wait<0>();
+      hw::fence_regs(acc8);
+      emit_dkv_chunk<false>(acc8, 8, rows, lane);
+    }
+#endif
   }
 
 #if FLASHDSA_BWD_DET_FIXED
@@ -334,7 +347,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(acc0);
     emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
     issue_dkv_chunk(sm, acc0, 2, fa);
-    back_tail<kDeterministic>(sm, acc0, acc1, rows, lane, fa);
+    back_tail<kDeterministic, (FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic) ? 7 : 8>(sm, acc0, acc1, rows, lane, fa);
 #endif
 #if FLASHDSA_BWD_DET_FIXED
     if constexpr (kDeterministic) finish_fixed_rows(p, rows, lane);  // the rows' check sums
