@@ -56,15 +56,18 @@ static_assert(kBackDqBlocks == 4, "the back's dQ is one m64n256 accumulator");
 constexpr int kBarProducer = 1;  // producer (128): block list flags / compaction
 constexpr int kBarQdo = 2;       // front + back (256): Q, dO, lse, Delta landed in smem
 constexpr int kBarMass = 3;      // front (128): warps 1..3 stored their attention-mass column sums
+constexpr int kBarFrontChunk8 = 4;  // front (128), FLASHDSA_BWD_FRONT_CHUNK8 only: every front warp's chunk 8 read dS
 
 // FLASHDSA_BWD_FRONT_CHUNK8=1 (A/B build, fast mode only; twenty-sixth session, not yet measured): dKV chunk 8
 // (dS^T . Q[:, 512:576), 4 k-steps, one ninth of the block's emission) computed and emitted by the front after its dQ
 // instead of by the back, which is the critical path since the twenty-second session's reading (the seventh session's
-// version of this switch lost 0.2-1% when the front paced the block). Needs -DFLASHDSA_BWD_FRONT_REGS=240 (the back
-// then gets 224), as in the seventh session. Not with FLASHDSA_BWD_RS_DKV (the front uses the SS form).
+// version of this switch lost 0.2-1% when the front paced the block). Build it with -DFLASHDSA_BWD_FRONT_REGS=248
+// -DFLASHDSA_BWD_PRODUCER_REGS=32 (the back gets 224): 0 spills; the fast kernel spills with front 232 (80 B) and 240
+// (8 B), and the producer with 24 (40 B). Not with FLASHDSA_BWD_RS_DKV (the front uses the SS form).
 #ifndef FLASHDSA_BWD_FRONT_CHUNK8
 #define FLASHDSA_BWD_FRONT_CHUNK8 0
 #endif
+static_assert(!FLASHDSA_BWD_FRONT_CHUNK8 || kFrontRegs >= 248, "FLASHDSA_BWD_FRONT_CHUNK8 needs FRONT_REGS=248 (spills)");
 
 // FLASHDSA_BWD_KV_SPLIT=1 (A/B build, not yet measured): the producer gathers a block's kv tile in three parts of
 // three column blocks, each completing its own mbarrier (kv_part[0], kv_part[1], then kv_full), and the front issues

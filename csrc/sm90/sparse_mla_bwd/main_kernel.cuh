@@ -260,13 +260,19 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
 #if FLASHDSA_BWD_FRONT_CHUNK8
     if constexpr (!kDeterministic) {
       // dKV chunk 8 (dS^T . Q[:, 512:576): 4 k-steps, reads Q and the dS tile only), emitted while the next block is
-      // gathered. The front itself rewrites the dS tile, after this wait; idx[st] is rewritten only after
-      // kv_empty(i + 1), which needs this warpgroup's arrival of block i + 1.
+      // gathered. Each warp's share of the wgmma reads the dS rows (heads) of all four front warps: it waits for
+      // pds_full, as the back does (every front thread arrived there after its stores and its proxy fence; review of
+      // 2026-12-05). After the wait for the chunk, a front barrier: no front warp rewrites the dS tile for block i + 1
+      // (past tiles_free, which now covers only the back's chunk 7) while another warp's chunk 8 still reads it.
+      // idx[st] is rewritten only after kv_empty(i + 1), which needs this warpgroup's arrival of block i + 1.
+      hw::mbar_wait(&sm.pds_full, st);
+      hw::fence_proxy_async();
       float acc8[32];
       issue_dkv_chunk(sm, acc8, 8, DkvA{});
       const DkvRows rows = dkv_rows<false>(p, sm.idx[st], sm.block_list[i], warp, lane);
       hw::wgmma_wait<0>();
       hw::fence_regs(acc8);
+      hw::named_bar_sync(kBarFrontChunk8, 128);
       emit_dkv_chunk<false>(acc8, 8, rows, lane);
     }
 #endif
