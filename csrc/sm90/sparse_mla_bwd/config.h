@@ -61,13 +61,21 @@ constexpr int kBarFrontChunk8 = 4;  // front (128), FLASHDSA_BWD_FRONT_CHUNK8 on
 // FLASHDSA_BWD_FRONT_CHUNK8=1 (A/B build, fast mode only; twenty-sixth session, not yet measured): dKV chunk 8
 // (dS^T . Q[:, 512:576), 4 k-steps, one ninth of the block's emission) computed and emitted by the front after its dQ
 // instead of by the back, which is the critical path since the twenty-second session's reading (the seventh session's
-// version of this switch lost 0.2-1% when the front paced the block). Build it with -DFLASHDSA_BWD_FRONT_REGS=248
-// -DFLASHDSA_BWD_PRODUCER_REGS=32 (the back gets 224): 0 spills; the fast kernel spills with front 232 (80 B) and 240
-// (8 B), and the producer with 24 (40 B). Not with FLASHDSA_BWD_RS_DKV (the front uses the SS form).
+// version of this switch lost 0.2-1% when the front paced the block). Its fast instance runs with front 248 /
+// producer 32 / back 224 registers (0 spills; the fast kernel spills with front 232: 80 B, 240: 8 B, the producer with
+// 24: 40 B); the deterministic instance keeps the budgets above (with the fixed-point deterministic mode the back
+// spills at 224). Not with FLASHDSA_BWD_RS_DKV (the front uses the SS form).
 #ifndef FLASHDSA_BWD_FRONT_CHUNK8
 #define FLASHDSA_BWD_FRONT_CHUNK8 0
 #endif
-static_assert(!FLASHDSA_BWD_FRONT_CHUNK8 || kFrontRegs >= 248, "FLASHDSA_BWD_FRONT_CHUNK8 needs FRONT_REGS=248 (spills)");
+// The register budgets of the kernel instance for the mode (setmaxnreg after the role split).
+template <bool kDeterministic>
+constexpr int front_regs() { return FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic ? 248 : kFrontRegs; }
+template <bool kDeterministic>
+constexpr int producer_regs() { return FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic ? 32 : kProducerRegs; }
+template <bool kDeterministic>
+constexpr int back_regs() { return FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic ? 224 : kBackRegs; }
+static_assert(front_regs<false>() + back_regs<false>() + producer_regs<false>() <= 512, "register file");
 
 // FLASHDSA_BWD_KV_SPLIT=1 (A/B build, not yet measured): the producer gathers a block's kv tile in three parts of
 // three column blocks, each completing its own mbarrier (kv_part[0], kv_part[1], then kv_full), and the front issues

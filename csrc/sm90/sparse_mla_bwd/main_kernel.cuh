@@ -393,13 +393,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg < 2) detail::load_q_do(p, sm, threadIdx.x);  // front + back; the producer starts gathering
   if (wg == 2) {
-    hw::reg_dealloc<kProducerRegs>();
+    hw::reg_dealloc<producer_regs<kDeterministic>()>();
     detail::produce(p, sm, tid);
   } else if (wg == 0) {
-    hw::reg_alloc<kFrontRegs>();
+    hw::reg_alloc<front_regs<kDeterministic>()>();
     detail::front<kDeterministic>(p, sm, tid);
   } else {
-    hw::reg_alloc<kBackRegs>();
+    hw::reg_alloc<back_regs<kDeterministic>()>();
     detail::back<kDeterministic>(p, sm, tid);
   }
 }
