@@ -18,7 +18,8 @@
 //     mbarrier per stage (transaction count) and one "done" counter per stage: the last of the 8 warps
 //     to finish its MMA on a stage refills it (thread 0 issues the first S tiles of a block),
 //   - one CTA barrier per tile, placed right after the MMA issue (it overlaps the MMA): it ORs the
-//     "list nearly full" flags, so that compactions are decided uniformly,
+//     "list nearly full" flags, so that compactions are decided uniformly (FLASHDSA_ITK_PINGPONG=1, A/B builds:
+//     warpgroup 0 reaches it after its MMA completed, below),
 //   - compactions and final selects over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per
 //     thread for a 4096-entry list),
 //   - D_I = 128 inputs with 64 tiles <= T_kv <= 2^20 tiles run the kSampled instance: blocks of >= 64

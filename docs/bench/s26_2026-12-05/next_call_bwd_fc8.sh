@@ -2,12 +2,11 @@
 # Prepared on 2026-12-05 (twenty-sixth session; no device was lent that session), not yet run. After call 1
 # (docs/bench/s22_2026-12-04/next_call_bwd5.sh), on top of its winner W (main | eh | ks | ksh; read from
 # /tmp/bwd5/winner.txt while the machine is still warm, else pass WINNER=...): dKV chunk 8 computed and emitted by the
-# front instead of the back (-DFLASHDSA_BWD_FRONT_CHUNK8=1 with FRONT_REGS=248 / PRODUCER_REGS=32; docs/perf-notes.md,
+# front instead of the back (-DFLASHDSA_BWD_FRONT_CHUNK8=1: its fast instance runs with front 248 / producer 32 / back 224 registers; docs/perf-notes.md,
 # twenty-sixth session), W against W + fc8 alternated. Not with rs (RS_DKV: the front uses the SS form).
 # Binaries (build-x/bwd-fc8/fc8.tar.xz, SHA256SUMS, BUILT_FROM): bwd_{main,eh,ks,ksh} = call 1's (copied from
 # build-x/bwd5), bwd_fc8{main,eh,ks,ksh} = the same with the switch, built here:
-#   BUILD_ONLY=1 BIN=X AB_FLAGS="<W's flags> -DFLASHDSA_BWD_FRONT_CHUNK8=1 -DFLASHDSA_BWD_FRONT_REGS=248 \
-#     -DFLASHDSA_BWD_PRODUCER_REGS=32" bash scripts/bwd_gpu.sh
+#   BUILD_ONLY=1 BIN=X AB_FLAGS="<W's flags> -DFLASHDSA_BWD_FRONT_CHUNK8=1" bash scripts/bwd_gpu.sh
 # Device: run(command="WINNER=<W> bash docs/bench/s26_2026-12-05/next_call_bwd_fc8.sh", carry=["build-x/bwd-fc8"])
 # Steps (guarded to ~570 s): the fc8 build's cases (deterministic bitwise, the scale check), 2 alternated rounds
 # x uniform / causal x 4K-32K, 64K / 128K once, memcheck / synccheck / racecheck --small. Decision: fc8 joins the
