@@ -68,13 +68,16 @@ constexpr int kBarFrontChunk8 = 4;  // front (128), FLASHDSA_BWD_FRONT_CHUNK8 on
 #ifndef FLASHDSA_BWD_FRONT_CHUNK8
 #define FLASHDSA_BWD_FRONT_CHUNK8 0
 #endif
+// Whether the kernel instance of the mode computes chunk 8 in the front (the fast instance of the switch's builds).
+template <bool kDeterministic>
+constexpr bool front_chunk8() { return FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic; }
 // The register budgets of the kernel instance for the mode (setmaxnreg after the role split).
 template <bool kDeterministic>
-constexpr int front_regs() { return FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic ? 248 : kFrontRegs; }
+constexpr int front_regs() { return front_chunk8<kDeterministic>() ? 248 : kFrontRegs; }
 template <bool kDeterministic>
-constexpr int producer_regs() { return FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic ? 32 : kProducerRegs; }
+constexpr int producer_regs() { return front_chunk8<kDeterministic>() ? 32 : kProducerRegs; }
 template <bool kDeterministic>
-constexpr int back_regs() { return FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic ? 224 : kBackRegs; }
+constexpr int back_regs() { return front_chunk8<kDeterministic>() ? 224 : kBackRegs; }
 static_assert(front_regs<false>() + back_regs<false>() + producer_regs<false>() <= 512, "register file");
 
 // FLASHDSA_BWD_KV_SPLIT=1 (A/B build, not yet measured): the producer gathers a block's kv tile in three parts of

@@ -257,8 +257,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
     hw::mbar_arrive(&sm.kv_empty);
-#if FLASHDSA_BWD_FRONT_CHUNK8
-    if constexpr (!kDeterministic) {
+    if constexpr (front_chunk8<kDeterministic>()) {
       // dKV chunk 8 (dS^T . Q[:, 512:576): 4 k-steps, reads Q and the dS tile only), emitted while the next block is
       // gathered. Each warp's share of the wgmma reads the dS rows (heads) of all four front warps: it waits for
       // pds_full, as the back does (every front thread arrived there after its stores and its proxy fence; review of
@@ -275,7 +274,6 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
       hw::named_bar_sync(kBarFrontChunk8, 128);
       emit_dkv_chunk<false>(acc8, 8, rows, lane);
     }
-#endif
   }
 
 #if FLASHDSA_BWD_DET_FIXED
@@ -353,7 +351,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(acc0);
     emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
     issue_dkv_chunk(sm, acc0, 2, fa);
-    back_tail<kDeterministic, (FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic) ? 7 : 8>(sm, acc0, acc1, rows, lane, fa);
+    back_tail<kDeterministic, front_chunk8<kDeterministic>() ? 7 : 8>(sm, acc0, acc1, rows, lane, fa);
 #endif
 #if FLASHDSA_BWD_DET_FIXED
     if constexpr (kDeterministic) finish_fixed_rows(p, rows, lane);  // the rows' check sums
