@@ -57,7 +57,6 @@ constexpr int kBarProducer = 1;  // producer (128): block list flags / compactio
 constexpr int kBarQdo = 2;       // front + back (256): Q, dO, lse, Delta landed in smem
 constexpr int kBarMass = 3;      // front (128): warps 1..3 stored their attention-mass column sums
 constexpr int kBarFrontChunk8 = 4;  // front (128), FLASHDSA_BWD_FRONT_CHUNK8 only: every front warp's chunk 8 read dS
-constexpr int kBarDqPriority = 5;   // front + back (256), FLASHDSA_BWD_DQ_PRIORITY only: the back issued dKV chunk 0 (1)
 
 // FLASHDSA_BWD_FRONT_CHUNK8=1 (A/B build, fast mode only; twenty-sixth session, not yet measured): dKV chunk 8
 // (dS^T . Q[:, 512:576), 4 k-steps, one ninth of the block's emission) computed and emitted by the front after its dQ
@@ -80,16 +79,6 @@ constexpr int producer_regs() { return front_chunk8<kDeterministic>() ? 32 : kPr
 template <bool kDeterministic>
 constexpr int back_regs() { return front_chunk8<kDeterministic>() ? 224 : kBackRegs; }
 static_assert(front_regs<false>() + back_regs<false>() + producer_regs<false>() <= 512, "register file");
-
-// FLASHDSA_BWD_DQ_PRIORITY=1|2 (A/B build, both modes; twenty-seventh session, not yet measured): the front issues its
-// dQ GEMMs of a block only after the back has issued its dKV chunk 0 (=1) or chunks 0 and 1 (=2) — named barrier
-// kBarDqPriority, the back arrives, the front syncs — so that the back's dQ and first chunk go through the tensor pipe
-// ahead of the front's 20 k-steps and the block's first dkv emission starts ≈ 640 cycles earlier (the back is the
-// critical path; cuDNN's SM90 backward has such a priority point). Default 0: the front issues right after pds_full.
-#ifndef FLASHDSA_BWD_DQ_PRIORITY
-#define FLASHDSA_BWD_DQ_PRIORITY 0
-#endif
-static_assert(FLASHDSA_BWD_DQ_PRIORITY >= 0 && FLASHDSA_BWD_DQ_PRIORITY <= 2, "FLASHDSA_BWD_DQ_PRIORITY: 0, 1 or 2");
 
 // FLASHDSA_BWD_KV_SPLIT=1 (A/B build, not yet measured): the producer gathers a block's kv tile in three parts of
 // three column blocks, each completing its own mbarrier (kv_part[0], kv_part[1], then kv_full), and the front issues

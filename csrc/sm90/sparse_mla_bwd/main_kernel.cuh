@@ -155,9 +155,6 @@ __device__ __forceinline__ void mma_dq_front(float (&dq_a)[4 * 32], float (&dq_b
   uint32_t a[4][4];
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) hw::acc_to_a_frag(ds, kk, a[kk]);
-#if FLASHDSA_BWD_DQ_PRIORITY
-  hw::named_bar_sync(kBarDqPriority, 256);  // A/B build: the back's dQ and first dKV chunk(s) are issued ahead of these
-#endif
   hw::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
@@ -328,9 +325,6 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     float acc[32];
     mma_dq_back(dq, sm);
     issue_dkv_chunk(sm, acc, 0, fa);
-#if FLASHDSA_BWD_DQ_PRIORITY
-    hw::named_bar_arrive(kBarDqPriority, 256);  // A/B build: the front's dQ may go now (chunk 1 comes later here)
-#endif
     hw::wgmma_wait<1>();  // dQ
     hw::fence_regs(dq);
     hw::mbar_arrive(&sm.kv_empty);
@@ -346,13 +340,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     float acc0[32], acc1[32];
     mma_dq_back(dq, sm);
     issue_dkv_chunk(sm, acc0, 0, fa);
-#if FLASHDSA_BWD_DQ_PRIORITY == 1
-    hw::named_bar_arrive(kBarDqPriority, 256);  // A/B build: the front's dQ may go now, behind chunk 0
-#endif
     issue_dkv_chunk(sm, acc1, 1, fa);
-#if FLASHDSA_BWD_DQ_PRIORITY == 2
-    hw::named_bar_arrive(kBarDqPriority, 256);  // A/B build: the front's dQ may go now, behind chunks 0 and 1
-#endif
     hw::wgmma_wait<2>();  // dQ
     hw::fence_regs(dq);
     hw::mbar_arrive(&sm.kv_empty);
