@@ -83,14 +83,15 @@ for r in 1 2; do
     done
   done
 done
-for v in $W $F; do
-  [ "$(left)" -lt 120 ] && { echo "long $v skipped (time)"; continue; }
-  timeout 40 $B/bwd_$v --bench-only --fast-only --T 65536,131072 > "$L/${v}_long.log" 2>&1; echo "$v long rc=$? $(el)"
-done
-report
-for t in memcheck synccheck racecheck; do
+report > "$L/summary_early.txt" 2>&1  # the timings come back even if the rest is cut short
+# (twenty-seventh session) the sanitizers before the long runs: they decide the adoption, the long runs do not
+for t in synccheck memcheck racecheck; do
   l=$(left); [ "$l" -lt 40 ] && { echo "$t skipped (time)"; continue; }
-  timeout $(( l < 150 ? l - 15 : 150 )) $SAN --tool $t $B/bwd_$F --small --no-bench > "$L/$t.log" 2>&1
+  timeout $(( l < 200 ? l - 15 : 200 )) $SAN --tool $t $B/bwd_$F --small --no-bench > "$L/$t.log" 2>&1
   echo "$t rc=$? $(el)"
+done
+for v in $W $F; do
+  [ "$(left)" -lt 60 ] && { echo "long $v skipped (time)"; continue; }
+  timeout 40 $B/bwd_$v --bench-only --fast-only --T 65536,131072 > "$L/${v}_long.log" 2>&1; echo "$v long rc=$? $(el)"
 done
 report
