@@ -9,7 +9,8 @@
 #   BUILD_ONLY=1 BIN=X AB_FLAGS="<W's flags> -DFLASHDSA_BWD_FRONT_CHUNK8=1" bash scripts/bwd_gpu.sh
 # Device: run(command="WINNER=<W> bash docs/bench/s26_2026-12-05/next_call_bwd_fc8.sh", carry=["build-x/bwd-fc8"])
 # Steps (guarded to ~570 s): the fc8 build's cases (deterministic bitwise, the scale check), 2 alternated rounds
-# x uniform / causal x 4K-32K, 64K / 128K once, memcheck / synccheck / racecheck --small. Decision: fc8 joins the
+# x uniform / causal x 4K-32K (round 1 also times ND, W without dkv writes: the compute-path floor; twenty-seventh
+# session), synccheck / memcheck / racecheck --small, 64K / 128K once. Decision: fc8 joins the
 # default if its cases pass, the sanitizers are clean and it gains >= 2% at 8K and 16K on both index sets with no point
 # of 4K-32K >= 2% slower (the rule printed last).
 set -uo pipefail
@@ -18,7 +19,10 @@ L=/tmp/bwdfc8; rm -rf "$L"; mkdir -p "$L"; B=build-x/bwd-fc8; OUT=${OUT:-/tmp}
 W=${WINNER:-$(awk '/^winner:/ { print $2; exit }' /tmp/bwd5/winner.txt 2>/dev/null)}
 case "$W" in main|eh|ks|ksh) ;; *) echo "no usable winner ('$W'): pass WINNER=main|eh|ks|ksh (rs: fc8 does not apply)"; exit 2;; esac
 F=fc8$W
-[ -x $B/bwd_$F ] || tar -xJf $B/fc8.tar.xz -C $B || exit 2
+# (twenty-seventh session) ND: W's compute-path floor, timing only (-DFLASHDSA_BWD_NO_DKV=1: no dkv writes, wrong dkv;
+# the dKV MMAs kept alive since that session). EMIT_HALF changes only the emission, so eh / ksh share main's / ks's.
+case "$W" in main|eh) ND=ndmain ;; *) ND=ndks ;; esac
+[ -x $B/bwd_$F ] && [ -x $B/bwd_$ND ] || tar -xJf $B/fc8.tar.xz -C $B || exit 2
 (cd $B && sha256sum -c SHA256SUMS > "$L/sha256.txt" 2>&1) || { echo "binaries do not match SHA256SUMS"; exit 2; }
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv > "$L/gpu.txt" 2>&1
@@ -40,8 +44,9 @@ for idx in uniform causal; do for T in 4096 8192 16384 32768; do
   done; row="$row |"; done
   echo "$row"
 done; done
+echo "$ND (no dkv writes, round 1 only): $(for idx in uniform causal; do awk -v i=$idx -F'|' '$1 + 0 >= 4096 && NF >= 5 { split($2, a, " "); printf "%s %d:%s ", substr(i, 1, 1), $1 / 1024, a[1] }' "$L/${ND}_${idx}_r1.log" 2>/dev/null; done)"
 for v in $W $F; do echo "$v long: $(grep -hE "^ +(65536|131072) " "$L/${v}_long.log" 2>/dev/null | awk -F'|' '{ printf "%s:%s ", $1 + 0, $2 }')"; done
-python3 - "$L" "$W" "$F" <<'PY'
+python3 - "$L" "$W" "$F" "$ND" <<'PY'
 import sys, statistics
 L, W, F = sys.argv[1:4]
 def ms(v, idx, T):
@@ -55,6 +60,20 @@ def ms(v, idx, T):
         except OSError:
             pass
     return statistics.mean(vals) if vals else None
+nd = sys.argv[4] if len(sys.argv) > 4 else None
+if nd:
+    share = []
+    for idx in ("uniform", "causal"):
+        for T in (4096, 8192, 16384, 32768):
+            a = ms(W, idx, T)
+            try:
+                b = [float(l.split("|")[1].split()[0]) for l in open(f"{L}/{nd}_{idx}_r1.log")
+                     if len(l.split("|")) >= 5 and l.split("|")[0].strip() == str(T)]
+            except (OSError, ValueError, IndexError):
+                b = []
+            if a and b:
+                share.append(f"{idx[0]}{T // 1024}K {1 - b[0] / a:.2f}")
+    print("time the dkv emission adds to W (1 - ND / W): " + (" ".join(share) or "n/a"))
 ratios = {}
 for idx in ("uniform", "causal"):
     for T in (4096, 8192, 16384, 32768):
@@ -74,7 +93,7 @@ if ! grep -q "correctness: [0-9]* passed, 0 failed" "$L/correct.log" || grep -q 
   echo "$F: correctness not clean: not timed"; report; exit 1
 fi
 for r in 1 2; do
-  order="$W $F"; [ $r = 2 ] && order="$F $W"
+  order="$W $F $ND"; [ $r = 2 ] && order="$F $W"
   for idx in uniform causal; do
     for v in $order; do
       [ "$(left)" -lt 170 ] && { echo "round $r $v $idx skipped (time)"; continue; }
