@@ -80,6 +80,20 @@ template <bool kDeterministic>
 constexpr int back_regs() { return front_chunk8<kDeterministic>() ? 224 : kBackRegs; }
 static_assert(front_regs<false>() + back_regs<false>() + producer_regs<false>() <= 512, "register file");
 
+// FLASHDSA_BWD_EARLY_DQ=1 (A/B build, fast mode; twenty-seventh session, not yet measured): the back issues block i + 1's
+// dQ wgmma between the two halves of block i's last dKV chunk emission (after waiting kv_full / pds_full of block i + 1,
+// normally complete by then: the front writes the tiles right after tiles_free) instead of after that emission, so that
+// kv_empty(i + 1) — the start of the producer's next gather, which the front waits for ≈ 21-25% of its time — comes
+// ≈ 500 cycles earlier and the back's next head is only chunk 0. Not with FLASHDSA_BWD_RS_DKV.
+#ifndef FLASHDSA_BWD_EARLY_DQ
+#define FLASHDSA_BWD_EARLY_DQ 0
+#endif
+template <bool kDeterministic>
+constexpr bool early_dq() { return FLASHDSA_BWD_EARLY_DQ && !kDeterministic; }
+#if FLASHDSA_BWD_EARLY_DQ && FLASHDSA_BWD_RS_DKV
+#error "FLASHDSA_BWD_EARLY_DQ: not with FLASHDSA_BWD_RS_DKV"
+#endif
+
 // FLASHDSA_BWD_KV_SPLIT=1 (A/B build, not yet measured): the producer gathers a block's kv tile in three parts of
 // three column blocks, each completing its own mbarrier (kv_part[0], kv_part[1], then kv_full), and the front issues
 // S's k-steps of a part as soon as it landed, instead of waiting for the whole 72 KB tile (docs/perf-notes.md,

@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
@@ -526,11 +527,13 @@ __device__ __forceinline__ void put_dkv(float* dst, float4 v) {
 // row: 4 lines per warp instruction. Thread (warp, lane) emits rows A = r0 + 8 half - odd and B = A + 1
 // where valid[half][A / B], at dst(half, 0 / 1) (the row's chunk start plus this lane's column; the
 // address is formed inside the validity test).
-template <bool kDeterministic, class Dst>
+// kHalf = 0 / 1: only that half (FLASHDSA_BWD_EARLY_DQ's split of the last chunk); -1: both.
+template <bool kDeterministic, class Dst, int kHalf = -1>
 __device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const bool (&valid)[2][2], int lane, Dst dst) {
   const bool odd = (lane >> 2) & 1;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
+    if (kHalf >= 0 && half != kHalf) continue;
     float4 piece[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -612,9 +615,11 @@ __device__ __forceinline__ DkvRows dkv_rows_own(const MainParams& p, const int32
 
 // The emission of dkv_rows_own's layout: for each valid row, the four float4 of n-group pairs m = 0 .. 3 at
 // positions 16 m + 4 q (dkv_pos), one red.global.add.v4.f32 each.
+template <int kHalf = -1>  // as emit_dkv_pairs
 __device__ __forceinline__ void emit_dkv_own(const float (&acc)[32], const DkvRows& rows, int chunk) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
+    if (kHalf >= 0 && half != kHalf) continue;
     if (!rows.valid[half][0]) continue;
     float* const d = rows.base + size_t(rows.row[half][0]) * kQkCols + chunk * kColsPerBlock;
 #pragma unroll
@@ -821,8 +826,10 @@ __device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const Dkv
 
 // Emits one [64 keys x 64 cols] fp32 dKV chunk (column block `chunk`) in full 128-byte lines
 // (emit_dkv_pairs).
-template <bool kDeterministic>
+// kHalf = 0 / 1: only the rows of that half (fast mode only; FLASHDSA_BWD_EARLY_DQ), -1: the whole chunk.
+template <bool kDeterministic, int kHalf = -1>
 __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRows& rows, int lane) {
+  static_assert(kHalf == -1 || !kDeterministic, "the half emissions are the fast mode's");
 // FLASHDSA_BWD_NO_DKV: measurement build only (scripts/bwd_gpu.sh NO_REDS=1: the compute-path floor):
 // no dkv writes at all, wrong dkv. The chunk's wgmma chain is kept by a store that never happens (ptxas removes wgmma
 // whose results nothing reads: the plain early return dropped 59 of the fast kernel's 148 HGMMA, so the builds before
@@ -833,7 +840,7 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 #endif
 #if FLASHDSA_BWD_EMIT_HALF
   if constexpr (!kDeterministic) {
-    emit_dkv_own(acc, rows, chunk);
+    emit_dkv_own<kHalf>(acc, rows, chunk);
     return;
   }
 #endif
@@ -845,9 +852,10 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
   if constexpr (kDeterministic) emit_dkv_pairs_fixed(acc, rows, chunk, lane);
   else
 #endif
-  emit_dkv_pairs<kDeterministic>(acc, rows.valid, lane, [&](int half, int ab) {
-    return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock;
-  });
+  {
+    const auto dst = [&](int half, int ab) { return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock; };
+    emit_dkv_pairs<kDeterministic, decltype(dst), kHalf>(acc, rows.valid, lane, dst);
+  }
 }
 
 // Chunk c >= 2: issue chunk c into acc[c % 2], wait for chunk c - 1 (one group may stay in flight),
@@ -868,9 +876,13 @@ __device__ __forceinline__ void dkv_step(const SmemPlan& sm, float (&acc0)[32], 
 // arrives on sm.tiles_free once chunk 8 read the P and dS tiles (FLASHDSA_BWD_RS_DKV: the caller arrived
 // after its dQ and the fragment loads, the chunks do not read the tiles).
 // kLastChunk = 7: FLASHDSA_BWD_FRONT_CHUNK8 (A/B builds, fast mode), the front computes and emits chunk 8.
-template <bool kDeterministic, int kLastChunk = 8>
+// Mid (FLASHDSA_BWD_EARLY_DQ, fast mode): called between the two halves of the last chunk's emission (NoMid: none).
+struct NoMid {
+  __device__ void operator()() const {}
+};
+template <bool kDeterministic, int kLastChunk = 8, class Mid = NoMid>
 __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float (&acc1)[32], const DkvRows& rows,
-                                          int lane, const DkvA& a) {
+                                          int lane, const DkvA& a, const Mid& mid = Mid{}) {
   static_assert(kLastChunk == 7 || kLastChunk == 8, "the back ends at chunk 7 or 8");
   float(&last)[32] = (kLastChunk % 2 == 0) ? acc0 : acc1;
   hw::wgmma_wait<1>();  // chunk 1
@@ -887,7 +899,13 @@ __device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float
 #if !FLASHDSA_BWD_RS_DKV
   hw::mbar_arrive(&sm.tiles_free);
 #endif
-  emit_dkv_chunk<kDeterministic>(last, kLastChunk, rows, lane);
+  if constexpr (std::is_same_v<Mid, NoMid>) {
+    emit_dkv_chunk<kDeterministic>(last, kLastChunk, rows, lane);
+  } else {
+    emit_dkv_chunk<kDeterministic, 0>(last, kLastChunk, rows, lane);
+    mid();
+    emit_dkv_chunk<kDeterministic, 1>(last, kLastChunk, rows, lane);
+  }
 }
 
 // ---- attention mass ---------------------------------------------------------------------------

@@ -296,6 +296,35 @@ __device__ __forceinline__ void mma_dq_back(float (&dq)[4 * 32], const SmemPlan&
   hw::wgmma_commit();
 }
 
+#if FLASHDSA_BWD_EARLY_DQ
+// A/B build (fast mode): block j's head — its kv tile and tiles landed, its dkv rows, its dQ wgmma issued (one group).
+__device__ __forceinline__ void early_head(const MainParams& p, SmemPlan& sm, float (&dq)[4 * 32], DkvRows& rows, int j,
+                                           int warp, int lane) {
+  hw::mbar_wait(&sm.kv_full, j & 1);
+  hw::mbar_wait(&sm.pds_full, j & 1);
+  hw::fence_proxy_async();
+  rows = dkv_rows<false>(p, sm.idx[j & 1], sm.block_list[j], warp, lane);
+  mma_dq_back(dq, sm);
+}
+// A/B build (fast mode): one block whose dQ is in flight (early_head); mid() runs between the halves of its last chunk.
+template <class Mid>
+__device__ __forceinline__ void early_block(SmemPlan& sm, float (&dq)[4 * 32], const DkvRows& rows, int lane,
+                                            const Mid& mid) {
+  const DkvA fa{};
+  float acc0[32], acc1[32];
+  issue_dkv_chunk(sm, acc0, 0, fa);
+  issue_dkv_chunk(sm, acc1, 1, fa);
+  hw::wgmma_wait<2>();  // dQ
+  hw::fence_regs(dq);
+  hw::mbar_arrive(&sm.kv_empty);
+  hw::wgmma_wait<1>();  // chunk 0
+  hw::fence_regs(acc0);
+  emit_dkv_chunk<false>(acc0, 0, rows, lane);
+  issue_dkv_chunk(sm, acc0, 2, fa);
+  back_tail<false, front_chunk8<false>() ? 7 : 8>(sm, acc0, acc1, rows, lane, fa, mid);
+}
+#endif
+
 template <bool kDeterministic>
 __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
   const int warp = tid / 32, lane = tid % 32;
@@ -303,7 +332,24 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
   const int num_blocks = sm.num_blocks;
   float dq[4 * 32];  // dQ columns [320, 576)
   zero_acc(dq);
-
+#if FLASHDSA_BWD_EARLY_DQ
+  if constexpr (early_dq<kDeterministic>()) {
+    // The next block's head is issued during each block's last chunk; the last block (no next head) is peeled, so that
+    // no wgmma sits in a data-dependent branch (ptxas would serialise them: C7518).
+    if (num_blocks > 0) {
+      DkvRows rows;
+      early_head(p, sm, dq, rows, 0, warp, lane);
+#pragma unroll 1
+      for (int i = 0; i + 1 < num_blocks; ++i) {
+        const DkvRows cur = rows;
+        early_block(sm, dq, cur, lane, [&] { early_head(p, sm, dq, rows, i + 1, warp, lane); });
+      }
+      early_block(sm, dq, rows, lane, NoMid{});
+    }
+    store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
+    return;
+  }
+#endif
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
     // kv_full too (already complete by then): the kv tile and idx reach the back through a direct
