@@ -17,9 +17,12 @@ s=$(date +%s)
 # set BWD_FLAGS below to its winner (e.g. "-DFLASHDSA_BWD_EMIT_HALF=1 -DFLASHDSA_BWD_KV_SPLIT=1") before the call.
 # (twenty-third session) Without BWD_FLAGS the winner that call 1 wrote to /tmp/bwd5/winner_flags in the same warm
 # session is used ("" there = the default build wins: the peers run then measures it).
+# (twenty-seventh session) call 6's winner (/tmp/bwdfc8ed/winner_flags: call 1's flags plus its switches) when it is newer
+# than call 1's file.
 if [ -z "${BWD_FLAGS+set}" ]; then
-  [ -f /tmp/bwd5/winner_flags ] || { echo "no BWD_FLAGS and no /tmp/bwd5/winner_flags (call 1 not run in this warm session)"; exit 2; }
-  BWD_FLAGS=$(cat /tmp/bwd5/winner_flags)
+  WF=$(ls -t /tmp/bwdfc8ed/winner_flags /tmp/bwd5/winner_flags 2>/dev/null | head -1)
+  [ -n "$WF" ] || { echo "no BWD_FLAGS and no /tmp/bwd5/winner_flags (call 1 not run in this warm session)"; exit 2; }
+  BWD_FLAGS=$(cat "$WF"); echo "backward flags from $WF"
 fi
 echo "backward flags of this run: '$BWD_FLAGS'"
 CUDAFLAGS="$BWD_FLAGS" FLASHDSA_BUILD_DIR=/tmp/build_rs MAX_JOBS=16 \
