@@ -346,10 +346,9 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
       }
       early_block(sm, dq, rows, lane, NoMid{});
     }
-    store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
-    return;
-  }
+  } else
 #endif
+  {  // (the block also keeps the early-dQ builds free of an unreachable-loop warning)
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
     // kv_full too (already complete by then): the kv tile and idx reach the back through a direct
@@ -402,6 +401,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
 #if FLASHDSA_BWD_DET_FIXED
     if constexpr (kDeterministic) finish_fixed_rows(p, rows, lane);  // the rows' check sums
 #endif
+  }
   }
 
 #if FLASHDSA_BWD_DET_FIXED

@@ -21,7 +21,7 @@ s=$(date +%s)
 # than call 1's file.
 if [ -z "${BWD_FLAGS+set}" ]; then
   WF=$(ls -t /tmp/bwdfc8ed/winner_flags /tmp/bwd5/winner_flags 2>/dev/null | head -1)
-  [ -n "$WF" ] || { echo "no BWD_FLAGS and no /tmp/bwd5/winner_flags (call 1 not run in this warm session)"; exit 2; }
+  [ -n "$WF" ] || { echo "no BWD_FLAGS and neither /tmp/bwd5/winner_flags nor /tmp/bwdfc8ed/winner_flags (calls 1 / 6 not run in this warm session)"; exit 2; }
   BWD_FLAGS=$(cat "$WF"); echo "backward flags from $WF"
 fi
 echo "backward flags of this run: '$BWD_FLAGS'"

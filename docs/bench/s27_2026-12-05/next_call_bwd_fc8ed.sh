@@ -15,14 +15,16 @@
 # built in the twenty-sixth session, the rest in the twenty-seventh:
 #   BUILD_ONLY=1 BIN=X AB_FLAGS="<W's flags> [-DFLASHDSA_BWD_FRONT_CHUNK8=1] [-DFLASHDSA_BWD_EARLY_DQ=1]" bash scripts/bwd_gpu.sh
 # Device: run(command="WINNER=<W> bash docs/bench/s27_2026-12-05/next_call_bwd_fc8ed.sh", carry=["build-x/bwd-fc8ed"])
-# Steps (guarded to ~575 s): the three new builds' cases concurrently with synccheck of fc8edW (untimed); 2
-# alternated rounds x uniform / causal x 4K-32K of the variants whose cases passed (round 1 also ndW); an early
-# summary; memcheck / racecheck of fc8edW (its sanitizers cover both switches' code); 64K / 128K once each if time is
-# left. Decision (printed last): a variant qualifies when its cases passed and it gains >= 2% over W at 8K and 16K on
-# both index sets (means of the rounds) with no point of 4K-32K >= 2% slower; the qualifier with the largest mean gain
-# wins if fc8edW's three sanitizers are clean (else W stays: run them with longer timeouts first, docs/bench/NEXT_CALLS.md).
+# Steps (guarded to ~575 s): everything untimed first and concurrently — the three new builds' cases and synccheck /
+# memcheck / racecheck of fc8edW (its sanitizers cover both switches' code; no duration of them is on record); then 2
+# alternated rounds x uniform / causal x 4K-32K of the variants whose cases passed (round 1 also ndW); 64K / 128K once
+# each if time is left. Decision (printed last): a variant qualifies when its cases passed and it gains >= 2% over W at
+# 8K and 16K on both index sets (means of both rounds; a point without both rounds disqualifies) with no point of
+# 4K-32K >= 2% slower; the qualifier with the largest mean gain wins if fc8edW passed its cases and its three sanitizers
+# exited 0 with clean summaries (else W stays: run them with longer timeouts first, docs/bench/NEXT_CALLS.md).
 # Its flags go to /tmp/bwdfc8ed/winner_flags, which call 4 reads when BWD_FLAGS is unset.
 set -uo pipefail
+s=$(date +%s)
 cd "$(dirname "$0")/../../.."
 L=/tmp/bwdfc8ed; rm -rf "$L"; mkdir -p "$L"; B=build-x/bwd-fc8ed; OUT=${OUT:-/tmp}
 W=${WINNER:-$(awk '/^winner:/ { print $2; exit }' /tmp/bwd5/winner.txt 2>/dev/null)}
@@ -36,7 +38,6 @@ declare -A FL=([main]="" [eh]="-DFLASHDSA_BWD_EMIT_HALF=1" [ks]="-DFLASHDSA_BWD_
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv > "$L/gpu.txt" 2>&1
 echo "base $W, variants $NEW, floor $ND" | tee "$L/which.txt"
-s=$(date +%s)
 left() { echo $(( 575 - ($(date +%s) - s) )); }
 el() { echo "$(( $(date +%s) - s )) s"; }
 clean() {  # the check program's cases passed, the deterministic runs were bitwise equal, the scale check passed
@@ -45,8 +46,11 @@ clean() {  # the check program's cases passed, the deterministic runs were bitwi
 for v in $NEW; do
   ( timeout -k 5 200 $B/bwd_$v --no-bench > "$L/${v}_correct.log" 2>&1; echo "exit=$?" >> "$L/${v}_correct.log" ) &
 done
-( timeout -k 5 200 $SAN --tool synccheck $B/bwd_$SANV --small --no-bench > "$L/synccheck.log" 2>&1; echo "synccheck rc=$?" > "$L/synccheck.rc" ) &
-wait; echo "correctness + synccheck done $(el)"
+for t in synccheck:200 memcheck:200 racecheck:240; do
+  ( timeout -k 5 ${t#*:} $SAN --tool ${t%%:*} $B/bwd_$SANV --small --no-bench > "$L/${t%%:*}.log" 2>&1
+    echo "$?" > "$L/${t%%:*}.rc" ) &
+done
+wait; echo "correctness + sanitizers done $(el)"
 V="$W"
 for v in $NEW; do
   if clean "$L/${v}_correct.log"; then V="$V $v"; else echo "$v: correctness not clean, not timed"; fi
@@ -59,6 +63,7 @@ report() {
       "$(grep -c "RUNS DIFFER\|FAIL" "$L/${v}_correct.log") lines with FAIL / RUNS DIFFER, $(grep -x "exit=[0-9]*" "$L/${v}_correct.log")"
   done
   grep -H "ERROR SUMMARY\|RACECHECK SUMMARY" "$L"/memcheck.log "$L"/synccheck.log "$L"/racecheck.log 2>/dev/null
+  for t in synccheck memcheck racecheck; do echo "$t exit: $(cat "$L/$t.rc" 2>/dev/null || echo none)"; done
   echo "fast ms (r1 r2): T | idx | $(echo $V | sed 's/ / | /g') | $ND (r1)"
   for idx in uniform causal; do for T in 4096 8192 16384 32768; do
     row="$T | $idx |"
@@ -71,9 +76,9 @@ report() {
   for v in $V; do
     [ -f "$L/${v}_long.log" ] && echo "$v long: $(grep -hE "^ +(65536|131072) " "$L/${v}_long.log" | awk -F'|' '{ printf "%s:%s ", $1 + 0, $2 }')"
   done
-  python3 - "$L" "$W" "$V" "${FL[$W]}" "$ND" <<'PY'
+  python3 - "$L" "$W" "$V" "${FL[$W]}" "$ND" "$SANV" <<'PY'
 import sys, statistics
-L, W, V, wflags, ND = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4], sys.argv[5]
+L, W, V, wflags, ND, SANV = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4], sys.argv[5], sys.argv[6]
 def vals(v, idx, T, rounds):
     out = {}
     for r in rounds:
@@ -85,15 +90,16 @@ def vals(v, idx, T, rounds):
         except (OSError, ValueError, IndexError):
             pass
     return out
-def pair(a, b, idx, T):  # means over the rounds both sides have (a round cut short for time counts for neither)
-    x, y = vals(a, idx, T, (1, 2)), vals(b, idx, T, (1, 2))
-    common = sorted(set(x) & set(y))
-    return (statistics.mean(x[r] for r in common), statistics.mean(y[r] for r in common)) if common else (None, None)
+def pair(a, b, idx, T, rounds=(1, 2)):  # means over the rounds; None unless both sides have every one of them
+    x, y = vals(a, idx, T, rounds), vals(b, idx, T, rounds)
+    if len(x) < len(rounds) or len(y) < len(rounds):
+        return None, None
+    return statistics.mean(x.values()), statistics.mean(y.values())
 pts = [(i, T) for i in ("uniform", "causal") for T in (4096, 8192, 16384, 32768)]
 need = [(i, T) for i in ("uniform", "causal") for T in (8192, 16384)]
 share = []
 for i, T in pts:
-    a, b = pair(W, ND, i, T)
+    a, b = pair(W, ND, i, T, rounds=(1,))
     if a and b:
         share.append(f"{i[0]}{T // 1024}K {1 - b / a:.2f}")
 print(f"time the dkv emission adds to {W} (1 - {ND} / {W}, round 1): " + (" ".join(share) or "n/a"))
@@ -119,10 +125,10 @@ if best != W:
 flags = flags.strip()
 def has(tool, needle):
     try:
-        return needle in open(f"{L}/{tool}.log").read()
+        return open(f"{L}/{tool}.rc").read().strip() == "0" and needle in open(f"{L}/{tool}.log").read()
     except OSError:
         return False
-san_ok = (has("memcheck", "ERROR SUMMARY: 0 errors") and has("synccheck", "ERROR SUMMARY: 0 errors")
+san_ok = (SANV in V and has("memcheck", "ERROR SUMMARY: 0 errors") and has("synccheck", "ERROR SUMMARY: 0 errors")
           and has("racecheck", "RACECHECK SUMMARY: 0 hazards"))
 if best != W and not san_ok:
     print(f"winner by time: {best} (mean {W}/{best} {best_gain:.3f}), but the sanitizers of the new switches are not all"
@@ -136,18 +142,13 @@ for r in 1 2; do
   order="$V $ND"; [ $r = 2 ] && order=$(echo $V | tr ' ' '\n' | tac | tr '\n' ' ')
   for idx in uniform causal; do
     for v in $order; do
-      [ "$(left)" -lt 200 ] && { echo "round $r $v $idx skipped (time)"; continue; }
+      [ "$(left)" -lt 90 ] && { echo "round $r $v $idx skipped (time)"; continue; }
       timeout -k 5 50 $B/bwd_$v --bench-only --fast-only --T 4096,8192,16384,32768 --bench-indices $idx > "$L/${v}_${idx}_r$r.log" 2>&1
       echo "$v $idx r$r rc=$? $(el)"
     done
   done
 done
 report > "$L/summary_early.txt" 2>&1  # the timings come back even if the rest is cut short
-for t in memcheck racecheck; do
-  l=$(left); [ "$l" -lt 40 ] && { echo "$t skipped (time)"; continue; }
-  timeout -k 5 $(( l < 200 ? l - 15 : 200 )) $SAN --tool $t $B/bwd_$SANV --small --no-bench > "$L/$t.log" 2>&1
-  echo "$t rc=$? $(el)"
-done
 for v in $V; do
   [ "$(left)" -lt 45 ] && { echo "long $v skipped (time)"; continue; }
   timeout -k 5 40 $B/bwd_$v --bench-only --fast-only --T 65536,131072 > "$L/${v}_long.log" 2>&1; echo "$v long rc=$? $(el)"
