@@ -47,14 +47,15 @@
 namespace {
 
 enum Pattern { kV4F32, kF32Line, kU32Line, kU64Line, kU32V4Layout, kU32Sectors, kAtomU32Line, kBulkF32, kBulkF32x4, kV4F32Reads,
-               kV4F32HalfPairs, kV4F32HalfSpread, kU64HalfPairs, kPatterns };
+               kV4F32HalfPairs, kV4F32HalfSpread, kU64HalfPairs, kV4F32Gap250, kV4F32Gap500, kV4F32Gap1000, kPatterns };
 const char* const kNames[kPatterns] = {
     "red.v4.f32, 4 lines / instr (fast mode)", "red.f32, 1 line / instr", "red.u32, 1 line / instr",
     "red.u64, 2 lines / instr", "red.u32, v4 layout (lane stride 16 B)", "red.u32, 4 full sectors in 4 lines / instr",
     "atom.u32 (value returned), 1 line / instr", "cp.reduce.async.bulk add.f32, 512 B / op",
     "cp.reduce.async.bulk add.f32, 2 KB / op", "red.v4.f32 + 256 B of L2 reads / step",
     "red.v4.f32, 8 half lines / instr, paired", "red.v4.f32, 8 half lines / instr, unpaired",
-    "red.u64, 4 half lines / instr, paired"};
+    "red.u64, 4 half lines / instr, paired", "red.v4.f32, bursts of 72, 250 ns idle",
+    "red.v4.f32, bursts of 72, 500 ns idle", "red.v4.f32, bursts of 72, 1000 ns idle"};
 
 constexpr int kChunkBytes = 512;
 constexpr int kBulkMaxBytes = 2048;
@@ -66,6 +67,16 @@ __host__ __device__ constexpr int step_bytes(int p) { return p == kBulkF32x4 ? k
 // Chunk of warp-step s of global warp w: a fixed scattered walk (an odd multiplier mod a power of two).
 __device__ __forceinline__ uint32_t chunk_of(uint32_t w, uint32_t s, uint32_t mask) {
   return (w * 2654435761u + s * 40503u) & mask;
+}
+
+// The gap patterns (twenty-seventh session): the fast mode's red.v4.f32 in bursts of one block's emission per warp
+// (9 chunks x 8 instructions) with an idle gap after each burst, as the back warpgroup's head (its dQ and first chunk)
+// leaves one. Question: with one warpgroup per SM (--ctas 132 --threads 128), does the payload rate fall with the gap
+// (each SM's own reduction stream is the limit: a shorter head gains) or stay (the L2's rate is the limit and other
+// SMs fill one SM's gaps: reordering inside a block cannot gain)?
+constexpr int kGapBurst = 72;
+__host__ __device__ constexpr int gap_ns(int p) {
+  return p == kV4F32Gap250 ? 250 : p == kV4F32Gap500 ? 500 : p == kV4F32Gap1000 ? 1000 : 0;
 }
 
 __device__ __forceinline__ void red_f32(uint8_t* a) {
@@ -88,7 +99,10 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
   }
   for (int s = 0; s < steps; ++s) {
     uint8_t* c = buf + static_cast<size_t>(chunk_of(w, static_cast<uint32_t>(s), mask)) * kChunkBytes;
-    if constexpr (P == kV4F32 || P == kV4F32Reads) {
+    if constexpr (gap_ns(P) > 0) {
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};\n" ::"l"(c + 16 * lane), "f"(1.f) : "memory");
+      if (s % kGapBurst == kGapBurst - 1) __nanosleep(gap_ns(P));
+    } else if constexpr (P == kV4F32 || P == kV4F32Reads) {
       asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};\n" ::"l"(c + 16 * lane), "f"(1.f) : "memory");
       if constexpr (P == kV4F32Reads) {
         // 16 lanes copy 16 B each into the warp's 4-slot ring (as the backward's cp.async gathers; the data
@@ -178,6 +192,9 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
     case kV4F32HalfPairs: launch<kV4F32HalfPairs>(buf, mask, steps, grid, threads); break;
     case kV4F32HalfSpread: launch<kV4F32HalfSpread>(buf, mask, steps, grid, threads); break;
     case kU64HalfPairs: launch<kU64HalfPairs>(buf, mask, steps, grid, threads); break;
+    case kV4F32Gap250: launch<kV4F32Gap250>(buf, mask, steps, grid, threads); break;
+    case kV4F32Gap500: launch<kV4F32Gap500>(buf, mask, steps, grid, threads); break;
+    case kV4F32Gap1000: launch<kV4F32Gap1000>(buf, mask, steps, grid, threads); break;
     default: launch<kAtomU32Line>(buf, mask, steps, grid, threads); break;
   }
   CHECK_CUDA(cudaGetLastError());
@@ -187,7 +204,7 @@ void run_pattern(int p, uint8_t* buf, uint32_t mask, int steps, int grid, int th
 double buffer_sum(int p, const std::vector<uint8_t>& h) {
   double s = 0.0;
   if (p == kV4F32 || p == kF32Line || p == kBulkF32 || p == kBulkF32x4 || p == kV4F32Reads || p == kV4F32HalfPairs ||
-      p == kV4F32HalfSpread) {
+      p == kV4F32HalfSpread || gap_ns(p) > 0) {
     const float* f = reinterpret_cast<const float*>(h.data());
     for (size_t i = 0; i < h.size() / 4; ++i) s += f[i];
   } else if (p == kU64Line || p == kU64HalfPairs) {
