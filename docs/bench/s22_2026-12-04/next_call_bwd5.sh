@@ -101,6 +101,8 @@ L, V = sys.argv[1], sys.argv[2].split()
 flags = {"rs": "-DFLASHDSA_BWD_RS_DKV=2", "eh": "-DFLASHDSA_BWD_EMIT_HALF=1", "ks": "-DFLASHDSA_BWD_KV_SPLIT=1",
          "ksh": "-DFLASHDSA_BWD_EMIT_HALF=1 -DFLASHDSA_BWD_KV_SPLIT=1"}
 def ms(v, idx, T):
+    # (twenty-seventh session's review) the mean of both rounds, None unless both exist: round 2 runs in the reverse
+    # order, so a ratio from one round alone would keep the position bias the alternation is there to cancel
     vals = []
     for r in (1, 2):
         try:
@@ -108,9 +110,10 @@ def ms(v, idx, T):
                 f = line.split("|")
                 if len(f) >= 5 and f[0].strip() == str(T):
                     vals.append(float(f[1].split()[0]))
-        except OSError:
+                    break
+        except (OSError, ValueError, IndexError):
             pass
-    return statistics.mean(vals) if vals else None
+    return statistics.mean(vals) if len(vals) == 2 else None
 best, best_gain = "main", 0.0
 for v in V:
     if v == "main":
