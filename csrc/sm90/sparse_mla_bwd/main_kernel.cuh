@@ -296,6 +296,28 @@ __device__ __forceinline__ void mma_dq_back(float (&dq)[4 * 32], const SmemPlan&
   hw::wgmma_commit();
 }
 
+// The back's dKV chunks of a block whose dQ group is in flight (two alternating accumulators): chunks 0 and 1 issued,
+// the dQ waited (kv_empty), chunk 0 emitted, then back_tail; mid (FLASHDSA_BWD_EARLY_DQ) runs inside the last chunk's
+// emission.
+template <bool kDeterministic, class Mid = NoMid>
+__device__ __forceinline__ void back_chunks(SmemPlan& sm, float (&dq)[4 * 32], const DkvRows& rows, int lane,
+                                            const DkvA& fa, const Mid& mid = Mid{}) {
+  float acc0[32], acc1[32];
+  issue_dkv_chunk(sm, acc0, 0, fa);
+  issue_dkv_chunk(sm, acc1, 1, fa);
+  hw::wgmma_wait<2>();  // dQ
+  hw::fence_regs(dq);
+  hw::mbar_arrive(&sm.kv_empty);
+#if FLASHDSA_BWD_RS_DKV
+  hw::mbar_arrive(&sm.tiles_free);  // dQ (the last reader of the tiles) completed, the fragments are loaded
+#endif
+  hw::wgmma_wait<1>();  // chunk 0
+  hw::fence_regs(acc0);
+  emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
+  issue_dkv_chunk(sm, acc0, 2, fa);
+  back_tail<kDeterministic, front_chunk8<kDeterministic>() ? 7 : 8>(sm, acc0, acc1, rows, lane, fa, mid);
+}
+
 #if FLASHDSA_BWD_EARLY_DQ
 // A/B build (fast mode): block j's head — its kv tile and tiles landed, its dkv rows, its dQ wgmma issued (one group).
 __device__ __forceinline__ void early_head(const MainParams& p, SmemPlan& sm, float (&dq)[4 * 32], DkvRows& rows, int j,
@@ -305,23 +327,6 @@ __device__ __forceinline__ void early_head(const MainParams& p, SmemPlan& sm, fl
   hw::fence_proxy_async();
   rows = dkv_rows<false>(p, sm.idx[j & 1], sm.block_list[j], warp, lane);
   mma_dq_back(dq, sm);
-}
-// A/B build (fast mode): one block whose dQ is in flight (early_head); mid() runs between the halves of its last chunk.
-template <class Mid>
-__device__ __forceinline__ void early_block(SmemPlan& sm, float (&dq)[4 * 32], const DkvRows& rows, int lane,
-                                            const Mid& mid) {
-  const DkvA fa{};
-  float acc0[32], acc1[32];
-  issue_dkv_chunk(sm, acc0, 0, fa);
-  issue_dkv_chunk(sm, acc1, 1, fa);
-  hw::wgmma_wait<2>();  // dQ
-  hw::fence_regs(dq);
-  hw::mbar_arrive(&sm.kv_empty);
-  hw::wgmma_wait<1>();  // chunk 0
-  hw::fence_regs(acc0);
-  emit_dkv_chunk<false>(acc0, 0, rows, lane);
-  issue_dkv_chunk(sm, acc0, 2, fa);
-  back_tail<false, front_chunk8<false>() ? 7 : 8>(sm, acc0, acc1, rows, lane, fa, mid);
 }
 #endif
 
@@ -341,10 +346,10 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
       early_head(p, sm, dq, rows, 0, warp, lane);
 #pragma unroll 1
       for (int i = 0; i + 1 < num_blocks; ++i) {
-        const DkvRows cur = rows;
-        early_block(sm, dq, cur, lane, [&] { early_head(p, sm, dq, rows, i + 1, warp, lane); });
+        const DkvRows cur = rows;  // block i's; the head of block i + 1 rewrites rows during the last emission
+        back_chunks<false>(sm, dq, cur, lane, DkvA{}, [&] { early_head(p, sm, dq, rows, i + 1, warp, lane); });
       }
-      early_block(sm, dq, rows, lane, NoMid{});
+      back_chunks<false>(sm, dq, rows, lane, DkvA{});
     }
   } else
 #endif
@@ -382,21 +387,8 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
       emit_dkv_chunk<kDeterministic>(acc, c, rows, lane);
     }
 #else
-    float acc0[32], acc1[32];
     mma_dq_back(dq, sm);
-    issue_dkv_chunk(sm, acc0, 0, fa);
-    issue_dkv_chunk(sm, acc1, 1, fa);
-    hw::wgmma_wait<2>();  // dQ
-    hw::fence_regs(dq);
-    hw::mbar_arrive(&sm.kv_empty);
-#if FLASHDSA_BWD_RS_DKV
-    hw::mbar_arrive(&sm.tiles_free);  // dQ (the last reader of the tiles) completed, the fragments are loaded
-#endif
-    hw::wgmma_wait<1>();  // chunk 0
-    hw::fence_regs(acc0);
-    emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
-    issue_dkv_chunk(sm, acc0, 2, fa);
-    back_tail<kDeterministic, front_chunk8<kDeterministic>() ? 7 : 8>(sm, acc0, acc1, rows, lane, fa);
+    back_chunks<kDeterministic>(sm, dq, rows, lane, fa);
 #endif
 #if FLASHDSA_BWD_DET_FIXED
     if constexpr (kDeterministic) finish_fixed_rows(p, rows, lane);  // the rows' check sums
