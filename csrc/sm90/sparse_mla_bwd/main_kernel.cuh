@@ -106,6 +106,7 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlan& sm, int
 
 // ---- producer warpgroup -------------------------------------------------------------------------
 
+template <bool kDeterministic>
 __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
   const Work w = make_work(p);
   const int warp = tid / 32, lane = tid % 32;
@@ -114,7 +115,7 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
   const int num_row_blocks = p.K / kBlockKeys;
   const uint32_t kv_tile = hw::smem_u32(sm.kv);
 
-  build_block_list<kBarProducer>(p, sm, idx_row, num_row_blocks, warp, lane);
+  build_block_list<kDeterministic, kBarProducer>(p, sm, idx_row, num_row_blocks, warp, lane);
   hw::mbar_arrive(&sm.setup_full);
   const int num_blocks = sm.num_blocks;
   const bool sweep = p.sweep_counter != nullptr;
@@ -276,9 +277,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     }
   }
 
-#if FLASHDSA_BWD_DET_FIXED
   if (kDeterministic && p.fix_pass == 2) return;  // pass 2 visits only the re-run rows' blocks: dq is pass 1's
-#endif
   __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
   store_dq<4>(dq_a, dqh0, w.heads, 0, r0, q4);
   store_dq<1>(dq_b, dqh0, w.heads, 4, r0, q4);
@@ -390,15 +389,11 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     mma_dq_back(dq, sm);
     back_chunks<kDeterministic>(sm, dq, rows, lane, fa);
 #endif
-#if FLASHDSA_BWD_DET_FIXED
     if constexpr (kDeterministic) finish_fixed_rows(p, rows, lane);  // the rows' check sums
-#endif
   }
   }
 
-#if FLASHDSA_BWD_DET_FIXED
   if (kDeterministic && p.fix_pass == 2) return;  // (as the front)
-#endif
   store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
 }
 
@@ -407,13 +402,11 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
 // grid = (tokens of this launch, ceil(H / 64)), kThreads, kSmemBytes dynamic.
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const __grid_constant__ MainParams p) {
-#if FLASHDSA_BWD_DET_FIXED
   // The deterministic mode's second pass runs only when the check pass marked rows for it (uniform exit, before any
   // barrier).
   if constexpr (kDeterministic) {
     if (p.fix_pass == 2 && *reinterpret_cast<const volatile uint32_t*>(p.fix_rerun) == 0u) return;
   }
-#endif
   SmemPlan& sm = detail::dynamic_smem_plan<SmemPlan>();
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
 #if FLASHDSA_BWD_KV_SPLIT
@@ -430,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const 
   if (wg < 2) detail::load_q_do(p, sm, threadIdx.x);  // front + back; the producer starts gathering
   if (wg == 2) {
     hw::reg_dealloc<producer_regs<kDeterministic>()>();
-    detail::produce(p, sm, tid);
+    detail::produce<kDeterministic>(p, sm, tid);
   } else if (wg == 0) {
     hw::reg_alloc<front_regs<kDeterministic>()>();
     detail::front<kDeterministic>(p, sm, tid);
