@@ -582,7 +582,7 @@ __device__ __forceinline__ DkvRows dkv_rows_fixed(const MainParams& p, const int
 }
 
 template <bool kDeterministic>
-__device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* idx, int blk, int warp, int lane) {
+__device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* idx, int warp, int lane) {
 #if FLASHDSA_BWD_EMIT_HALF
   if constexpr (!kDeterministic) return dkv_rows_own(p, idx, warp, lane);
 #endif
@@ -601,7 +601,6 @@ __device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* 
       r.row[half][ab] = r.valid[half][ab] ? uint32_t(key) : 0u;
     }
   }
-  (void)blk;
   return r;
 }
 

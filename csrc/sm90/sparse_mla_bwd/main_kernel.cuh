@@ -360,7 +360,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     hw::mbar_wait(&sm.kv_full, i & 1);
     hw::mbar_wait(&sm.pds_full, i & 1);
     hw::fence_proxy_async();
-    const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
+    const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], warp, lane);
     // dQ first, so that the kv tile is released as early as possible (the producer gathers the next
     // block into the single kv stage), then dKV chunks 0 and 1. (Measured 2026-12-02: issuing chunk 0
     // before dQ, so that the block's first reds start earlier, gained nothing.)
