@@ -269,7 +269,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
       hw::fence_proxy_async();
       float acc8[32];
       issue_dkv_chunk(sm, acc8, 8, DkvA{});
-      const DkvRows rows = dkv_rows<false>(p, sm.idx[st], sm.block_list[i], warp, lane);
+      const DkvRows rows = dkv_rows<false>(p, sm.idx[st], warp, lane);
       hw::wgmma_wait<0>();
       hw::fence_regs(acc8);
       hw::named_bar_sync(kBarFrontChunk8, 128);
