@@ -683,7 +683,7 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 // whose results nothing reads: the plain early return dropped 59 of the fast kernel's 148 HGMMA, so the builds before
 // the twenty-seventh session measured a floor without most of the dKV MMAs).
 #if FLASHDSA_BWD_NO_DKV
-  if (__float_as_uint(acc[0]) == 0xffc0deadu) *dkv_row_ptr<kDeterministic>(rows, 0, 0) = acc[1];
+  if (__float_as_uint(acc[0]) == 0xffc0deadu) *rows.base = acc[1];
   return;
 #endif
 #if FLASHDSA_BWD_EMIT_HALF

@@ -324,7 +324,7 @@ __device__ __forceinline__ void early_head(const MainParams& p, SmemPlan& sm, fl
   hw::mbar_wait(&sm.kv_full, j & 1);
   hw::mbar_wait(&sm.pds_full, j & 1);
   hw::fence_proxy_async();
-  rows = dkv_rows<false>(p, sm.idx[j & 1], sm.block_list[j], warp, lane);
+  rows = dkv_rows<false>(p, sm.idx[j & 1], warp, lane);
   mma_dq_back(dq, sm);
 }
 #endif
