@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Numpy model of the deterministic backward with fixed-point pairs (-DFLASHDSA_BWD_DET_FIXED; csrc/sm90/sparse_mla_bwd/
+"""Numpy model of the deterministic backward with fixed-point pairs (csrc/sm90/sparse_mla_bwd/
 det_fixed.cuh and fixed_pair.h): how far the first unit guess is from the real addends, how many key rows fail the
 first pass's check (and would re-run), and the fixed-point error of dkv against the exact sums, per guess margin.
 

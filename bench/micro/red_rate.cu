@@ -18,7 +18,7 @@
 // instruction (as consecutive n-group pairs of the accumulator would), "unpaired" leaves the other halves to some
 // other step of some other warp. Question: does the L2 reduce half-line requests at the full-line rate? The u64
 // half-line pattern (twenty-third session) is the same question for 64-bit integer adds: 8 lanes x 8 B per half
-// line, 4 lines per instruction, the next instruction completing them (fixed-point pairs, the backward's FIX_EMIT).
+// line, 4 lines per instruction, the next instruction completing them (fixed-point pairs, the backward's deterministic mode).
 //
 // Every pattern adds 1 to each value of a 512-byte chunk (128 four-byte or 64 eight-byte values) per
 // warp step, the chunks visited in a fixed scattered order over an L2-resident buffer (default 32 MiB,
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(1024) red_kernel(uint8_t* buf, uint32_t mask, 
       }
     } else if constexpr (P == kU64HalfPairs) {
       // lanes 8g .. 8g + 7 add 8 B each to half h of line g: 4 half lines per instruction, the second instruction
-      // the other halves of the same 4 lines (the fixed-point pair emission of the backward's FIX_EMIT build)
+      // the other halves of the same 4 lines (the fixed-point pair emission of the backward's deterministic mode)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(c + 128 * (lane >> 3) + 64 * h + 8 * (lane & 7)), "l"(1ull)

@@ -42,8 +42,4 @@ constexpr int64_t kBwdSweepMinKeys = 16384;
 // ids with the mass output). One main-kernel launch per chunk: 2^26 (32K tokens at K = 2048) instead of
 // 2^24 measured 0.5-0.8% faster at 24K / 32K on one H200 (2026-12-02, fewer launch tails).
 constexpr int64_t kBwdSortChunkEntries = int64_t(1) << 26;
-// Deterministic mode: bound of the per-chunk dkv partial buffer (2 GiB); the chunk's token count is
-// then rounded down to a multiple of the SM count (whole waves of one CTA per SM).
-constexpr int64_t kBwdDetChunkBytes = int64_t(2) << 30;
-
 }  // namespace flashdsa::sm90::tuning

@@ -1,6 +1,6 @@
-// Internal: the host-side kernels of the deterministic mode with fixed-point pairs (A/B build
-// -DFLASHDSA_BWD_DET_FIXED=1; the main kernel's part: kernel_common.cuh; design and prediction: docs/perf-notes.md,
-// twenty-third session). Included by sparse_mla_bwd.cu only in that build.
+// Internal: the kernels around the main kernel of the deterministic mode (fixed-point pairs; the main kernel's part:
+// kernel_common.cuh; design: docs/kernels/sparse_mla_bwd.md, prediction and measurements: docs/perf-notes.md,
+// twenty-third to twenty-fifth sessions). Included by sparse_mla_bwd.cu.
 //
 //   1. Per (token t, head group g) a bound of one addend that needs no P (P <= 1 per head):
 //      |addend| <= Σ_h (scale · 2 ‖dO_th‖ · max_j ‖V_j‖ · max|Q_th| + max|dO_th|) =: A_tg (|dP - Δ| <= 2 ‖dO‖ max ‖V‖,

@@ -1,8 +1,7 @@
 // Internal: two signed 32-bit fixed-point values in one 64-bit word, for an order-independent (hence bitwise
 // reproducible) dkv reduction with `red.global.add.u64` (docs/perf-notes.md, twenty-third session), and the per-row
 // rules of the deterministic mode built on it. Plain arithmetic, compiled for the device by the sparse MLA backward's
-// A/B builds -DFLASHDSA_BWD_DET_FIXED (det_fixed.cuh) and -DFLASHDSA_BWD_FIX_EMIT, and for the host by
-// tests/cpp/test_fixed_pair.cpp.
+// deterministic mode (kernel_common.cuh, det_fixed.cuh) and for the host by tests/cpp/test_fixed_pair.cpp.
 //
 // Why a pair: the L2 reduces 64-bit integer adds at the same rate in bytes as the fast mode's 16-byte float adds
 // (bench/micro/red_rate.cu, 3.86 TB/s for full lines), so one u64 that carries two values moves dkv at the fast

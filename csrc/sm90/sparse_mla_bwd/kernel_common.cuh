@@ -15,42 +15,19 @@
 #include "sm90/sparse_mla_bwd/config.h"
 #include "sm90/sparse_mla_bwd/fixed_pair.h"
 
-// A/B builds only (default 0): FLASHDSA_BWD_DET_FP16=1 stores the deterministic mode's per-slot dkv partials as fp16
-// with one power-of-two scale per (slot, 64-column chunk) instead of fp32 (1,168 instead of 2,304 bytes per slot:
-// the mode's DRAM round trip halves; docs/perf-notes.md, twenty-first session); =2 the same with evict-first
-// (st.global.cs) stores. The fast mode is unchanged.
-#ifndef FLASHDSA_BWD_DET_FP16
-#define FLASHDSA_BWD_DET_FP16 0
-#endif
-// FLASHDSA_BWD_FIX_EMIT=1: measurement build (wrong dkv), the fast mode's dkv as fixed-point pairs in 64-bit integer
-// reductions (put_dkv_fixed below).
-#ifndef FLASHDSA_BWD_FIX_EMIT
-#define FLASHDSA_BWD_FIX_EMIT 0
-#endif
-// FLASHDSA_BWD_DET_FIXED=1 (A/B build, not yet measured): the deterministic mode without partial buffers. The main
-// kernel adds each addend of dkv as 32-bit fixed-point pairs in 64-bit integer reductions (fixed_pair.h: exact and
-// order-independent), one power-of-two unit per key row, the rows sorted and walked without rotation (sweep sizes);
-// per key row an integer sum of the addends' largest magnitudes proves the row exact (or the row is re-run with a
-// unit from that sum); a decode pass writes fp32 dkv in natural order (docs/perf-notes.md, twenty-third session).
-#ifndef FLASHDSA_BWD_DET_FIXED
-#define FLASHDSA_BWD_DET_FIXED 0
-#endif
-#if FLASHDSA_BWD_DET_FIXED && (FLASHDSA_BWD_DET_FP16 || FLASHDSA_BWD_FIX_EMIT)
-#error "FLASHDSA_BWD_DET_FIXED replaces the deterministic mode: not with FLASHDSA_BWD_DET_FP16 or FLASHDSA_BWD_FIX_EMIT"
-#endif
+// The deterministic mode (kDeterministic) has no partial buffers: the main kernel adds each addend of dkv as 32-bit
+// fixed-point pairs in 64-bit integer reductions (fixed_pair.h: exact and order-independent), one power-of-two unit
+// per key row, the rows sorted and walked without rotation (sweep sizes); per key row an integer sum of the addends'
+// largest magnitudes proves the row exact (or the row is re-run with a unit from that sum); a decode pass writes fp32
+// dkv in natural order (det_fixed.cuh; docs/kernels/sparse_mla_bwd.md).
 // FLASHDSA_BWD_SWEEP_NOROT=1: measurement build, the sorted sweep without its rotation (every CTA walks its sorted row
 // from the first block, a run-independent order as a deterministic mode needs; docs/perf-notes.md, twenty-third
 // session). dq and dkv stay correct.
 #ifndef FLASHDSA_BWD_SWEEP_NOROT
 #define FLASHDSA_BWD_SWEEP_NOROT 0
 #endif
-#if FLASHDSA_BWD_FIX_EMIT && FLASHDSA_BWD_EMIT_HALF
-#error "FLASHDSA_BWD_FIX_EMIT emits after the quad-pair exchange: not with FLASHDSA_BWD_EMIT_HALF"
-#endif
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
-
-constexpr int kDetExpBytes = 16;  // FLASHDSA_BWD_DET_FP16: exponent bytes per slot (9 chunks used)
 
 struct MainParams {
   const __nv_bfloat16* q;     // [T, H, 576]; strides q_stride_t, q_stride_h
@@ -61,7 +38,6 @@ struct MainParams {
   const __nv_bfloat16* dout;  // [T, H, 512]
   __nv_bfloat16* dq;          // [T, H, 576]
   float* dkv;                 // [T_kv, 576] fast mode: accumulated with vector atomics (dkv_pos order)
-  float* partial;             // [tokens of this launch, G, K, 576] deterministic mode: per-slot dkv
   uint32_t* sweep_counter;    // sweep mode (rows sorted): key blocks issued by all CTAs; else null
   float* mass;                // optional [T, K] head-summed attention mass (zeroed before; added to)
   const int32_t* mass_slots;  // sweep mode + mass: [tokens, K] chunk pair id (row * K + original slot)
@@ -73,19 +49,12 @@ struct MainParams {
   float scale;                // softmax scale
   float scale_log2;           // scale * log2(e)
   int resident_ctas;          // sweep mode: CTAs of this launch running at once
-#if FLASHDSA_BWD_DET_FIXED
   float* fix_unit;               // [T_kv] deterministic mode: each key row's unit (a power of two); < 0: re-run row
   unsigned long long* fix_l1;    // [T_kv] Σ over the row's addends of ⌈max |value| · unit⌉ (exact below 2^31)
   uint32_t* fix_capped;          // [T_kv] != 0: an addend of the row reached 2^22 units (or was not finite)
   uint32_t* fix_amax;            // [T_kv] the bits of the row's largest |value| (an order-independent max)
   const uint32_t* fix_rerun;     // pass 2 runs only when *fix_rerun != 0 (set by the check pass)
   int fix_pass;                  // 1: every row; 2: only rows with fix_unit < 0, no mass output
-#endif
-#if FLASHDSA_BWD_DET_FP16
-  uint8_t* partial_exp;       // [tokens of this launch, G, K, kDetExpBytes] deterministic mode: each (slot, chunk)'s
-                              // biased exponent E (the partial's fp16 values are the chunk's values x 2^(140 - E));
-                              // `partial` then holds [tokens, G, K, 576] fp16
-#endif
 };
 
 // Position inside its 16-column group at which dkv column 16m + 8h + 2q + e (h, e < 2, q < 4) is
@@ -179,20 +148,15 @@ __device__ __forceinline__ void init_barriers(Inits... inits) {
 // so that the kv and dkv rows being touched at any moment lie in a narrow key window that stays in
 // L2. Every CTA counts the blocks it issues; counter / resident CTAs (mod blocks per row) is the
 // average position of the running CTAs, and a new row starts there (0 without sweep), wrapping around.
-template <int kBar>
+template <bool kDeterministic, int kBar>
 __device__ __forceinline__ void build_block_list(const MainParams& p, SmemPlan& sm, const int32_t* idx_row,
                                                  int num_row_blocks, int warp, int lane) {
   for (int blk = warp; blk < num_row_blocks; blk += 4) {
-#if FLASHDSA_BWD_DET_FIXED
     // the deterministic mode's pass 2: only blocks with a key row marked for the re-run (negative unit)
     auto wanted = [&](int32_t key) {
-      return key_valid(key, p.T_kv) && (p.fix_pass != 2 || p.fix_unit[key] < 0.f);
+      return key_valid(key, p.T_kv) && (!kDeterministic || p.fix_pass != 2 || p.fix_unit[key] < 0.f);
     };
     const bool v = wanted(idx_row[blk * kBlockKeys + lane]) || wanted(idx_row[blk * kBlockKeys + 32 + lane]);
-#else
-    const bool v = key_valid(idx_row[blk * kBlockKeys + lane], p.T_kv) ||
-                   key_valid(idx_row[blk * kBlockKeys + 32 + lane], p.T_kv);
-#endif
     const bool any = __any_sync(0xffffffffu, v);
     if (lane == 0) sm.block_list[blk] = any ? 1 : 0;  // flags first, compacted below
   }
@@ -489,34 +453,6 @@ __device__ __forceinline__ float4 shfl_xor4(float4 v, int mask) {
                      __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
 }
 
-#if FLASHDSA_BWD_FIX_EMIT
-// FLASHDSA_BWD_FIX_EMIT: measurement build only (wrong dkv: one fixed unit, no decode pass): the cost of emitting
-// dkv as pairs of 32-bit fixed-point values in 64-bit integer reductions (fixed_pair.h), the candidate for a
-// deterministic mode at the fast mode's speed (docs/perf-notes.md, twenty-third session). After the quad-pair
-// exchange a lane's float4 `v` (destined for the 16 bytes at dst) becomes two words: (x, y) at byte 8k and (z, w)
-// at byte 64 + 8k of the same 128-byte line (k = lane % 8, the lane's place in its quad pair), so each warp
-// instruction adds 64 consecutive bytes to 4 lines and the next one the other halves of the same lines (pattern
-// "red.u64, 4 half lines / instr, paired" of bench/micro/red_rate.cu). A real mode would choose the unit from a bound
-// of the row sums (n * max|x| * unit < 2^31) and decode with fixed_pair::unpack in the un-permute pass.
-__device__ __forceinline__ void put_dkv_fixed(float* dst, float4 v) {
-  constexpr float kUnit = 1048576.f;
-  const int k = threadIdx.x & 7;  // the back warpgroup starts at thread 128: threadIdx.x % 8 == lane % 8
-  uint64_t* const q = reinterpret_cast<uint64_t*>(dst - 2 * k);
-  hw::red_add_u64(q, fixed_pair::pack(fixed_pair::to_fixed(v.x, kUnit), fixed_pair::to_fixed(v.y, kUnit)));
-  hw::red_add_u64(q + 8, fixed_pair::pack(fixed_pair::to_fixed(v.z, kUnit), fixed_pair::to_fixed(v.w, kUnit)));
-}
-#endif
-
-// Fast mode: atomic add into dkv; deterministic mode: plain store into the slot's partial row.
-template <bool kDeterministic>
-__device__ __forceinline__ void put_dkv(float* dst, float4 v) {
-  if constexpr (kDeterministic) hw::st_global_v4(dst, v);
-#if FLASHDSA_BWD_FIX_EMIT
-  else put_dkv_fixed(dst, v);
-#else
-  else hw::red_add_v4(dst, v);
-#endif
-}
 
 // Emits one [64 keys x 64 cols] fp32 dKV chunk held as a natural-order wgmma accumulator: quad member
 // q holds, for its rows r0 and r0 + 8 (r0 = 16 warp + lane / 4), the columns 16m + 2q, +1 and
@@ -528,7 +464,7 @@ __device__ __forceinline__ void put_dkv(float* dst, float4 v) {
 // where valid[half][A / B], at dst(half, 0 / 1) (the row's chunk start plus this lane's column; the
 // address is formed inside the validity test).
 // kHalf = 0 / 1: only that half (FLASHDSA_BWD_EARLY_DQ's split of the last chunk); -1: both.
-template <bool kDeterministic, class Dst, int kHalf = -1>
+template <class Dst, int kHalf = -1>
 __device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const bool (&valid)[2][2], int lane, Dst dst) {
   const bool odd = (lane >> 2) & 1;
 #pragma unroll
@@ -545,19 +481,18 @@ __device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const boo
     const float4 b0 = odd ? piece[1] : got0, b1 = odd ? piece[3] : got1;  // row B
     if (valid[half][0]) {
       float* const dst_a = dst(half, 0);
-      put_dkv<kDeterministic>(dst_a, a0);
-      put_dkv<kDeterministic>(dst_a + 32, a1);
+      hw::red_add_v4(dst_a, a0);
+      hw::red_add_v4(dst_a + 32, a1);
     }
     if (valid[half][1]) {
       float* const dst_b = dst(half, 1);
-      put_dkv<kDeterministic>(dst_b, b0);
-      put_dkv<kDeterministic>(dst_b + 32, b1);
+      hw::red_add_v4(dst_b, b0);
+      hw::red_add_v4(dst_b + 32, b1);
     }
   }
 }
 
-#if FLASHDSA_BWD_DET_FP16 || FLASHDSA_BWD_DET_FIXED
-// emit_dkv_pairs's quad-pair exchange for rows r0 + 8 half, for the A/B emissions: x[0] / x[1] = this lane's 16 bytes
+// emit_dkv_pairs's quad-pair exchange for rows r0 + 8 half, for the deterministic emission: x[0] / x[1] = this lane's 16 bytes
 // of row A / B, [0] / [1] = the chunk's first / second 128-byte line. (emit_dkv_pairs keeps its own inline copy: calling
 // this helper there changed the default build's instruction schedule.)
 __device__ __forceinline__ void quad_pair_exchange(const float (&acc)[32], int half, bool odd, float4 (&x)[2][2]) {
@@ -571,24 +506,16 @@ __device__ __forceinline__ void quad_pair_exchange(const float (&acc)[32], int h
   x[0][0] = odd ? got0 : piece[0], x[0][1] = odd ? got1 : piece[2];
   x[1][0] = odd ? piece[1] : got0, x[1][1] = odd ? piece[3] : got1;
 }
-#endif
 
 // dkv destinations of one thread for the current key block: rows A = 16 warp + lane / 4 + 8 half -
 // odd and B = A + 1 (quads 2k and 2k + 1 write together, emit_dkv_pairs) of `base`, a [rows, 576]
-// fp32 matrix (dkv, or the CTA's deterministic partial rows), plus this lane's column. One 64-bit base
-// and four 32-bit rows (four 64-bit pointers spilled).
+// fp32 matrix (dkv), plus this lane's column. One 64-bit base and four 32-bit rows (four 64-bit pointers spilled).
 struct DkvRows {
   float* base;
-  uint32_t row[2][2];  // [half][A, B]: key (fast) or slot in the row (deterministic)
+  uint32_t row[2][2];  // [half][A, B]: key
   bool valid[2][2];
-#if FLASHDSA_BWD_DET_FP16
-  uint16_t* hbase;  // deterministic mode: the fp16 partial row of slot row0, plus this lane's column
-  uint8_t* ebase;   // and its exponent bytes
-#endif
-#if FLASHDSA_BWD_DET_FIXED
   float unit[2][2];               // deterministic mode: the row's unit
   mutable uint32_t amax[2][2];    // the bits of the largest |value| this lane sent to the row in this block
-#endif
 };
 
 #if FLASHDSA_BWD_EMIT_HALF
@@ -630,7 +557,6 @@ __device__ __forceinline__ void emit_dkv_own(const float (&acc)[32], const DkvRo
 }
 #endif
 
-#if FLASHDSA_BWD_DET_FIXED
 // Deterministic mode, fixed-point pairs: the fast mode's rows (keys of rows A, B) plus each row's unit; pass 2 sends
 // only rows marked for a re-run (negative unit), the others already hold their exact sums.
 __device__ __forceinline__ DkvRows dkv_rows_fixed(const MainParams& p, const int32_t* idx, int warp, int lane) {
@@ -654,112 +580,35 @@ __device__ __forceinline__ DkvRows dkv_rows_fixed(const MainParams& p, const int
   }
   return r;
 }
-#endif
 
 template <bool kDeterministic>
-__device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* idx, int blk, int warp, int lane) {
+__device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* idx, int warp, int lane) {
 #if FLASHDSA_BWD_EMIT_HALF
   if constexpr (!kDeterministic) return dkv_rows_own(p, idx, warp, lane);
 #endif
-#if FLASHDSA_BWD_DET_FIXED
   if constexpr (kDeterministic) return dkv_rows_fixed(p, idx, warp, lane);
-#endif
   const int odd = (lane >> 2) & 1;
   const int col = 16 * odd + 4 * (lane & 3);
   const int row0 = 16 * warp + (lane >> 2) - odd;
   DkvRows r;
-  if constexpr (kDeterministic) {  // slot rows row0 + 8 half + ab: immediate offsets from one pointer
-#if FLASHDSA_BWD_DET_FP16
-    const int64_t slot0 = (int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * p.K + blk * kBlockKeys + row0;
-    r.base = nullptr;
-    r.hbase = reinterpret_cast<uint16_t*>(p.partial) + slot0 * kQkCols + col;
-    r.ebase = p.partial_exp + slot0 * kDetExpBytes;
-#else
-    r.base = p.partial +
-             ((int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * p.K + blk * kBlockKeys + row0) * int64_t(kQkCols) + col;
-#endif
-  } else {
-    r.base = p.dkv + col;
-  }
+  r.base = p.dkv + col;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
     for (int ab = 0; ab < 2; ++ab) {
       const int32_t key = idx[row0 + 8 * half + ab];
       r.valid[half][ab] = key_valid(key, p.T_kv);
-      r.row[half][ab] = kDeterministic ? 0u : (r.valid[half][ab] ? uint32_t(key) : 0u);
+      r.row[half][ab] = r.valid[half][ab] ? uint32_t(key) : 0u;
     }
   }
   return r;
 }
 
-template <bool kDeterministic>
+// The fast mode's destination of row (half, ab).
 __device__ __forceinline__ float* dkv_row_ptr(const DkvRows& r, int half, int ab) {
-  if constexpr (kDeterministic) return r.base + (8 * half + ab) * kQkCols;
-  else return r.base + size_t(r.row[half][ab]) * kQkCols;
+  return r.base + size_t(r.row[half][ab]) * kQkCols;
 }
 
-#if FLASHDSA_BWD_DET_FP16
-// The biased exponent E of m >= 0 (m a chunk row's largest magnitude), clamped to [14, 254]: the row's values times
-// 2^(140 - E) lie below 2^14 in magnitude (fp16 holds them with 11 significant bits); 2^(E - 140) decodes them.
-__device__ __forceinline__ uint32_t det_fp16_exp(float m) {
-  return min(max((__float_as_uint(m) >> 23) & 0xFFu, 14u), 254u);
-}
-
-// Four values times `s` as four fp16 in 8 bytes (first value in the low half).
-__device__ __forceinline__ uint2 pack_fp16x4(float4 v, float s) {
-  uint32_t lo, hi;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(v.y * s), "f"(v.x * s));
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(v.w * s), "f"(v.z * s));
-  return make_uint2(lo, hi);
-}
-
-// 8 bytes of fp16 partials: FLASHDSA_BWD_DET_FP16 == 2 marks them evict-first in L2 (st.global.cs: they are read back
-// only after the chunk's main kernel, from DRAM anyway), so that they do not push the kv rows out of L2.
-__device__ __forceinline__ void store_fp16x4(uint16_t* dst, uint2 v) {
-#if FLASHDSA_BWD_DET_FP16 == 2
-  asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};\n" ::"l"(dst), "r"(v.x), "r"(v.y) : "memory");
-#else
-  *reinterpret_cast<uint2*>(dst) = v;
-#endif
-}
-
-// The largest magnitude of a row's 64 chunk values, held 8 per lane by the 8 lanes 8m .. 8m + 7 (all lanes call).
-__device__ __forceinline__ float row_absmax8(float4 x, float4 y) {
-  float m = fmaxf(fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))),
-                  fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
-#pragma unroll
-  for (int mask = 1; mask < 8; mask <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, mask));
-  return m;
-}
-
-// The deterministic mode's emission with fp16 partials: the same quad-pair exchange as emit_dkv_pairs, then each
-// row's chunk (64 values over 8 lanes) scaled by 2^(140 - E) and stored as fp16 (two 8-byte stores per lane and
-// row: 4 half lines per warp instruction), E to the slot's exponent byte of this chunk (by lane 8m).
-__device__ __forceinline__ void emit_dkv_pairs_fp16(const float (&acc)[32], const DkvRows& rows, int chunk,
-                                                    int lane) {
-  const bool odd = (lane >> 2) & 1;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float4 x[2][2];
-    quad_pair_exchange(acc, half, odd, x);
-    const float4 a0 = x[0][0], a1 = x[0][1], b0 = x[1][0], b1 = x[1][1];
-    const uint32_t ea = det_fp16_exp(row_absmax8(a0, a1)), eb = det_fp16_exp(row_absmax8(b0, b1));
-#pragma unroll
-    for (int ab = 0; ab < 2; ++ab) {
-      if (!rows.valid[half][ab]) continue;
-      const uint32_t e = ab == 0 ? ea : eb;
-      const float sc = __uint_as_float((267u - e) << 23);  // 2^(140 - e)
-      uint16_t* const dst = rows.hbase + (8 * half + ab) * kQkCols + chunk * kColsPerBlock;
-      store_fp16x4(dst, pack_fp16x4(ab == 0 ? a0 : b0, sc));
-      store_fp16x4(dst + 32, pack_fp16x4(ab == 0 ? a1 : b1, sc));
-      if ((lane & 7) == 0) rows.ebase[(8 * half + ab) * kDetExpBytes + chunk] = static_cast<uint8_t>(e);
-    }
-  }
-}
-#endif
-
-#if FLASHDSA_BWD_DET_FIXED
 // The bits of max(|x|) over the four values and `m` (as unsigned integers: NaN and inf order above every finite value,
 // so a non-finite addend makes the row's check fail).
 __device__ __forceinline__ uint32_t absmax_bits4(uint32_t m, float4 x) {
@@ -822,7 +671,6 @@ __device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const Dkv
     }
   }
 }
-#endif
 
 // Emits one [64 keys x 64 cols] fp32 dKV chunk (column block `chunk`) in full 128-byte lines
 // (emit_dkv_pairs).
@@ -835,7 +683,7 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 // whose results nothing reads: the plain early return dropped 59 of the fast kernel's 148 HGMMA, so the builds before
 // the twenty-seventh session measured a floor without most of the dKV MMAs).
 #if FLASHDSA_BWD_NO_DKV
-  if (__float_as_uint(acc[0]) == 0xffc0deadu) *dkv_row_ptr<kDeterministic>(rows, 0, 0) = acc[1];
+  if (__float_as_uint(acc[0]) == 0xffc0deadu) *rows.base = acc[1];
   return;
 #endif
 #if FLASHDSA_BWD_EMIT_HALF
@@ -844,17 +692,11 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
     return;
   }
 #endif
-#if FLASHDSA_BWD_DET_FP16
-  if constexpr (kDeterministic) emit_dkv_pairs_fp16(acc, rows, chunk, lane);
-  else
-#endif
-#if FLASHDSA_BWD_DET_FIXED
-  if constexpr (kDeterministic) emit_dkv_pairs_fixed(acc, rows, chunk, lane);
-  else
-#endif
-  {
-    const auto dst = [&](int half, int ab) { return dkv_row_ptr<kDeterministic>(rows, half, ab) + chunk * kColsPerBlock; };
-    emit_dkv_pairs<kDeterministic, decltype(dst), kHalf>(acc, rows.valid, lane, dst);
+  if constexpr (kDeterministic) {
+    emit_dkv_pairs_fixed(acc, rows, chunk, lane);
+  } else {
+    const auto dst = [&](int half, int ab) { return dkv_row_ptr(rows, half, ab) + chunk * kColsPerBlock; };
+    emit_dkv_pairs<decltype(dst), kHalf>(acc, rows.valid, lane, dst);
   }
 }
 

@@ -106,6 +106,7 @@ __device__ __forceinline__ void load_q_do(const MainParams& p, SmemPlan& sm, int
 
 // ---- producer warpgroup -------------------------------------------------------------------------
 
+template <bool kDeterministic>
 __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
   const Work w = make_work(p);
   const int warp = tid / 32, lane = tid % 32;
@@ -114,7 +115,7 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
   const int num_row_blocks = p.K / kBlockKeys;
   const uint32_t kv_tile = hw::smem_u32(sm.kv);
 
-  build_block_list<kBarProducer>(p, sm, idx_row, num_row_blocks, warp, lane);
+  build_block_list<kDeterministic, kBarProducer>(p, sm, idx_row, num_row_blocks, warp, lane);
   hw::mbar_arrive(&sm.setup_full);
   const int num_blocks = sm.num_blocks;
   const bool sweep = p.sweep_counter != nullptr;
@@ -268,7 +269,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
       hw::fence_proxy_async();
       float acc8[32];
       issue_dkv_chunk(sm, acc8, 8, DkvA{});
-      const DkvRows rows = dkv_rows<false>(p, sm.idx[st], sm.block_list[i], warp, lane);
+      const DkvRows rows = dkv_rows<false>(p, sm.idx[st], warp, lane);
       hw::wgmma_wait<0>();
       hw::fence_regs(acc8);
       hw::named_bar_sync(kBarFrontChunk8, 128);
@@ -276,9 +277,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     }
   }
 
-#if FLASHDSA_BWD_DET_FIXED
   if (kDeterministic && p.fix_pass == 2) return;  // pass 2 visits only the re-run rows' blocks: dq is pass 1's
-#endif
   __nv_bfloat16* const dqh0 = p.dq + (w.token * p.H + w.head_group * kHeadsPerCta) * int64_t(kQkCols);
   store_dq<4>(dq_a, dqh0, w.heads, 0, r0, q4);
   store_dq<1>(dq_b, dqh0, w.heads, 4, r0, q4);
@@ -325,7 +324,7 @@ __device__ __forceinline__ void early_head(const MainParams& p, SmemPlan& sm, fl
   hw::mbar_wait(&sm.kv_full, j & 1);
   hw::mbar_wait(&sm.pds_full, j & 1);
   hw::fence_proxy_async();
-  rows = dkv_rows<false>(p, sm.idx[j & 1], sm.block_list[j], warp, lane);
+  rows = dkv_rows<false>(p, sm.idx[j & 1], warp, lane);
   mma_dq_back(dq, sm);
 }
 #endif
@@ -361,7 +360,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     hw::mbar_wait(&sm.kv_full, i & 1);
     hw::mbar_wait(&sm.pds_full, i & 1);
     hw::fence_proxy_async();
-    const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], sm.block_list[i], warp, lane);
+    const DkvRows rows = dkv_rows<kDeterministic>(p, sm.idx[i & 1], warp, lane);
     // dQ first, so that the kv tile is released as early as possible (the producer gathers the next
     // block into the single kv stage), then dKV chunks 0 and 1. (Measured 2026-12-02: issuing chunk 0
     // before dQ, so that the block's first reds start earlier, gained nothing.)
@@ -390,15 +389,11 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     mma_dq_back(dq, sm);
     back_chunks<kDeterministic>(sm, dq, rows, lane, fa);
 #endif
-#if FLASHDSA_BWD_DET_FIXED
     if constexpr (kDeterministic) finish_fixed_rows(p, rows, lane);  // the rows' check sums
-#endif
   }
   }
 
-#if FLASHDSA_BWD_DET_FIXED
   if (kDeterministic && p.fix_pass == 2) return;  // (as the front)
-#endif
   store_dq_blocks<4>(p, dq, kFrontDqBlocks, warp, lane);
 }
 
@@ -407,13 +402,11 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
 // grid = (tokens of this launch, ceil(H / 64)), kThreads, kSmemBytes dynamic.
 template <bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const __grid_constant__ MainParams p) {
-#if FLASHDSA_BWD_DET_FIXED
   // The deterministic mode's second pass runs only when the check pass marked rows for it (uniform exit, before any
   // barrier).
   if constexpr (kDeterministic) {
     if (p.fix_pass == 2 && *reinterpret_cast<const volatile uint32_t*>(p.fix_rerun) == 0u) return;
   }
-#endif
   SmemPlan& sm = detail::dynamic_smem_plan<SmemPlan>();
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
 #if FLASHDSA_BWD_KV_SPLIT
@@ -430,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const 
   if (wg < 2) detail::load_q_do(p, sm, threadIdx.x);  // front + back; the producer starts gathering
   if (wg == 2) {
     hw::reg_dealloc<producer_regs<kDeterministic>()>();
-    detail::produce(p, sm, tid);
+    detail::produce<kDeterministic>(p, sm, tid);
   } else if (wg == 0) {
     hw::reg_alloc<front_regs<kDeterministic>()>();
     detail::front<kDeterministic>(p, sm, tid);

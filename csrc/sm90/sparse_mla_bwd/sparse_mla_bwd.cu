@@ -6,13 +6,13 @@
 //      (T_kv >= kSweepMinKeys), each row's indices are first sorted (a copy, per chunk of tokens)
 //      and the CTAs sweep the key range in step (a shared progress counter), so the atomics and
 //      gathers of concurrently running CTAs hit a narrow, L2-resident key window.
-//   3. deterministic mode, per chunk of tokens: the main kernel stores each (token, slot) dkv
-//      partial; the chunk's (key, pair) list is radix-sorted by key (stable); one CTA per key sums
-//      its partials in pair order and adds the sum to dkv. No float atomics anywhere.
-//   4. the main kernel writes dkv (and the partials) in the dkv_pos column order (kernel_common.cuh):
-//      dkv_unpermute_kernel restores the natural order after the last atomic / reduction of the call.
+//   3. deterministic mode (det_fixed.cuh): dkv as fixed-point pairs in 64-bit integer reductions, one
+//      power-of-two unit per key row from a bound computed before the main kernel, a check of each row's
+//      sum, a second pass for rows that failed it, and a decode pass to fp32. No float atomics anywhere.
+//   4. the fast mode's main kernel writes dkv in the dkv_pos column order (kernel_common.cuh):
+//      dkv_unpermute_kernel restores the natural order after the last atomic of the call (the
+//      deterministic mode's decode pass does it itself).
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,10 +25,8 @@
 #include "common/status_macros.h"
 #include "sm90/backend.h"
 #include "sm90/heuristics.h"
-#include "sm90/sparse_mla_bwd/main_kernel.cuh"
-#if FLASHDSA_BWD_DET_FIXED
 #include "sm90/sparse_mla_bwd/det_fixed.cuh"
-#endif
+#include "sm90/sparse_mla_bwd/main_kernel.cuh"
 
 namespace flashdsa::sm90 {
 namespace sparse_mla_bwd_impl {
@@ -41,26 +39,8 @@ constexpr int64_t kSweepMinKeys = FLASHDSA_BWD_SWEEP_MIN_KEYS;
 constexpr int64_t kSweepMinKeys = tuning::kBwdSweepMinKeys;
 #endif
 constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
-constexpr int64_t kDetChunkBytes = tuning::kBwdDetChunkBytes;
-constexpr int kReduceThreads = kQkCols / 4;             // one float4 column per thread
 
 // ---- small kernels --------------------------------------------------------------------------
-
-// Deterministic mode: copies `tokens` index rows into a dense [tokens, K] key array (invalid entries become
-// T_kv: they sort last and stay invalid for the main kernel), their pair ids and a histogram of valid keys.
-__global__ void keys_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
-                            int64_t t_kv, int32_t* __restrict__ keys, int32_t* __restrict__ pair_ids,
-                            int32_t* __restrict__ key_count) {
-  const int64_t n = tokens * K;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t l = i / K;
-    const int32_t idx = indices[l * stride_t + (i - l * K)];
-    const bool valid = idx >= 0 && idx < t_kv;
-    keys[i] = valid ? idx : static_cast<int32_t>(t_kv);
-    pair_ids[i] = static_cast<int32_t>(i);
-    if (valid) atomicAdd(&key_count[idx], 1);  // integer: order-independent
-  }
-}
 
 // Sweep mode: one CTA of kSortThreads per index row sorts the row's keys into keys_out[l * K ..) (invalid
 // entries -> T_kv, last) and, when pair_ids is not null, writes each sorted entry's chunk pair id
@@ -125,105 +105,6 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* 
   }
 }
 
-#if !FLASHDSA_BWD_DET_FP16
-// Deterministic dkv update of one token chunk: for every key s with count[s] > 0, sums the
-// partials of its pairs (sorted order = ascending pair id, then head group) and adds the sum to
-// dkv[s]. One CTA owns a key row at a time; thread i owns columns 4i..4i+3.
-__global__ void __launch_bounds__(kReduceThreads) reduce_partials_kernel(
-    const float4* __restrict__ partial,     // [tokens, G, K, 144]
-    const int32_t* __restrict__ pair_ids,   // pairs sorted by key
-    const int32_t* __restrict__ key_count,  // [T_kv]
-    const int32_t* __restrict__ key_offset, // [T_kv] exclusive scan of key_count
-    float4* __restrict__ dkv,               // [T_kv, 144]
-    int64_t t_kv, int K, int num_head_groups) {
-  const int c = threadIdx.x;
-  for (int64_t s = blockIdx.x; s < t_kv; s += gridDim.x) {
-    const int n = key_count[s];
-    if (n == 0) continue;
-    const int32_t* ids = pair_ids + key_offset[s];
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    constexpr int kBatch = 4;  // loads of a batch are issued together; the adds stay in order
-    for (int e0 = 0; e0 < n; e0 += kBatch) {
-      float4 v[kBatch][2];
-#pragma unroll
-      for (int e = 0; e < kBatch; ++e) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          if (e0 + e < n && g < num_head_groups) {
-            const int64_t pid = ids[e0 + e];
-            const int64_t l = pid / K, slot = pid - l * K;
-            v[e][g] = partial[((l * num_head_groups + g) * K + slot) * kReduceThreads + c];
-          }
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < kBatch; ++e) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          if (e0 + e < n && g < num_head_groups) {
-            sum.x += v[e][g].x, sum.y += v[e][g].y, sum.z += v[e][g].z, sum.w += v[e][g].w;
-          }
-        }
-      }
-    }
-    float4& d = dkv[s * kReduceThreads + c];
-    d.x += sum.x, d.y += sum.y, d.z += sum.z, d.w += sum.w;
-  }
-}
-#else
-// reduce_partials_kernel for fp16 partials (FLASHDSA_BWD_DET_FP16): thread i owns stored positions 4i .. 4i + 3 of
-// chunk i / 16; each partial is its four fp16 values times 2^(E - 140) (E: the slot's exponent byte of the chunk),
-// exact in fp32; the sum runs in the same order as the fp32 kernel's.
-__global__ void __launch_bounds__(kReduceThreads) reduce_partials_fp16_kernel(
-    const uint2* __restrict__ partial,      // [tokens, G, K, 144] four fp16 each
-    const uint8_t* __restrict__ exps,       // [tokens, G, K, kDetExpBytes]
-    const int32_t* __restrict__ pair_ids,   // pairs sorted by key
-    const int32_t* __restrict__ key_count,  // [T_kv]
-    const int32_t* __restrict__ key_offset, // [T_kv] exclusive scan of key_count
-    float4* __restrict__ dkv,               // [T_kv, 144]
-    int64_t t_kv, int K, int num_head_groups) {
-  const int c = threadIdx.x, chunk = c / (kColsPerBlock / 4);
-  for (int64_t s = blockIdx.x; s < t_kv; s += gridDim.x) {
-    const int n = key_count[s];
-    if (n == 0) continue;
-    const int32_t* ids = pair_ids + key_offset[s];
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    constexpr int kBatch = 4;  // loads of a batch are issued together; the adds stay in order
-    for (int e0 = 0; e0 < n; e0 += kBatch) {
-      uint2 v[kBatch][2];
-      uint32_t ex[kBatch][2];
-#pragma unroll
-      for (int e = 0; e < kBatch; ++e) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          if (e0 + e < n && g < num_head_groups) {
-            const int64_t pid = ids[e0 + e];
-            const int64_t l = pid / K, slot = pid - l * K;
-            const int64_t row = (l * num_head_groups + g) * K + slot;
-            v[e][g] = partial[row * kReduceThreads + c];
-            ex[e][g] = exps[row * kDetExpBytes + chunk];
-          }
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < kBatch; ++e) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          if (e0 + e < n && g < num_head_groups) {
-            const float sc = __uint_as_float((ex[e][g] - 13u) << 23);  // 2^(E - 140)
-            const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v[e][g].x));
-            const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v[e][g].y));
-            sum.x += lo.x * sc, sum.y += lo.y * sc, sum.z += hi.x * sc, sum.w += hi.y * sc;
-          }
-        }
-      }
-    }
-    float4& d = dkv[s * kReduceThreads + c];
-    d.x += sum.x, d.y += sum.y, d.z += sum.z, d.w += sum.w;
-  }
-}
-#endif
-
 // dkv [rows, 576] fp32, in place: stored position dkv_pos(c) -> column c (kernel_common.cuh). One
 // thread per 16-column group (64 bytes in, 64 bytes out).
 __global__ void dkv_unpermute_kernel(float* __restrict__ dkv, int64_t rows) {
@@ -252,12 +133,11 @@ struct Plan {
   int64_t chunk_tokens = 0;    // tokens per main-kernel launch
   // byte offsets into the workspace (only those of the chosen mode are used)
   size_t sweep_counter = 0;
-  size_t keys_in = 0, keys_out = 0, pair_ids_in = 0, pair_ids_out = 0;
-  size_t partial = 0, partial_exp = 0, key_count = 0, key_offset = 0, cub_temp = 0;
-  size_t fix_unit = 0, fix_l1 = 0, fix_capped = 0, fix_amax = 0, fix_ctl = 0;  // FLASHDSA_BWD_DET_FIXED
-  size_t fix_q = 0, fix_qsum = 0, fix_qrow = 0;                                 // FLASHDSA_BWD_DET_FIXED
-  bool fix_sorted = false;                        // FLASHDSA_BWD_DET_FIXED: rows sorted (keys_out holds all T rows)
-  size_t cub_temp_bytes = 0;
+  size_t keys_out = 0, pair_ids_out = 0;
+  // deterministic mode (det_fixed.cuh)
+  size_t key_count = 0, fix_unit = 0, fix_l1 = 0, fix_capped = 0, fix_amax = 0, fix_ctl = 0;
+  size_t fix_q = 0, fix_qsum = 0, fix_qrow = 0;
+  bool fix_sorted = false;     // rows sorted (keys_out holds all T rows)
   size_t total = 0;
 };
 
@@ -280,7 +160,6 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
   const int64_t T = std::max<int64_t>(p.T, 1);
   size_t cur = 0;
   pl.sweep_counter = carve(&cur, sizeof(uint32_t));
-#if FLASHDSA_BWD_DET_FIXED
   if (p.deterministic) {  // fixed-point pairs: no partial buffers; the sorted rows of all T tokens when sweeping
     pl.fix_sorted = p.T_kv >= kSweepMinKeys;
     pl.chunk_tokens = pl.fix_sorted ? std::min<int64_t>(std::max<int64_t>(1, kSortChunkEntries / p.topk.K), T) : T;
@@ -300,43 +179,7 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
     pl.total = cur;
     return Status::OK();
   }
-#endif
-  if (p.deterministic) {
-    int sms = 132;
-    FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
-#if FLASHDSA_BWD_DET_FP16
-    const int64_t slot_bytes = kQkCols * 2 + kDetExpBytes;  // fp16 values + exponent bytes
-#else
-    const int64_t slot_bytes = kQkCols * int64_t(sizeof(float));
-#endif
-    const int64_t per_token = int64_t(pl.num_head_groups) * p.topk.K * slot_bytes;
-    int64_t c = std::max<int64_t>(1, kDetChunkBytes / per_token);
-    const int64_t wave = sms;  // CTAs resident at once (one per SM)
-    if (c > wave) c -= c % wave;
-    pl.chunk_tokens = std::min(c, T);
-    const int64_t pairs = pl.chunk_tokens * p.topk.K;
-#if FLASHDSA_BWD_DET_FP16
-    pl.partial = carve(&cur, size_t(pl.chunk_tokens) * pl.num_head_groups * p.topk.K * kQkCols * 2);
-    pl.partial_exp = carve(&cur, size_t(pl.chunk_tokens) * pl.num_head_groups * p.topk.K * kDetExpBytes);
-#else
-    pl.partial = carve(&cur, size_t(pl.chunk_tokens) * per_token);
-#endif
-    pl.keys_in = carve(&cur, size_t(pairs) * 4);
-    pl.keys_out = carve(&cur, size_t(pairs) * 4);
-    pl.pair_ids_in = carve(&cur, size_t(pairs) * 4);
-    pl.pair_ids_out = carve(&cur, size_t(pairs) * 4);
-    pl.key_count = carve(&cur, size_t(p.T_kv + 1) * 4);
-    pl.key_offset = carve(&cur, size_t(p.T_kv + 1) * 4);
-    size_t sort_bytes = 0, scan_bytes = 0;
-    FLASHDSA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int32_t*>(nullptr),
-                                                      static_cast<int32_t*>(nullptr),
-                                                      static_cast<const int32_t*>(nullptr),
-                                                      static_cast<int32_t*>(nullptr), pairs, 0, key_bits(p.T_kv)));
-    FLASHDSA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const int32_t*>(nullptr),
-                                                    static_cast<int32_t*>(nullptr), p.T_kv + 1));
-    pl.cub_temp_bytes = std::max(sort_bytes, scan_bytes);
-    pl.cub_temp = carve(&cur, pl.cub_temp_bytes);
-  } else if (p.T_kv >= kSweepMinKeys) {
+  if (p.T_kv >= kSweepMinKeys) {
     pl.sweep = true;
     pl.chunk_tokens = std::min<int64_t>(std::max<int64_t>(1, kSortChunkEntries / p.topk.K), T);
     const int64_t entries = pl.chunk_tokens * p.topk.K;
@@ -388,7 +231,6 @@ size_t sparse_mla_bwd_workspace_size(const SparseMlaBwdParams& p) {
   return plan.total;
 }
 
-#if FLASHDSA_BWD_DET_FIXED
 // The deterministic mode with fixed-point pairs (det_fixed.cuh, steps 1-4; the decode is sparse_mla_bwd's last pass).
 static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_impl::Plan& pl,
                              sparse_mla_bwd_impl::MainParams mp, cudaStream_t stream) {
@@ -460,10 +302,9 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   }
   return Status::OK();
 }
-#endif
 
 // The host flow up to the last atomic / reduction into dkv; sparse_mla_bwd() below adds the column
-// un-permutation.
+// un-permutation (fast mode) or the decode (deterministic mode).
 static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_impl::Plan& pl) {
   using namespace sparse_mla_bwd_impl;
   Status st;
@@ -502,12 +343,8 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     return launch_main<false>(mp, p.T, pl.num_head_groups, stream);
   }
 
-  int32_t* keys_in = reinterpret_cast<int32_t*>(ws + pl.keys_in);
-  int32_t* keys_out = reinterpret_cast<int32_t*>(ws + pl.keys_out);
-  void* cub_temp = ws + pl.cub_temp;
-  const int kMapThreads = 256;
-
   if (pl.sweep) {
+    int32_t* const keys_out = reinterpret_cast<int32_t*>(ws + pl.keys_out);
     mp.sweep_counter = reinterpret_cast<uint32_t*>(ws + pl.sweep_counter);
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
     int sms = 132;
@@ -528,55 +365,7 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     return Status::OK();
   }
 
-#if FLASHDSA_BWD_DET_FIXED
   return det_fixed_flow(p, pl, mp, stream);
-#else
-  // Deterministic mode.
-  int32_t* pair_ids_in = reinterpret_cast<int32_t*>(ws + pl.pair_ids_in);
-  int32_t* pair_ids_out = reinterpret_cast<int32_t*>(ws + pl.pair_ids_out);
-  int32_t* key_count = reinterpret_cast<int32_t*>(ws + pl.key_count);
-  int32_t* key_offset = reinterpret_cast<int32_t*>(ws + pl.key_offset);
-  mp.partial = reinterpret_cast<float*>(ws + pl.partial);
-#if FLASHDSA_BWD_DET_FP16
-  mp.partial_exp = reinterpret_cast<uint8_t*>(ws + pl.partial_exp);
-#endif
-  int device = 0, sms = 132;
-  FLASHDSA_CUDA_TRY(cudaGetDevice(&device));
-  FLASHDSA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const unsigned reduce_grid = static_cast<unsigned>(std::min<int64_t>(p.T_kv, int64_t(sms) * 16));
-  for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
-    const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
-    const int64_t pairs = tokens * p.topk.K;
-    mp.indices = p.topk.indices + t0 * p.topk.stride_t;
-    mp.indices_stride_t = p.topk.stride_t;
-    mp.token_begin = t0;
-    st = launch_main<true>(mp, tokens, pl.num_head_groups, stream);
-    if (!st.ok()) return st;
-    FLASHDSA_CUDA_TRY(cudaMemsetAsync(key_count, 0, size_t(p.T_kv + 1) * 4, stream));
-    keys_kernel<<<grid_for(pairs, kMapThreads), kMapThreads, 0, stream>>>(
-        mp.indices, p.topk.stride_t, tokens, p.topk.K, p.T_kv, keys_in, pair_ids_in, key_count);
-    FLASHDSA_CHECK_LAUNCH("keys_kernel");
-    size_t temp_bytes = pl.cub_temp_bytes;
-    FLASHDSA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(cub_temp, temp_bytes, keys_in, keys_out, pair_ids_in,
-                                                      pair_ids_out, pairs, 0, key_bits(p.T_kv), stream));
-    temp_bytes = pl.cub_temp_bytes;
-    FLASHDSA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(cub_temp, temp_bytes, key_count, key_offset, p.T_kv + 1, stream));
-    if (reduce_grid > 0) {
-#if FLASHDSA_BWD_DET_FP16
-      reduce_partials_fp16_kernel<<<reduce_grid, kReduceThreads, 0, stream>>>(
-          reinterpret_cast<const uint2*>(mp.partial), mp.partial_exp, pair_ids_out, key_count, key_offset,
-          reinterpret_cast<float4*>(dkv), p.T_kv, p.topk.K, pl.num_head_groups);
-      FLASHDSA_CHECK_LAUNCH("reduce_partials_fp16_kernel");
-#else
-      reduce_partials_kernel<<<reduce_grid, kReduceThreads, 0, stream>>>(
-          reinterpret_cast<const float4*>(mp.partial), pair_ids_out, key_count, key_offset,
-          reinterpret_cast<float4*>(dkv), p.T_kv, p.topk.K, pl.num_head_groups);
-      FLASHDSA_CHECK_LAUNCH("reduce_partials_kernel");
-#endif
-    }
-  }
-  return Status::OK();
-#endif  // FLASHDSA_BWD_DET_FIXED
 }
 
 Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
@@ -587,7 +376,6 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
   st = sparse_mla_bwd_flow(p, pl);
   if (!st.ok() || p.T == 0 || p.T_kv == 0) return st;
   // Every atomic / reduction into dkv of this call precedes this launch on the stream.
-#if FLASHDSA_BWD_DET_FIXED
   if (p.deterministic) {  // the pair words -> fp32, natural order
     auto* ws = static_cast<char*>(p.workspace);
     const int64_t lines = p.T_kv * (sparse_mla_bwd_impl::kQkCols / 32);
@@ -598,7 +386,6 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
     FLASHDSA_CHECK_LAUNCH("fix_decode_kernel");
     return Status::OK();
   }
-#endif
   const int64_t groups = p.T_kv * (sparse_mla_bwd_impl::kQkCols / 16);
   sparse_mla_bwd_impl::dkv_unpermute_kernel<<<sparse_mla_bwd_impl::grid_for(groups, 256), 256, 0,
                                               static_cast<cudaStream_t>(p.stream)>>>(static_cast<float*>(p.dkv),
