@@ -17,7 +17,7 @@
 //     --bench-indices causal: the peers benchmark's rows instead (bench/inputs.py causal_topk_indices:
 //     row t sees [0, t]; longer rows take one key from each of K equal strata, so a row is distinct and
 //     ascending; shorter rows take all keys, then -1). --det-tol: the largest rel-L2 difference allowed between
-//     the fast and the deterministic mode's dkv (default 1e-4).
+//     the fast and the deterministic mode's dkv (default 2e-4).
 // Exit code: 0 all passed, 1 a check failed, 77 no CUDA device.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -41,7 +41,9 @@ using flashdsa::bf16;
 constexpr int kDqk = 576, kDv = 512;
 // Largest rel-L2 difference between the fast and the deterministic mode's dkv (same math, another summation order,
 // and the deterministic mode's fixed-point rounding: scripts/bwd_fixed_point_sim.py); --det-tol changes it.
-double g_det_tol = 1e-4;
+// 2e-4: three times the worst difference measured (6.5e-5, the 20K ascending-rows scale check; 5.3e-5 at causal
+// 32K; H100, call 2c, 2026-12-05), far under what a wrong dkv gives (> 1e-2).
+double g_det_tol = 2e-4;
 
 struct Rng {
   uint64_t state;
