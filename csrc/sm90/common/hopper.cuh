@@ -136,27 +136,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// The same without `.aligned`: for a barrier that different warps reach at different instructions (PTX requires the
-// aligned forms to be executed at the same instruction by every thread; compute-sanitizer synccheck enforces it).
-__device__ __forceinline__ void named_bar_sync_any(int id, int threads) {
-  asm volatile("barrier.cta.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive_any(int id, int threads) {
-  asm volatile("barrier.cta.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Barrier `id` over `threads` threads that also returns whether any of them passed pred = true.
-__device__ __forceinline__ bool named_bar_or_any(int id, int threads, bool pred) {
-  uint32_t any;
-  asm volatile(
-      "{\n.reg .pred p, q;\n"
-      "setp.ne.u32 p, %1, 0;\n"
-      "barrier.cta.red.or.pred q, %2, %3, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
-      : "memory");
-  return any != 0u;
-}
 
 template <int R>
 __device__ __forceinline__ void reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }

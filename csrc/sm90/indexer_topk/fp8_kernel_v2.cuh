@@ -84,15 +84,6 @@
 #define FLASHDSA_FP8V2_MMA_SUMS 1
 #endif
 
-// A/B builds only (default 0): FLASHDSA_FP8V2_PINGPONG orders the two warpgroups' walk MMAs of a CTA, as
-// FLASHDSA_ITK_PINGPONG does in the bf16 walk (kernel_v2.cuh; twenty-sixth session, docs/perf-notes.md): =1 a warpgroup
-// issues once the other's MMA has completed (the vote, a non-aligned barrier, reached by warpgroup 1 after its issue and
-// by warpgroup 0 after its MMA completed, so warpgroup 0's vote also ORs the flags of the appends it made under its
-// MMA: they are acted on one tile earlier, never later); =2 the turn passes right after each issue.
-#ifndef FLASHDSA_FP8V2_PINGPONG
-#define FLASHDSA_FP8V2_PINGPONG 0
-#endif
-static_assert(FLASHDSA_FP8V2_PINGPONG >= 0 && FLASHDSA_FP8V2_PINGPONG <= 2, "FLASHDSA_FP8V2_PINGPONG is 0, 1 or 2");
 
 namespace flashdsa::sm90::indexer_topk_impl::fp8v2 {
 
@@ -737,7 +728,6 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
     float ksv[V];
     for (int it = 0; it < ntiles; ++it) {
       const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
-      if constexpr (FLASHDSA_FP8V2_PINGPONG != 0) mma_turn_wait<kNth>(wg, it);  // (kernel.cuh)
       float acc[kHalfAcc];
       {
         const uint32_t uslot = __shfl_sync(0xffffffffu, slot, 0);
@@ -747,27 +737,11 @@ __global__ void __launch_bounds__(kNth, kCtas) indexer_topk_fp8_v2_kernel(const 
       // it == walk_na (> 0): phase A's appends (tiles < walk_na) are in after this iteration's, and the
       // long rows are cut to their r best instead of the usual compaction (kernel.cuh "sampled threshold").
       const bool cut_now = kSampled && it == walk_phase_a_tiles(sm.walk) && it != 0;
-      if constexpr (FLASHDSA_FP8V2_PINGPONG == 2) mma_turn_pass<kNth>(wg, it, ntiles);  // this MMA is issued
-      bool compact = false;
-      if constexpr (FLASHDSA_FP8V2_PINGPONG == 1) {
-        if (wg != 0) {
-          compact = hw::named_bar_or_any(kBarVote, kNth, list_nearly_full || cut_now);
-          list_nearly_full = false;
-        }
-      } else {
-        compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
-        list_nearly_full = false;
-      }
+      const bool compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
+      list_nearly_full = false;
       if (it > 0) finish_tile(it - 1, part, ksv);
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
-      if constexpr (FLASHDSA_FP8V2_PINGPONG == 1) {
-        mma_turn_pass<kNth>(wg, it, ntiles);  // this MMA is complete
-        if (wg == 0) {
-          compact = hw::named_bar_or_any(kBarVote, kNth, list_nearly_full || cut_now);
-          list_nearly_full = false;
-        }
-      }
       release_stage(slot, it);
       if constexpr (MS) {
         load_kscales(it, ksv);  // (issued before the MMA: the loads run while it does)

@@ -327,27 +327,6 @@ __device__ __forceinline__ void init_tile_ring(uint64_t* full, uint32_t* done, c
   if (T_kv > 0) hw::prefetch_tensormap(tmap);
 }
 
-// The MMA turns of the two warpgroups of a v2 walk (A/B builds FLASHDSA_ITK_PINGPONG, FLASHDSA_FP8V2_PINGPONG; docs/
-// perf-notes.md, twenty-sixth session) on named barriers over all kNth threads (id 0 is __syncthreads): warpgroup 1
-// issues tile it's MMA after warpgroup 0's turn has passed, warpgroup 0 tile it + 1's after warpgroup 1's. The
-// non-aligned forms: the two warpgroups reach a barrier at different instructions. kBarVote: the compaction vote of
-// the order that passes a turn on completion, which the two warpgroups reach at different places too.
-constexpr int kBarTurnWg1 = 1, kBarTurnWg0 = 2, kBarVote = 3;
-template <int kNth>
-__device__ __forceinline__ void mma_turn_wait(int wg, int it) {
-  if (wg != 0)
-    hw::named_bar_sync_any(kBarTurnWg1, kNth);
-  else if (it > 0)
-    hw::named_bar_sync_any(kBarTurnWg0, kNth);
-}
-template <int kNth>
-__device__ __forceinline__ void mma_turn_pass(int wg, int it, int ntiles) {
-  if (wg == 0)
-    hw::named_bar_arrive_any(kBarTurnWg1, kNth);
-  else if (it + 1 < ntiles)
-    hw::named_bar_arrive_any(kBarTurnWg0, kNth);
-}
-
 // Waits until tile `it` of the block (the ring's tile ring + it overall) is in its stage; returns the
 // stage, (ring + it) % S. Every thread.
 template <int S>

@@ -18,10 +18,10 @@
 //     mbarrier per stage (transaction count) and one "done" counter per stage: the last of the 8 warps
 //     to finish its MMA on a stage refills it (thread 0 issues the first S tiles of a block),
 //   - one CTA barrier per tile, placed right after the MMA issue (it overlaps the MMA): it ORs the
-//     "list nearly full" flags, so that compactions are decided uniformly (FLASHDSA_ITK_PINGPONG=1, A/B builds:
-//     warpgroup 0 reaches it after its MMA completed, below),
-//   - compactions and final selects over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per
-//     thread for a 4096-entry list),
+//     "list nearly full" flags, so that compactions are decided uniformly,
+//   - compactions over all 256 threads (select.cuh at NTH = 256: 16 + 16 registers per thread for a 4096-entry
+//     list); the final selection of a block's rows one warp per row at D_I = 128 (warp_final_selects, the FP8 band
+//     tail's routines of warp_select.cuh), row after row over all 256 threads otherwise (write_block_top_k),
 //   - D_I = 128 inputs with 64 tiles <= T_kv <= 2^20 tiles run the kSampled instance: blocks of >= 64
 //     tiles walk every 16th, 32nd or 64th tile first (the smallest stride whose phase A fits the list), cut
 //     their long rows to about their share of the top K, then walk the rest above that threshold
@@ -49,25 +49,6 @@
 #include "sm90/indexer_topk/launch.cuh"
 #include "sm90/indexer_topk/select.cuh"
 #include "sm90/indexer_topk/warp_select.cuh"
-
-// A/B builds only (default 0): FLASHDSA_ITK_WARP_FINAL=1 selects a block's rows at the end of its walk with one warp
-// per row, all rows at once (warp_final_selects below, the FP8 band tail's routines of warp_select.cuh), instead of
-// row after row over all 256 threads (write_block_top_k). D_I = 128 only (the histograms live in the Q block).
-#ifndef FLASHDSA_ITK_WARP_FINAL
-#define FLASHDSA_ITK_WARP_FINAL 0
-#endif
-
-// A/B builds only (default 0): FLASHDSA_ITK_PINGPONG orders the two warpgroups' MMAs of a CTA (twenty-sixth session,
-// docs/perf-notes.md), so that each warpgroup's epilogue runs while the other's MMA is in flight instead of both
-// warpgroups scoring, then both summing. =1: warpgroup 1 issues tile it's MMA once warpgroup 0's has completed,
-// warpgroup 0 issues tile it + 1's once warpgroup 1's of tile it has completed; the per-tile CTA barrier (the
-// compaction vote) is reached by warpgroup 1 right after its issue and by warpgroup 0 after its MMA completed. =2
-// (FlashAttention-3's order): the same turns, but each passes right after its issue, so both MMAs are in flight and
-// the order holds if the tensor pipe runs wgmma groups in issue order; the vote stays where it is.
-#ifndef FLASHDSA_ITK_PINGPONG
-#define FLASHDSA_ITK_PINGPONG 0
-#endif
-static_assert(FLASHDSA_ITK_PINGPONG >= 0 && FLASHDSA_ITK_PINGPONG <= 2, "FLASHDSA_ITK_PINGPONG is 0, 1 or 2");
 
 // Attribution builds of the check program only (docs/kernels/indexer_topk.md, "Attribution builds"):
 // 1 = MMA only (the accumulators are folded into a sink), 2 = head sums and reduce-scatter with the
@@ -197,7 +178,8 @@ __device__ __forceinline__ void issue_wg_mma(float (&acc)[kHalfAcc], uint32_t ka
   hw::wgmma_commit();
 }
 
-// Final selection of the block of rows t0 .. t0 + NT - 1 (FLASHDSA_ITK_WARP_FINAL): warp r selects row r's list (at
+// Final selection of the block of rows t0 .. t0 + NT - 1 at D_I = 128 (measured 2026-12-05, H100: 7% faster than
+// row after row over all 256 threads at 8K, H_I = 32; docs/perf-notes.md, twenty-eighth session): warp r selects row r's list (at
 // most cap entries) into the row's outputs (its top K, then -1 / -inf), all rows at once, each warp on a 2048-bin
 // histogram of its own in the Q block (8 x 8 KB = the 64 KB Q block at D_I = 128; free after the walk: its last
 // wgmma was waited, and the next block's Q load follows claim_block's barrier). Inlined: as a __noinline__ call (the
@@ -316,8 +298,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     bool list_nearly_full = false;
     for (int it = 0; it < ntiles; ++it) {
       const uint32_t slot = wait_tile_stage<S>(sm.full, ring, it);
-      // (the turns: warp-uniform branches around barriers only, every wgmma instruction stays on the common path)
-      if constexpr (FLASHDSA_ITK_PINGPONG != 0) mma_turn_wait<kThreads>(wg, it);
       float acc[kHalfAcc];
       {
         // Both operands' descriptors through a shuffle per tile: warp-uniform for the compiler, so they
@@ -331,19 +311,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       // it == walk_na - 1: the last tile of phase A; after its appends the long rows are cut to their r best
       // instead of the usual compaction (kernel.cuh "sampled threshold").
       const bool cut_now = walk_na != 0 && it == walk_na - 1;
-      if constexpr (FLASHDSA_ITK_PINGPONG == 2) mma_turn_pass<kThreads>(wg, it, ntiles);  // this MMA is issued
-      bool compact = false;
-      if constexpr (FLASHDSA_ITK_PINGPONG == 1) {
-        if (wg != 0) compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
-      } else {
-        compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
-      }
+      const bool compact = __syncthreads_or(list_nearly_full || cut_now) != 0;
       hw::wgmma_wait<0>();
       hw::fence_regs(acc);
-      if constexpr (FLASHDSA_ITK_PINGPONG == 1) {
-        mma_turn_pass<kThreads>(wg, it, ntiles);  // this MMA is complete
-        if (wg == 0) compact = hw::named_bar_or_any(kBarVote, kThreads, list_nearly_full || cut_now);
-      }
       list_nearly_full = false;
       // This warp is done reading the stage. The last of the 8 warps to get here refills it with tile
       // it + S at once (the "empty" side of the ring, without a barrier: it does not wait for the
@@ -435,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #if defined(FLASHDSA_INDEXER_TIMING)
     const long long tf = clock64();
 #endif
-    if constexpr (FLASHDSA_ITK_WARP_FINAL && D == 128) {
+    if constexpr (D == 128) {
       static_assert((kThreads / 32) * kWarpHistBins * 4 <= sizeof(sm.q), "the warps' histograms fit the Q block");
       warp_final_selects<NT>(a, t0, cand_s, cand_i, sm.count, reinterpret_cast<uint32_t*>(sm.q));
     } else {

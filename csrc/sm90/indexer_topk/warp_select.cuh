@@ -384,7 +384,7 @@ __device__ __forceinline__ int warp_keep_top_k(const float* scores, const int* i
   return warp_filter<false>(scores, idx, n, rule, keep_all(), dst_idx, nullptr).x;
 }
 
-// The bf16 kernel's final selection of one row by one warp (FLASHDSA_ITK_WARP_FINAL, kernel_v2.cuh): the k largest
+// The bf16 kernel's final selection of one row by one warp (D_I = 128, kernel_v2.cuh warp_final_selects): the k largest
 // entries of (scores, idx)[0, n) to dst_idx[0, c) and, unless dst_s is null, their scores to dst_s[0, c), c = min(n, k)
 // (ties broken in a fixed order), then dst_idx / dst_s[c, k) = -1 / -inf. All 32 lanes.
 __device__ __forceinline__ void warp_write_top_k(const float* scores, const int* idx, int n, int k, int32_t* dst_idx,
