@@ -56,53 +56,6 @@ static_assert(kBackDqBlocks == 4, "the back's dQ is one m64n256 accumulator");
 constexpr int kBarProducer = 1;  // producer (128): block list flags / compaction
 constexpr int kBarQdo = 2;       // front + back (256): Q, dO, lse, Delta landed in smem
 constexpr int kBarMass = 3;      // front (128): warps 1..3 stored their attention-mass column sums
-constexpr int kBarFrontChunk8 = 4;  // front (128), FLASHDSA_BWD_FRONT_CHUNK8 only: every front warp's chunk 8 read dS
-
-// FLASHDSA_BWD_FRONT_CHUNK8=1 (A/B build, fast mode only; twenty-sixth session, not yet measured): dKV chunk 8
-// (dS^T . Q[:, 512:576), 4 k-steps, one ninth of the block's emission) computed and emitted by the front after its dQ
-// instead of by the back, which is the critical path since the twenty-second session's reading (the seventh session's
-// version of this switch lost 0.2-1% when the front paced the block). Its fast instance runs with front 248 /
-// producer 32 / back 224 registers (0 spills; the fast kernel spills with front 232: 80 B, 240: 8 B, the producer with
-// 24: 40 B); the deterministic instance keeps the budgets above (with the fixed-point deterministic mode the back
-// spills at 224). Not with FLASHDSA_BWD_RS_DKV (the front uses the SS form).
-#ifndef FLASHDSA_BWD_FRONT_CHUNK8
-#define FLASHDSA_BWD_FRONT_CHUNK8 0
-#endif
-// Whether the kernel instance of the mode computes chunk 8 in the front (the fast instance of the switch's builds).
-template <bool kDeterministic>
-constexpr bool front_chunk8() { return FLASHDSA_BWD_FRONT_CHUNK8 && !kDeterministic; }
-// The register budgets of the kernel instance for the mode (setmaxnreg after the role split).
-template <bool kDeterministic>
-constexpr int front_regs() { return front_chunk8<kDeterministic>() ? 248 : kFrontRegs; }
-template <bool kDeterministic>
-constexpr int producer_regs() { return front_chunk8<kDeterministic>() ? 32 : kProducerRegs; }
-template <bool kDeterministic>
-constexpr int back_regs() { return front_chunk8<kDeterministic>() ? 224 : kBackRegs; }
-static_assert(front_regs<false>() + back_regs<false>() + producer_regs<false>() <= 512, "register file");
-
-// FLASHDSA_BWD_EARLY_DQ=1 (A/B build, fast mode; twenty-seventh session, not yet measured): the back issues block i + 1's
-// dQ wgmma between the two halves of block i's last dKV chunk emission (after waiting kv_full / pds_full of block i + 1,
-// normally complete by then: the front writes the tiles right after tiles_free) instead of after that emission, so that
-// kv_empty(i + 1) — the start of the producer's next gather, which the front waits for ≈ 21-25% of its time — comes
-// ≈ 500 cycles earlier and the back's next head is only chunk 0. Not with FLASHDSA_BWD_RS_DKV.
-#ifndef FLASHDSA_BWD_EARLY_DQ
-#define FLASHDSA_BWD_EARLY_DQ 0
-#endif
-template <bool kDeterministic>
-constexpr bool early_dq() { return FLASHDSA_BWD_EARLY_DQ && !kDeterministic; }
-#if FLASHDSA_BWD_EARLY_DQ && FLASHDSA_BWD_RS_DKV
-#error "FLASHDSA_BWD_EARLY_DQ: not with FLASHDSA_BWD_RS_DKV"
-#endif
-
-// FLASHDSA_BWD_KV_SPLIT=1 (A/B build, not yet measured): the producer gathers a block's kv tile in three parts of
-// three column blocks, each completing its own mbarrier (kv_part[0], kv_part[1], then kv_full), and the front issues
-// S's k-steps of a part as soon as it landed, instead of waiting for the whole 72 KB tile (docs/perf-notes.md,
-// twenty-second session: the front waits 21% of its time for the gather at 8K).
-#ifndef FLASHDSA_BWD_KV_SPLIT
-#define FLASHDSA_BWD_KV_SPLIT 0
-#endif
-constexpr int kKvParts = FLASHDSA_BWD_KV_SPLIT ? 3 : 1;
-static_assert(kQkBlocks % kKvParts == 0, "kv parts of whole column blocks");
 
 // Shared memory of one CTA: the buffers, then the mbarriers. Tiles are SW128
 // (csrc/sm90/common/hopper.cuh), 1024-byte aligned, natural column order.
@@ -123,9 +76,6 @@ struct alignas(1024) SmemPlan {
   uint64_t kv_empty;                // front, back -> producer: both dQ of block i done, kv may be overwritten
   uint64_t pds_full;                // front -> back: P and dS tiles of block i written
   uint64_t tiles_free;              // back -> front: back's last dKV wgmma of block i done (P, dS free)
-#if FLASHDSA_BWD_KV_SPLIT
-  uint64_t kv_part[2];              // A/B build: column blocks 0..2 / 3..5 of block i landed (kv_full: 6..8)
-#endif
 };
 constexpr size_t kSmemBytes = sizeof(SmemPlan) + 1024;  // + slack to align the dynamic smem base: 227 KB
 static_assert(kSmemBytes <= hw::kSmemLimit, "shared memory budget: one kv stage (a second one needs 72 KB more)");

@@ -9,7 +9,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "sm90/common/hopper.cuh"
 #include "sm90/sparse_mla_bwd/config.h"
@@ -205,13 +204,8 @@ struct Copier {
   // Tile row rsub + 16 r of a [kRows x 64 kBlocks] tile <- src[64 b + 8 chunk .. + 8) for all b.
   template <int kBlocks, int kRows>
   __device__ __forceinline__ void copy_row(uint32_t tile, int r, const __nv_bfloat16* src_row, bool valid) const {
-    copy_row_part<0, kBlocks, kRows>(tile, r, src_row, valid);
-  }
-  // Column blocks [kFirst, kFirst + kBlocks) only (copy_row: all of them; the split gather: a third each).
-  template <int kFirst, int kBlocks, int kRows>
-  __device__ __forceinline__ void copy_row_part(uint32_t tile, int r, const __nv_bfloat16* src_row, bool valid) const {
-    const uint32_t dst = tile + row_off + r * 16 * 128 + kFirst * kRows * 128;
-    const __nv_bfloat16* src = src_row + 8 * chunk + kFirst * kColsPerBlock;
+    const uint32_t dst = tile + row_off + r * 16 * 128;
+    const __nv_bfloat16* src = src_row + 8 * chunk;
     asm("" : "+l"(src));  // one pointer, immediate offsets per block
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) hw::cp_async_16_u32(dst + b * kRows * 128, src + b * kColsPerBlock, valid);
@@ -232,39 +226,6 @@ __device__ __forceinline__ void gather_kv(const MainParams& p, SmemPlan& sm, con
     cp.copy_row<kQkBlocks, kBlockKeys>(kv_tile, r, p.kv + (valid ? int64_t(k[r]) : 0) * p.kv_stride_t, valid);
   }
 }
-
-#if FLASHDSA_BWD_KV_SPLIT
-// The split gather (FLASHDSA_BWD_KV_SPLIT): idx[i % 2] as gather_kv, then column blocks 3 part .. 3 part + 2 of
-// the 64 rows for part = 0, 1, 2, each part completing kv_part[0], kv_part[1], kv_full (one cp.async arrival
-// when this thread's copies so far landed, one arrival for its idx stores, as kv_full's).
-__device__ __forceinline__ void gather_kv_split(const MainParams& p, SmemPlan& sm, const Copier& cp, uint32_t kv_tile,
-                                                int i, const int32_t (&k)[4]) {
-  if (cp.chunk == 0) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) sm.idx[i & 1][cp.rsub + 16 * r] = k[r];
-  }
-  bool valid[4];
-  const __nv_bfloat16* src[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    valid[r] = key_valid(k[r], p.T_kv);
-    src[r] = p.kv + (valid[r] ? int64_t(k[r]) : 0) * p.kv_stride_t;
-  }
-  constexpr int kPer = kQkBlocks / kKvParts;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) cp.copy_row_part<0, kPer, kBlockKeys>(kv_tile, r, src[r], valid[r]);
-  hw::cp_async_arrive(&sm.kv_part[0]);
-  hw::mbar_arrive(&sm.kv_part[0]);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) cp.copy_row_part<kPer, kPer, kBlockKeys>(kv_tile, r, src[r], valid[r]);
-  hw::cp_async_arrive(&sm.kv_part[1]);
-  hw::mbar_arrive(&sm.kv_part[1]);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) cp.copy_row_part<2 * kPer, kPer, kBlockKeys>(kv_tile, r, src[r], valid[r]);
-  hw::cp_async_arrive(&sm.kv_full);
-  hw::mbar_arrive(&sm.kv_full);
-}
-#endif
 
 // ---- lse, Delta; P, dS and their bf16 tiles ---------------------------------------------------
 
@@ -368,82 +329,31 @@ __device__ __forceinline__ void store_dq_blocks(const MainParams& p, const float
 
 // ---- wgmma sequences --------------------------------------------------------------------------
 
-// acc (+)= A . KV^T over kBlocks column blocks: A = Q (S) or dO (dP), [64 heads x 64 keys] (no fence,
+// acc = A . KV^T over kBlocks column blocks: A = Q (S) or dO (dP), [64 heads x 64 keys] (no fence,
 // no commit).
-// Column blocks [kFirst, kFirst + kBlocks) (the split gather's parts; kFirst = 0 starts acc).
-template <int kFirst, int kBlocks>
-__device__ __forceinline__ void mma_heads_keys_part(float (&acc)[32], const void* a_tile, const void* kv_tile) {
+template <int kBlocks>
+__device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_tile, const void* kv_tile) {
 #pragma unroll
-  for (int ks = 4 * kFirst; ks < 4 * (kFirst + kBlocks); ++ks)
+  for (int ks = 0; ks < 4 * kBlocks; ++ks)
     hw::wgmma_ss_m64n64k16<0, 0>(acc, desc_k_major(a_tile, kHeadsPerCta, ks), desc_k_major(kv_tile, kBlockKeys, ks),
                                  ks > 0);
 }
-template <int kBlocks>
-__device__ __forceinline__ void mma_heads_keys(float (&acc)[32], const void* a_tile, const void* kv_tile) {
-  mma_heads_keys_part<0, kBlocks>(acc, a_tile, kv_tile);
-}
-
-// The A operands of the back's dKV chunks. FLASHDSA_BWD_RS_DKV: dS^T and P^T as wgmma register fragments,
-// loaded once per block from the tiles (load_dkv_a), so that the chunks read only Q / dO from shared
-// memory and the tiles are free for the front's next block as soon as the back's dQ has read them.
-// Otherwise empty: the chunks read A transposed from the tiles.
-#ifndef FLASHDSA_BWD_RS_DKV
-#define FLASHDSA_BWD_RS_DKV 0
-#endif
-static_assert(!(FLASHDSA_BWD_FRONT_CHUNK8 && FLASHDSA_BWD_RS_DKV), "FLASHDSA_BWD_FRONT_CHUNK8 uses the SS dKV form");
-struct DkvA {
-#if FLASHDSA_BWD_RS_DKV
-  uint32_t ds[4][4];  // [k-step over heads][a0..a3]: A = dS^T [64 keys x 64 heads]
-  uint32_t p[4][4];   // A = P^T
-#endif
-};
-
-#if FLASHDSA_BWD_RS_DKV
-// The m64k16 A fragments of tile^T (the tile is [64 heads x 64 keys] bf16, SW128, K-major for dQ) for the
-// 4 k-steps over heads: ldmatrix.x4.trans, matrix m = lane / 8 covers keys 16 warp + 8 (m % 2) .. + 8 and
-// heads 16 kk + 8 (m / 2) .. + 8; lane supplies the address of stored row (head) lane % 8 of its matrix.
-__device__ __forceinline__ void load_tile_t_frags(const __nv_bfloat16* tile, uint32_t (&f)[4][4], int warp, int lane) {
-  const int m = lane >> 3;
-  const uint32_t base = hw::smem_u32(tile);
-  const int chunk = 2 * warp + (m & 1);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const int head = 16 * kk + 8 * (m >> 1) + (lane & 7);
-    hw::ldmatrix_x4_trans(f[kk], base + hw::sw128_offset(head, chunk));
-  }
-}
-__device__ __forceinline__ void load_dkv_a(const SmemPlan& sm, DkvA& a, int warp, int lane) {
-  load_tile_t_frags(sm.ds, a.ds, warp, lane);
-  load_tile_t_frags(sm.p, a.p, warp, lane);
-}
-#endif
 
 // dKV chunk c = dS^T . Q[:, c] (+ P^T . dO[:, c] for value chunks) into acc, A read transposed from
-// the tiles (or from the fragments in a, FLASHDSA_BWD_RS_DKV); one commit group.
-__device__ __forceinline__ void issue_dkv_chunk(const SmemPlan& sm, float (&acc)[32], int c, const DkvA& a) {
+// the tiles; one commit group.
+__device__ __forceinline__ void issue_dkv_chunk(const SmemPlan& sm, float (&acc)[32], int c) {
   hw::wgmma_fence();
 #pragma unroll
-  for (int hk = 0; hk < 4; ++hk) {
-#if FLASHDSA_BWD_RS_DKV
-    hw::wgmma_rs_m64n64k16<1>(acc, a.ds[hk], desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
-#else
+  for (int hk = 0; hk < 4; ++hk)
     hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.ds, kHeadsPerCta, hk, 0),
                                  desc_mn_major(sm.q, kHeadsPerCta, hk, c), hk > 0);
-#endif
-  }
   if (c < kVBlocks) {
 #pragma unroll
-    for (int hk = 0; hk < 4; ++hk) {
-#if FLASHDSA_BWD_RS_DKV
-      hw::wgmma_rs_m64n64k16<1>(acc, a.p[hk], desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
-#else
+    for (int hk = 0; hk < 4; ++hk)
       hw::wgmma_ss_m64n64k16<1, 1>(acc, desc_mn_major(sm.p, kHeadsPerCta, hk, 0),
                                    desc_mn_major(sm.dout, kHeadsPerCta, hk, c), true);
-#endif
-    }
   }
   hw::wgmma_commit();
-  (void)a;
 }
 
 // ---- dKV emission -----------------------------------------------------------------------------
@@ -463,13 +373,11 @@ __device__ __forceinline__ float4 shfl_xor4(float4 v, int mask) {
 // row: 4 lines per warp instruction. Thread (warp, lane) emits rows A = r0 + 8 half - odd and B = A + 1
 // where valid[half][A / B], at dst(half, 0 / 1) (the row's chunk start plus this lane's column; the
 // address is formed inside the validity test).
-// kHalf = 0 / 1: only that half (FLASHDSA_BWD_EARLY_DQ's split of the last chunk); -1: both.
-template <class Dst, int kHalf = -1>
+template <class Dst>
 __device__ __forceinline__ void emit_dkv_pairs(const float (&acc)[32], const bool (&valid)[2][2], int lane, Dst dst) {
   const bool odd = (lane >> 2) & 1;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    if (kHalf >= 0 && half != kHalf) continue;
     float4 piece[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -518,45 +426,6 @@ struct DkvRows {
   mutable uint32_t amax[2][2];    // the bits of the largest |value| this lane sent to the row in this block
 };
 
-#if FLASHDSA_BWD_EMIT_HALF
-// FLASHDSA_BWD_EMIT_HALF (A/B build, fast mode only): no quad-pair exchange. Thread (warp, lane) emits its own rows
-// r0 = 16 warp + lane / 4 and r0 + 8 (valid[half][0], row[half][0]; the [.][1] entries are unused) at column 4 q:
-// each warp instruction then adds 64 consecutive bytes (half a line) to each of 8 rows, and the next instruction
-// (n-group pair m + 1) the other half of the same 8 lines. Built to measure whether the L2 reduces half-line
-// requests at the full-line rate (bench/micro/red_rate, "half lines"), which would make the 16 shuffles per chunk
-// and thread unnecessary.
-__device__ __forceinline__ DkvRows dkv_rows_own(const MainParams& p, const int32_t* idx, int warp, int lane) {
-  const int row0 = 16 * warp + (lane >> 2);
-  DkvRows r;
-  r.base = p.dkv + 4 * (lane & 3);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int32_t key = idx[row0 + 8 * half];
-    r.valid[half][0] = key_valid(key, p.T_kv);
-    r.row[half][0] = r.valid[half][0] ? uint32_t(key) : 0u;
-    r.valid[half][1] = false;
-    r.row[half][1] = 0u;
-  }
-  return r;
-}
-
-// The emission of dkv_rows_own's layout: for each valid row, the four float4 of n-group pairs m = 0 .. 3 at
-// positions 16 m + 4 q (dkv_pos), one red.global.add.v4.f32 each.
-template <int kHalf = -1>  // as emit_dkv_pairs
-__device__ __forceinline__ void emit_dkv_own(const float (&acc)[32], const DkvRows& rows, int chunk) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (kHalf >= 0 && half != kHalf) continue;
-    if (!rows.valid[half][0]) continue;
-    float* const d = rows.base + size_t(rows.row[half][0]) * kQkCols + chunk * kColsPerBlock;
-#pragma unroll
-    for (int m = 0; m < 4; ++m)
-      hw::red_add_v4(d + 16 * m, make_float4(acc[8 * m + 2 * half], acc[8 * m + 2 * half + 1],
-                                             acc[8 * m + 4 + 2 * half], acc[8 * m + 5 + 2 * half]));
-  }
-}
-#endif
-
 // Deterministic mode, fixed-point pairs: the fast mode's rows (keys of rows A, B) plus each row's unit; pass 2 sends
 // only rows marked for a re-run (negative unit), the others already hold their exact sums.
 __device__ __forceinline__ DkvRows dkv_rows_fixed(const MainParams& p, const int32_t* idx, int warp, int lane) {
@@ -583,9 +452,6 @@ __device__ __forceinline__ DkvRows dkv_rows_fixed(const MainParams& p, const int
 
 template <bool kDeterministic>
 __device__ __forceinline__ DkvRows dkv_rows(const MainParams& p, const int32_t* idx, int warp, int lane) {
-#if FLASHDSA_BWD_EMIT_HALF
-  if constexpr (!kDeterministic) return dkv_rows_own(p, idx, warp, lane);
-#endif
   if constexpr (kDeterministic) return dkv_rows_fixed(p, idx, warp, lane);
   const int odd = (lane >> 2) & 1;
   const int col = 16 * odd + 4 * (lane & 3);
@@ -674,10 +540,8 @@ __device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const Dkv
 
 // Emits one [64 keys x 64 cols] fp32 dKV chunk (column block `chunk`) in full 128-byte lines
 // (emit_dkv_pairs).
-// kHalf = 0 / 1: only the rows of that half (fast mode only; FLASHDSA_BWD_EARLY_DQ), -1: the whole chunk.
-template <bool kDeterministic, int kHalf = -1>
+template <bool kDeterministic>
 __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk, const DkvRows& rows, int lane) {
-  static_assert(kHalf == -1 || !kDeterministic, "the half emissions are the fast mode's");
 // FLASHDSA_BWD_NO_DKV: measurement build only (scripts/bwd_gpu.sh NO_REDS=1: the compute-path floor):
 // no dkv writes at all, wrong dkv. The chunk's wgmma chain is kept by a store that never happens (ptxas removes wgmma
 // whose results nothing reads: the plain early return dropped 59 of the fast kernel's 148 HGMMA, so the builds before
@@ -686,17 +550,11 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
   if (__float_as_uint(acc[0]) == 0xffc0deadu) *rows.base = acc[1];
   return;
 #endif
-#if FLASHDSA_BWD_EMIT_HALF
-  if constexpr (!kDeterministic) {
-    emit_dkv_own<kHalf>(acc, rows, chunk);
-    return;
-  }
-#endif
   if constexpr (kDeterministic) {
     emit_dkv_pairs_fixed(acc, rows, chunk, lane);
   } else {
     const auto dst = [&](int half, int ab) { return dkv_row_ptr(rows, half, ab) + chunk * kColsPerBlock; };
-    emit_dkv_pairs<decltype(dst), kHalf>(acc, rows.valid, lane, dst);
+    emit_dkv_pairs(acc, rows.valid, lane, dst);
   }
 }
 
@@ -704,50 +562,13 @@ __device__ __forceinline__ void emit_dkv_chunk(const float (&acc)[32], int chunk
 // emit it.
 template <bool kDeterministic, int kChunk>
 __device__ __forceinline__ void dkv_step(const SmemPlan& sm, float (&acc0)[32], float (&acc1)[32],
-                                         const DkvRows& rows, int lane, const DkvA& a) {
+                                         const DkvRows& rows, int lane) {
   float(&cur)[32] = (kChunk % 2 == 0) ? acc0 : acc1;
   float(&prev)[32] = (kChunk % 2 == 0) ? acc1 : acc0;
-  issue_dkv_chunk(sm, cur, kChunk, a);
+  issue_dkv_chunk(sm, cur, kChunk);
   hw::wgmma_wait<1>();
   hw::fence_regs(prev);
   emit_dkv_chunk<kDeterministic>(prev, kChunk - 1, rows, lane);
-}
-
-// The back's dKV chunks of a block from the wait for chunk 1 on (chunks 1 and 2 issued into acc1,
-// acc0, chunk 0 emitted, the dQ group done): chunks 1 .. 8 emitted, chunks 3 .. 8 issued one ahead;
-// arrives on sm.tiles_free once chunk 8 read the P and dS tiles (FLASHDSA_BWD_RS_DKV: the caller arrived
-// after its dQ and the fragment loads, the chunks do not read the tiles).
-// kLastChunk = 7: FLASHDSA_BWD_FRONT_CHUNK8 (A/B builds, fast mode), the front computes and emits chunk 8.
-// Mid (FLASHDSA_BWD_EARLY_DQ, fast mode): called between the two halves of the last chunk's emission (NoMid: none).
-struct NoMid {
-  __device__ void operator()() const {}
-};
-template <bool kDeterministic, int kLastChunk = 8, class Mid = NoMid>
-__device__ __forceinline__ void back_tail(SmemPlan& sm, float (&acc0)[32], float (&acc1)[32], const DkvRows& rows,
-                                          int lane, const DkvA& a, const Mid& mid = Mid{}) {
-  static_assert(kLastChunk == 7 || kLastChunk == 8, "the back ends at chunk 7 or 8");
-  float(&last)[32] = (kLastChunk % 2 == 0) ? acc0 : acc1;
-  hw::wgmma_wait<1>();  // chunk 1
-  hw::fence_regs(acc1);
-  emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
-  dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane, a);
-  dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane, a);
-  dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane, a);
-  dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane, a);
-  dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane, a);
-  if constexpr (kLastChunk == 8) dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane, a);
-  hw::wgmma_wait<0>();  // the last chunk: the back's last read of the P and dS tiles
-  hw::fence_regs(last);
-#if !FLASHDSA_BWD_RS_DKV
-  hw::mbar_arrive(&sm.tiles_free);
-#endif
-  if constexpr (std::is_same_v<Mid, NoMid>) {
-    emit_dkv_chunk<kDeterministic>(last, kLastChunk, rows, lane);
-  } else {
-    emit_dkv_chunk<kDeterministic, 0>(last, kLastChunk, rows, lane);
-    mid();
-    emit_dkv_chunk<kDeterministic, 1>(last, kLastChunk, rows, lane);
-  }
 }
 
 // ---- attention mass ---------------------------------------------------------------------------

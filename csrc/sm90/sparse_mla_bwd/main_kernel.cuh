@@ -133,13 +133,9 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     // The single kv tile is free once the front's and the back's dQ of block i - 1 completed; that
     // also ends every read of idx[i % 2] (block i - 2).
     if (i > 0) hw::mbar_wait(&sm.kv_empty, (i - 1) & 1);
-#if FLASHDSA_BWD_KV_SPLIT
-    gather_kv_split(p, sm, cp, kv_tile, i, keys);  // three parts: kv_part[0], kv_part[1], kv_full
-#else
     gather_kv(p, sm, cp, kv_tile, i, keys);
     hw::cp_async_arrive(&sm.kv_full);  // one arrival when this thread's copies landed
     hw::mbar_arrive(&sm.kv_full);      // and one for its idx stores
-#endif
     // Sweep mode: count the block. (No L2 prefetches of the dkv rows the block will update nor of the next
     // block's kv rows: both cost 2-5% at 8K-64K, docs/perf-notes.md, eighth session.)
     if (sweep && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
@@ -181,11 +177,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
     const int st = i & 1;
-#if FLASHDSA_BWD_KV_SPLIT
-    hw::mbar_wait(&sm.kv_part[0], st);
-#else
     hw::mbar_wait(&sm.kv_full, st);
-#endif
     hw::fence_proxy_async();  // cp.async (generic proxy) data is read by wgmma (async proxy)
     int2 mass_slot = make_int2(0, 0);
     if (p.mass != nullptr && warp == 0) mass_slot = mass_slot_of(p, w, sm.block_list[i], lane);
@@ -195,23 +187,7 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     {
       float s[32];
       hw::wgmma_fence();
-#if FLASHDSA_BWD_KV_SPLIT
-      // S's k-steps part by part, each as soon as its three column blocks landed (the last part: kv_full)
-      constexpr int kPer = kQkBlocks / kKvParts;
-      // (wgmma_fence after each wait: the wait loop is control flow between wgmma of one accumulator; ptxas would
-      // inject the same warpgroup.arrive, C7519)
-      mma_heads_keys_part<0, kPer>(s, sm.q, sm.kv);
-      hw::mbar_wait(&sm.kv_part[1], st);
-      hw::fence_proxy_async();
-      hw::wgmma_fence();
-      mma_heads_keys_part<kPer, kPer>(s, sm.q, sm.kv);
-      hw::mbar_wait(&sm.kv_full, st);
-      hw::fence_proxy_async();
-      hw::wgmma_fence();
-      mma_heads_keys_part<2 * kPer, kPer>(s, sm.q, sm.kv);
-#else
       mma_heads_keys<kQkBlocks>(s, sm.q, sm.kv);
-#endif
       hw::wgmma_commit();
       scores_to_p<0>(s, sm.idx[st], p, fc, q4);
       // The block's attention mass (optional output) from the fp32 P. mass_part is rewritten only
@@ -258,23 +234,6 @@ __device__ void front(const MainParams& p, SmemPlan& sm, int tid) {
     hw::fence_regs(dq_a);
     hw::fence_regs(dq_b);
     hw::mbar_arrive(&sm.kv_empty);
-    if constexpr (front_chunk8<kDeterministic>()) {
-      // dKV chunk 8 (dS^T . Q[:, 512:576): 4 k-steps, reads Q and the dS tile only), emitted while the next block is
-      // gathered. Each warp's share of the wgmma reads the dS rows (heads) of all four front warps: it waits for
-      // pds_full, as the back does (every front thread arrived there after its stores and its proxy fence; review of
-      // 2026-12-05). After the wait for the chunk, a front barrier: no front warp rewrites the dS tile for block i + 1
-      // (past tiles_free, which now covers only the back's chunk 7) while another warp's chunk 8 still reads it.
-      // idx[st] is rewritten only after kv_empty(i + 1), which needs this warpgroup's arrival of block i + 1.
-      hw::mbar_wait(&sm.pds_full, st);
-      hw::fence_proxy_async();
-      float acc8[32];
-      issue_dkv_chunk(sm, acc8, 8, DkvA{});
-      const DkvRows rows = dkv_rows<false>(p, sm.idx[st], warp, lane);
-      hw::wgmma_wait<0>();
-      hw::fence_regs(acc8);
-      hw::named_bar_sync(kBarFrontChunk8, 128);
-      emit_dkv_chunk<false>(acc8, 8, rows, lane);
-    }
   }
 
   if (kDeterministic && p.fix_pass == 2) return;  // pass 2 visits only the re-run rows' blocks: dq is pass 1's
@@ -295,39 +254,35 @@ __device__ __forceinline__ void mma_dq_back(float (&dq)[4 * 32], const SmemPlan&
   hw::wgmma_commit();
 }
 
-// The back's dKV chunks of a block whose dQ group is in flight (two alternating accumulators): chunks 0 and 1 issued,
-// the dQ waited (kv_empty), chunk 0 emitted, then back_tail; mid (FLASHDSA_BWD_EARLY_DQ) runs inside the last chunk's
-// emission.
-template <bool kDeterministic, class Mid = NoMid>
-__device__ __forceinline__ void back_chunks(SmemPlan& sm, float (&dq)[4 * 32], const DkvRows& rows, int lane,
-                                            const DkvA& fa, const Mid& mid = Mid{}) {
+// The back's nine dKV chunks of a block whose dQ group is in flight, in two alternating accumulators: chunks 0 and 1
+// issued, the dQ waited (kv_empty), chunk 0 emitted, then chunks 1 .. 8 emitted with chunks 2 .. 8 issued one ahead
+// (dkv_step); arrives on sm.tiles_free once chunk 8 read the P and dS tiles.
+template <bool kDeterministic>
+__device__ __forceinline__ void back_chunks(SmemPlan& sm, float (&dq)[4 * 32], const DkvRows& rows, int lane) {
   float acc0[32], acc1[32];
-  issue_dkv_chunk(sm, acc0, 0, fa);
-  issue_dkv_chunk(sm, acc1, 1, fa);
+  issue_dkv_chunk(sm, acc0, 0);
+  issue_dkv_chunk(sm, acc1, 1);
   hw::wgmma_wait<2>();  // dQ
   hw::fence_regs(dq);
   hw::mbar_arrive(&sm.kv_empty);
-#if FLASHDSA_BWD_RS_DKV
-  hw::mbar_arrive(&sm.tiles_free);  // dQ (the last reader of the tiles) completed, the fragments are loaded
-#endif
   hw::wgmma_wait<1>();  // chunk 0
   hw::fence_regs(acc0);
   emit_dkv_chunk<kDeterministic>(acc0, 0, rows, lane);
-  issue_dkv_chunk(sm, acc0, 2, fa);
-  back_tail<kDeterministic, front_chunk8<kDeterministic>() ? 7 : 8>(sm, acc0, acc1, rows, lane, fa, mid);
+  issue_dkv_chunk(sm, acc0, 2);
+  hw::wgmma_wait<1>();  // chunk 1
+  hw::fence_regs(acc1);
+  emit_dkv_chunk<kDeterministic>(acc1, 1, rows, lane);
+  dkv_step<kDeterministic, 3>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 4>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 5>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 6>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 7>(sm, acc0, acc1, rows, lane);
+  dkv_step<kDeterministic, 8>(sm, acc0, acc1, rows, lane);
+  hw::wgmma_wait<0>();  // chunk 8: the back's last read of the P and dS tiles
+  hw::fence_regs(acc0);
+  hw::mbar_arrive(&sm.tiles_free);
+  emit_dkv_chunk<kDeterministic>(acc0, 8, rows, lane);
 }
-
-#if FLASHDSA_BWD_EARLY_DQ
-// A/B build (fast mode): block j's head — its kv tile and tiles landed, its dkv rows, its dQ wgmma issued (one group).
-__device__ __forceinline__ void early_head(const MainParams& p, SmemPlan& sm, float (&dq)[4 * 32], DkvRows& rows, int j,
-                                           int warp, int lane) {
-  hw::mbar_wait(&sm.kv_full, j & 1);
-  hw::mbar_wait(&sm.pds_full, j & 1);
-  hw::fence_proxy_async();
-  rows = dkv_rows<false>(p, sm.idx[j & 1], warp, lane);
-  mma_dq_back(dq, sm);
-}
-#endif
 
 template <bool kDeterministic>
 __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
@@ -336,23 +291,7 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
   const int num_blocks = sm.num_blocks;
   float dq[4 * 32];  // dQ columns [320, 576)
   zero_acc(dq);
-#if FLASHDSA_BWD_EARLY_DQ
-  if constexpr (early_dq<kDeterministic>()) {
-    // The next block's head is issued during each block's last chunk; the last block (no next head) is peeled, so that
-    // no wgmma sits in a data-dependent branch (ptxas would serialise them: C7518).
-    if (num_blocks > 0) {
-      DkvRows rows;
-      early_head(p, sm, dq, rows, 0, warp, lane);
-#pragma unroll 1
-      for (int i = 0; i + 1 < num_blocks; ++i) {
-        const DkvRows cur = rows;  // block i's; the head of block i + 1 rewrites rows during the last emission
-        back_chunks<false>(sm, dq, cur, lane, DkvA{}, [&] { early_head(p, sm, dq, rows, i + 1, warp, lane); });
-      }
-      back_chunks<false>(sm, dq, rows, lane, DkvA{});
-    }
-  } else
-#endif
-  {  // (the block also keeps the early-dQ builds free of an unreachable-loop warning)
+
 #pragma unroll 1
   for (int i = 0; i < num_blocks; ++i) {
     // kv_full too (already complete by then): the kv tile and idx reach the back through a direct
@@ -364,33 +303,9 @@ __device__ void back(const MainParams& p, SmemPlan& sm, int tid) {
     // dQ first, so that the kv tile is released as early as possible (the producer gathers the next
     // block into the single kv stage), then dKV chunks 0 and 1. (Measured 2026-12-02: issuing chunk 0
     // before dQ, so that the block's first reds start earlier, gained nothing.)
-    DkvA fa;
-#if FLASHDSA_BWD_RS_DKV
-    load_dkv_a(sm, fa, warp, lane);  // (ldmatrix: generic-proxy reads of the front's generic stores)
-#endif
-#if FLASHDSA_BWD_RS_DKV == 2
-    // One dKV accumulator (the register fragments take the second one's registers): chunk c is issued after
-    // chunk c - 1 was emitted; its reductions drain while chunk c runs.
-    float acc[32];
     mma_dq_back(dq, sm);
-    issue_dkv_chunk(sm, acc, 0, fa);
-    hw::wgmma_wait<1>();  // dQ
-    hw::fence_regs(dq);
-    hw::mbar_arrive(&sm.kv_empty);
-    hw::mbar_arrive(&sm.tiles_free);  // dQ (the last reader of the tiles) completed, the fragments are loaded
-#pragma unroll
-    for (int c = 0; c < kQkBlocks; ++c) {
-      if (c > 0) issue_dkv_chunk(sm, acc, c, fa);
-      hw::wgmma_wait<0>();
-      hw::fence_regs(acc);
-      emit_dkv_chunk<kDeterministic>(acc, c, rows, lane);
-    }
-#else
-    mma_dq_back(dq, sm);
-    back_chunks<kDeterministic>(sm, dq, rows, lane, fa);
-#endif
+    back_chunks<kDeterministic>(sm, dq, rows, lane);
     if constexpr (kDeterministic) finish_fixed_rows(p, rows, lane);  // the rows' check sums
-  }
   }
 
   if (kDeterministic && p.fix_pass == 2) return;  // (as the front)
@@ -409,12 +324,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const 
   }
   SmemPlan& sm = detail::dynamic_smem_plan<SmemPlan>();
   // kv_full: 128 cp.async arrivals + 128 producer arrivals; kv_empty: front and back threads.
-#if FLASHDSA_BWD_KV_SPLIT
-  if (threadIdx.x == 0) {  // the split gather's part barriers (init_barriers' fence and barrier cover them)
-    hw::mbar_init(&sm.kv_part[0], 256);
-    hw::mbar_init(&sm.kv_part[1], 256);
-  }
-#endif
   detail::init_barriers(detail::BarrierInit{&sm.setup_full, 128}, detail::BarrierInit{&sm.kv_full, 256},
                         detail::BarrierInit{&sm.kv_empty, 256}, detail::BarrierInit{&sm.pds_full, 128},
                         detail::BarrierInit{&sm.tiles_free, 128});
@@ -422,13 +331,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_bwd_main_kernel(const 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg < 2) detail::load_q_do(p, sm, threadIdx.x);  // front + back; the producer starts gathering
   if (wg == 2) {
-    hw::reg_dealloc<producer_regs<kDeterministic>()>();
+    hw::reg_dealloc<kProducerRegs>();
     detail::produce<kDeterministic>(p, sm, tid);
   } else if (wg == 0) {
-    hw::reg_alloc<front_regs<kDeterministic>()>();
+    hw::reg_alloc<kFrontRegs>();
     detail::front<kDeterministic>(p, sm, tid);
   } else {
-    hw::reg_alloc<back_regs<kDeterministic>()>();
+    hw::reg_alloc<kBackRegs>();
     detail::back<kDeterministic>(p, sm, tid);
   }
 }
