@@ -19,7 +19,7 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv > "$L/gpu.txt" 2>&1
 s=$(date +%s)
-left() { echo $(( 490 - ($(date +%s) - s) )); }
+left() { echo $(( 420 - ($(date +%s) - s) )); }
 el() { echo "$(( $(date +%s) - s )) s"; }
 col() { awk -v T=$1 -v F=$2 -F'|' '$1 + 0 == T && NF >= 5 { split($F, a, " "); printf "%s", a[1]; exit }' "$3" 2>/dev/null; }
 report() {
