@@ -530,8 +530,7 @@ __device__ __forceinline__ void put_fixed_line_pair(const float* base_k, uint32_
 // Deterministic mode, fixed-point pairs: the fast mode's quad-pair exchange, then each valid row's two float4 as four
 // pair words (two half lines each, completed by the next instruction), and the running |max| of the row's values.
 __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], const DkvRows& rows, int chunk, int lane) {
-#if FLASHDSA_BWD_DET_FULL_LINES
-  const bool odd = (lane >> 2) & 1, upper = (lane >> 3) & 1;
+  const bool odd = (lane >> 2) & 1;
   const int k = lane & 7;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -539,6 +538,8 @@ __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], con
     quad_pair_exchange(acc, half, odd, x);
 #pragma unroll
     for (int ab = 0; ab < 2; ++ab) {
+#if FLASHDSA_BWD_DET_FULL_LINES
+      const bool upper = (lane >> 3) & 1;
       // the partner's row and validity in one shuffle (keys < 2^31; all ones: no row)
       const bool vo = rows.valid[half][ab];
       const uint32_t own = vo ? rows.row[half][ab] : 0xffffffffu;
@@ -549,26 +550,16 @@ __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], con
       const float u = rows.unit[half][ab];
       put_fixed_line_pair(base_k, row_a, row_b, 0, x[ab][0], u, upper);
       put_fixed_line_pair(base_k, row_a, row_b, 32, x[ab][1], u, upper);
-      if (vo) rows.amax[half][ab] = absmax_bits4(absmax_bits4(rows.amax[half][ab], x[ab][0]), x[ab][1]);
-    }
-  }
+      if (!vo) continue;
 #else
-  const bool odd = (lane >> 2) & 1;
-  const int k = lane & 7;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float4 x[2][2];
-    quad_pair_exchange(acc, half, odd, x);
-#pragma unroll
-    for (int ab = 0; ab < 2; ++ab) {
       if (!rows.valid[half][ab]) continue;
       float* const dst = rows.base + size_t(rows.row[half][ab]) * kQkCols + chunk * kColsPerBlock;
       put_fixed_pairs(dst, x[ab][0], rows.unit[half][ab], k);
       put_fixed_pairs(dst + 32, x[ab][1], rows.unit[half][ab], k);
+#endif
       rows.amax[half][ab] = absmax_bits4(absmax_bits4(rows.amax[half][ab], x[ab][0]), x[ab][1]);
     }
   }
-#endif
 }
 
 // After a block's last chunk: each row's largest |value| over the 8 lanes of its quad pair; one lane adds
