@@ -33,17 +33,11 @@ constexpr int kThreads = 384;                              // WG0 front, WG1 bac
 constexpr int kFrontDqBlocks = 5;                          // dQ columns [0, 320): RS m64n256 + m64n64
 constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64n256
 
-// A/B build only (default 0): FLASHDSA_BWD_DET_FULL_LINES=1 makes the deterministic mode's red.u64 emission cover two
-// whole 128-byte lines per warp instruction (kernel_common.cuh put_fixed_line_pair; twenty-eighth session,
-// docs/perf-notes.md). The words and their addresses are the default's: the decode and re-run passes are unchanged.
-#ifndef FLASHDSA_BWD_DET_FULL_LINES
-#define FLASHDSA_BWD_DET_FULL_LINES 0
-#endif
 // Switches measured on 2026-12-05 (H100), neutral or slower, and removed with their code (docs/perf-notes.md,
 // twenty-eighth session; the code is in git history before commit 9db2d3f): a build that still passes one fails here.
 #if defined(FLASHDSA_BWD_RS_DKV) || defined(FLASHDSA_BWD_EMIT_HALF) || defined(FLASHDSA_BWD_KV_SPLIT) || \
-    defined(FLASHDSA_BWD_FRONT_CHUNK8) || defined(FLASHDSA_BWD_EARLY_DQ)
-#error "FLASHDSA_BWD_{RS_DKV,EMIT_HALF,KV_SPLIT,FRONT_CHUNK8,EARLY_DQ} were removed on 2026-12-05 (docs/perf-notes.md)"
+    defined(FLASHDSA_BWD_FRONT_CHUNK8) || defined(FLASHDSA_BWD_EARLY_DQ) || defined(FLASHDSA_BWD_DET_FULL_LINES)
+#error "FLASHDSA_BWD_{RS_DKV,EMIT_HALF,KV_SPLIT,FRONT_CHUNK8,EARLY_DQ,DET_FULL_LINES} were removed on 2026-12-05 (docs/perf-notes.md)"
 #endif
 
 // Register budgets after setmaxnreg (the kernel is compiled at 168 = 65536 / 384, rounded down to 8).

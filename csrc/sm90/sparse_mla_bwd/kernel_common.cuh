@@ -495,38 +495,6 @@ __device__ __forceinline__ void put_fixed_pairs(float* dst, float4 x, float unit
   hw::red_add_u64(q + 8, pack(to_fixed(x.z, unit), to_fixed(x.w, unit)));
 }
 
-#if FLASHDSA_BWD_DET_FULL_LINES
-// FLASHDSA_BWD_DET_FULL_LINES (A/B build, deterministic mode): the same words at the same addresses as put_fixed_pairs,
-// but each warp instruction covers two whole 128-byte lines instead of four half lines (red.u64 has no vector form, so
-// the 8 lanes of one row can fill only half a line per instruction). Lanes l (lower, l & 8 == 0) and l ^ 8 (upper) hold
-// rows r and r' at the same byte offset 8k of their lines (k = l % 8); they swap one word — the lower lane gives its
-// (z, w) word, the upper lane its (x, y) word — and then instruction 1 adds row r's whole line (lower lanes: bytes 8k,
-// own words; upper lanes: bytes 64 + 8k, the received words) and instruction 2 row r''s whole line (lower lanes: bytes
-// 8k, received; upper: bytes 64 + 8k, own). The micro-benchmark's rates (H100, 2026-12-05): "red.u64, 2 lines / instr"
-// 3.30 TB/s, "red.u64, 4 half lines / instr, paired" (the default layout) 2.72 TB/s. All lanes call (shuffles); the
-// reds are predicated on the target row's validity. q_own / q_part: the lane's byte 8k of its own / the partner's line.
-__device__ __forceinline__ void red_add_u64_if(bool pred, const float* gptr, uint64_t v) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p red.relaxed.gpu.global.add.u64 [%1], %2;\n}\n" ::"r"(uint32_t(pred)),
-      "l"(gptr), "l"(v)
-      : "memory");
-}
-// line: the chunk's first (0) or second (32) line of 32 floats; row_a / row_b: the keys of the lower / upper lanes'
-// rows (all ones: no row; see emit_dkv_pairs_fixed). base_k: rows.base minus 2k floats, the lane's byte 8k.
-__device__ __forceinline__ void put_fixed_line_pair(const float* base_k, uint32_t row_a, uint32_t row_b, int col,
-                                                    float4 x, float unit, bool upper) {
-  using fixed_pair::pack;
-  using fixed_pair::to_fixed;
-  const uint64_t xy = pack(to_fixed(x.x, unit), to_fixed(x.y, unit));
-  const uint64_t zw = pack(to_fixed(x.z, unit), to_fixed(x.w, unit));
-  const uint64_t got = __shfl_xor_sync(0xffffffffu, upper ? xy : zw, 8);
-  const float* const b = base_k + col + (upper ? 16 : 0);  // upper lanes: bytes 64 + 8k
-  // instruction 1: the lower lanes' row (lower: own xy; upper: the lower lane's zw); instruction 2: the upper lanes'
-  red_add_u64_if(row_a != 0xffffffffu, b + size_t(row_a) * kQkCols, upper ? got : xy);
-  red_add_u64_if(row_b != 0xffffffffu, b + size_t(row_b) * kQkCols, upper ? zw : got);
-}
-#endif
-
 // Deterministic mode, fixed-point pairs: the fast mode's quad-pair exchange, then each valid row's two float4 as four
 // pair words (two half lines each, completed by the next instruction), and the running |max| of the row's values.
 __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], const DkvRows& rows, int chunk, int lane) {
@@ -538,25 +506,10 @@ __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], con
     quad_pair_exchange(acc, half, odd, x);
 #pragma unroll
     for (int ab = 0; ab < 2; ++ab) {
-#if FLASHDSA_BWD_DET_FULL_LINES
-      const bool upper = (lane >> 3) & 1;
-      // the partner's row and validity in one shuffle (keys < 2^31; all ones: no row)
-      const bool vo = rows.valid[half][ab];
-      const uint32_t own = vo ? rows.row[half][ab] : 0xffffffffu;
-      const uint32_t part = __shfl_xor_sync(0xffffffffu, own, 8);
-      const uint32_t row_a = upper ? part : own, row_b = upper ? own : part;
-      // rows.base carries the lane's column (4k floats); byte 8k of the chunk's first line is 2k floats before it
-      const float* const base_k = rows.base + chunk * kColsPerBlock - 2 * k;
-      const float u = rows.unit[half][ab];
-      put_fixed_line_pair(base_k, row_a, row_b, 0, x[ab][0], u, upper);
-      put_fixed_line_pair(base_k, row_a, row_b, 32, x[ab][1], u, upper);
-      if (!vo) continue;
-#else
       if (!rows.valid[half][ab]) continue;
       float* const dst = rows.base + size_t(rows.row[half][ab]) * kQkCols + chunk * kColsPerBlock;
       put_fixed_pairs(dst, x[ab][0], rows.unit[half][ab], k);
       put_fixed_pairs(dst + 32, x[ab][1], rows.unit[half][ab], k);
-#endif
       rows.amax[half][ab] = absmax_bits4(absmax_bits4(rows.amax[half][ab], x[ab][0]), x[ab][1]);
     }
   }
