@@ -5,7 +5,7 @@ Usage: python3 scripts/bwd_sass_counts.py OBJ_OR_CUBIN [more ...]   (or .sass te
   e.g. python3 scripts/bwd_sass_counts.py build-bwddesc/bwd_main build-bwddesc/bwd_ab   (an A/B pair from
   scripts/bwd_gpu.sh AB_FLAGS=...: one block of rows per file, headed by its path)
 
-For the fast-mode instance (kDeterministic = false) of sparse_mla_bwd_main_kernel it lists each loop (a
+For both instances of sparse_mla_bwd_main_kernel (main: the fast mode, det: the deterministic mode) it lists each loop (a
 backward branch whose body has no EXIT, >= 40 instructions; scripts/fwd_sass_counts.py's loop finder) with
 its total and a breakdown by opcode class, and a role label from the loop's content:
   prologue   17 copies (one Q row + one dO row), no HGMMA: the once-per-CTA Q / dO loop,
@@ -28,9 +28,9 @@ CLASSES = f.CLASSES[:12] + [("RED", ("RED",))] + f.CLASSES[12:]  # RED: the dkv 
 
 
 def tag_of(name):
-    if "ILb0E" not in name or "sparse_mla_bwd_main_kernel" not in name:
+    if "sparse_mla_bwd_main_kernel" not in name:
         return None
-    return "main"
+    return "main" if "ILb0E" in name else "det" if "ILb1E" in name else None
 
 
 def role(tag, body):

@@ -88,6 +88,34 @@ TEST(FixedPair, SumsAreExactAndOrderIndependent) {
   }
 }
 
+// The raw words (FLASHDSA_BWD_DET_RAW_BITS): any number of them, summed in any order, give after unbias exactly the sum
+// of the pack(to_fixed) words — on values spread over the whole exact range of to_fixed, including ties and zeros.
+TEST(FixedPair, RawWordsUnbiasToThePackedSums) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mag(-1.f, 1.f);
+  for (int n : {1, 2, 7, 2048, 20000}) {
+    for (float unit : {1.f, 1024.f, 3.0517578125e-05f}) {
+      // |x * unit| < 2^22 / n keeps the final sums in range; the scale also tests tiny and large units
+      const float lim = 4194303.f / static_cast<float>(n) / unit;
+      std::vector<float> x(n), y(n);
+      for (int i = 0; i < n; ++i) {
+        x[i] = mag(rng) * lim;
+        y[i] = (i % 5 == 0) ? 0.f : (i % 7 == 0 ? (0.5f + static_cast<float>(i % 3)) / unit : mag(rng) * lim);
+      }
+      uint64_t packed = 0;
+      for (int i = 0; i < n; ++i) packed += fp::pack(fp::to_fixed(x[i], unit), fp::to_fixed(y[i], unit));
+      std::vector<int> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      for (int rep = 0; rep < 3; ++rep) {
+        std::shuffle(order.begin(), order.end(), rng);
+        uint64_t raw = 0;
+        for (int i : order) raw += fp::pack_raw(x[i], y[i], unit);
+        ASSERT_EQ(fp::unbias(raw, n), packed) << "n " << n << " unit " << unit;
+      }
+    }
+  }
+}
+
 // Intermediate sums beyond the int32 range (in either half) do not matter, only the final ones.
 TEST(FixedPair, IntermediateWrapIsHarmless) {
   std::vector<std::pair<int32_t, int32_t>> terms;

@@ -195,7 +195,8 @@ __global__ void fix_check_kernel(float* __restrict__ dkv, float* __restrict__ un
 // 4k, 4k + 1 and 4k + 2, 4k + 3: put_fixed_pairs) -> 32 fp32 values times 1 / |unit|, in natural column order
 // (stored position dkv_pos(c) -> column c), written over the same line. NaN for a row that is not proven exact.
 __global__ void fix_decode_kernel(float* __restrict__ dkv, const float* __restrict__ unit,
-                                  const unsigned long long* __restrict__ l1, int64_t t_kv) {
+                                  const unsigned long long* __restrict__ l1, const int32_t* __restrict__ count,
+                                  int64_t t_kv) {
   constexpr int kLines = kQkCols / 32;
   const int64_t n = t_kv * kLines;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < n; g += int64_t(gridDim.x) * blockDim.x) {
@@ -207,10 +208,15 @@ __global__ void fix_decode_kernel(float* __restrict__ dkv, const float* __restri
       for (int p = 0; p < 32; ++p) v[p] = __int_as_float(0x7FC00000);
     } else {
       const float inv = 1.f / fabsf(unit[j]);  // a power of two in [2^-126, 2^126]: exact
+#if FLASHDSA_BWD_DET_RAW_BITS
+      const auto word = [&](int w) { return fixed_pair::unbias(words[w], count[j]); };
+#else
+      const auto word = [&](int w) { return words[w]; };
+#endif
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        fixed_pair::decode(words[k], inv, v[4 * k], v[4 * k + 1]);
-        fixed_pair::decode(words[8 + k], inv, v[4 * k + 2], v[4 * k + 3]);
+        fixed_pair::decode(word(k), inv, v[4 * k], v[4 * k + 1]);
+        fixed_pair::decode(word(8 + k), inv, v[4 * k + 2], v[4 * k + 3]);
       }
     }
     float4* const out = reinterpret_cast<float4*>(words);

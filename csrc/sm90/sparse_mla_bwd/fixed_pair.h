@@ -143,6 +143,23 @@ FLASHDSA_FIXED_HD float rerun_unit(uint64_t check, bool capped, float unit, int 
   return unit_for(sum > share ? sum : share, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
 }
 
+// The raw form of a pair (FLASHDSA_BWD_DET_RAW_BITS, docs/perf-notes.md twenty-eighth session): the bits of
+// fmaf(y, unit, kMagic) and fmaf(x, unit, kMagic) as they are, t_y * 2^32 + t_x — two FFMA and no integer work. For
+// |x * unit|, |y * unit| < 2^22 each half is kMagicBits + to_fixed(.), so a sum of n raw words minus
+// n * kMagicBits * (2^32 + 1) (unbias, mod 2^64) is the sum of the n words pack(to_fixed(x), to_fixed(y)), bit for bit.
+FLASHDSA_FIXED_HD uint64_t pack_raw(float x, float y, float unit) {
+#if defined(__CUDA_ARCH__)
+  const float tx = __fmaf_rn(x, unit, kMagic), ty = __fmaf_rn(y, unit, kMagic);
+#else
+  const float tx = std::fmaf(x, unit, kMagic), ty = std::fmaf(y, unit, kMagic);
+#endif
+  return (static_cast<uint64_t>(float_bits(ty)) << 32) | float_bits(tx);
+}
+// The sum of n raw words -> the sum of their pack(to_fixed) words (n: the row's addend count, fix_count_kernel).
+FLASHDSA_FIXED_HD uint64_t unbias(uint64_t raw_sum, int64_t n) {
+  return raw_sum - static_cast<uint64_t>(n) * (static_cast<uint64_t>(kMagicBits) * 0x100000001ull);
+}
+
 // The two values of a row's pair word, times 1 / unit (exact: a power of two).
 FLASHDSA_FIXED_HD void decode(uint64_t word, float inv_unit, float& x, float& y) {
   int32_t a = 0, b = 0;

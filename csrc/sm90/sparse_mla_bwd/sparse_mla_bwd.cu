@@ -382,7 +382,8 @@ Status sparse_mla_bwd(const SparseMlaBwdParams& p) {
     sparse_mla_bwd_impl::fix_decode_kernel<<<sparse_mla_bwd_impl::grid_for(lines, 256), 256, 0,
                                              static_cast<cudaStream_t>(p.stream)>>>(
         static_cast<float*>(p.dkv), reinterpret_cast<const float*>(ws + pl.fix_unit),
-        reinterpret_cast<const unsigned long long*>(ws + pl.fix_l1), p.T_kv);
+        reinterpret_cast<const unsigned long long*>(ws + pl.fix_l1), reinterpret_cast<const int32_t*>(ws + pl.key_count),
+        p.T_kv);
     FLASHDSA_CHECK_LAUNCH("fix_decode_kernel");
     return Status::OK();
   }
