@@ -122,3 +122,19 @@ for v in variants:
 shapes = sorted({(H, T) for (_, H, T) in res})
 PY
 }
+
+# The prepared device calls' helpers (docs/bench/*/next_call_*.sh):
+#   bg_sanitizers DIR BINARY ARGS...    memcheck / synccheck / racecheck (200 / 200 / 240 s) of BINARY ARGS in the
+#                                       background, logs DIR/<tool>.log, exit status lines DIR/<tool>.rc; `wait` for them.
+#   bench_col T FIELD LOG               the first number of bench column FIELD at row T of a check program's
+#                                       benchmark table ("T | a | b | ..."; 2 = fast ms, 3 = det ms in the backward's).
+bg_sanitizers() {
+  local dir=$1 t; shift
+  for t in memcheck:200 synccheck:200 racecheck:240; do
+    ( timeout -k 5 "${t#*:}" "$SAN" --tool "${t%%:*}" "$@" > "$dir/${t%%:*}.log" 2>&1
+      echo "${t%%:*} rc=$?" > "$dir/${t%%:*}.rc" ) &
+  done
+}
+bench_col() {
+  awk -v T="$1" -v F="$2" -F'|' '$1 + 0 == T && NF >= 5 { split($F, a, " "); printf "%s", a[1]; exit }' "$3" 2>/dev/null
+}

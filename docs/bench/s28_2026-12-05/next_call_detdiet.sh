@@ -22,13 +22,13 @@ cd "$(dirname "$0")/../../.."
 L=/tmp/detdiet; rm -rf "$L"; mkdir -p "$L"; B=build-x/s29; OUT=${OUT:-/tmp}
 [ -x $B/bwd_all ] || tar -xJf $B/s29.tar.xz -C $B || exit 2
 (cd $B && sha256sum -c sha256.txt > "$L/sha256.txt" 2>&1; cp flags.txt "$L/")
-SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+source scripts/lib/gpu_steps.sh  # bg_sanitizers, bench_col, SAN
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv > "$L/gpu.txt" 2>&1
 s=$(date +%s)
 BUDGET=${BUDGET:-540}
 left() { echo $(( BUDGET - ($(date +%s) - s) )); }
 el() { echo "$(( $(date +%s) - s )) s"; }
-col() { awk -v T=$1 -v F=$2 -F'|' '$1 + 0 == T && NF >= 5 { split($F, a, " "); printf "%s", a[1]; exit }' "$3" 2>/dev/null; }
+col() { bench_col "$@"; }
 V="main raw addr both all"
 report() {
   tar -czf "$OUT/detdiet_logs.tgz" -C "$L" .
@@ -59,10 +59,7 @@ for v in main raw addr both all; do
   ( timeout 200 $B/bwd_$v --no-bench > "$L/${v}_correct.log" 2>&1; echo "exit=$?" >> "$L/${v}_correct.log" ) &
 done
 ( timeout 200 $B/bwd_allr --no-bench --det-tol 1e-2 > "$L/allr_correct.log" 2>&1; echo "exit=$?" >> "$L/allr_correct.log" ) &
-for t in memcheck:200 synccheck:200 racecheck:240; do
-  ( timeout -k 5 ${t#*:} $SAN --tool ${t%%:*} $B/bwd_all --small --no-bench > "$L/${t%%:*}.log" 2>&1
-    echo "${t%%:*} rc=$?" > "$L/${t%%:*}.rc" ) &
-done
+bg_sanitizers "$L" $B/bwd_all --small --no-bench
 wait; echo "cases + sanitizers done $(el)"; cat "$L"/*.rc 2>/dev/null
 for r in 1 2; do
   order="$V"; [ $r = 2 ] && order=$(echo $V | tr ' ' '\n' | tac | tr '\n' ' ')
