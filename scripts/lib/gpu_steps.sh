@@ -138,3 +138,14 @@ bg_sanitizers() {
 bench_col() {
   awk -v T="$1" -v F="$2" -F'|' '$1 + 0 == T && NF >= 5 { split($F, a, " "); printf "%s", a[1]; exit }' "$3" 2>/dev/null
 }
+#   call_step NAME MIN_LEFT LIMIT LOG CMD...  CMD under `timeout LIMIT` into LOG unless fewer than MIN_LEFT seconds
+#                                       are left of the caller's $BUDGET since $s; prints "NAME rc=N T s" or
+#                                       "NAME skipped (time)".
+call_step() {
+  local name=$1 min_left=$2 limit=$3 log=$4; shift 4
+  if [ $((BUDGET - ($(date +%s) - s))) -lt "$min_left" ]; then echo "$name skipped (time)"; return 125; fi
+  timeout "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - s )) s"
+  return $rc
+}

@@ -22,12 +22,10 @@ cd "$(dirname "$0")/../../.."
 L=/tmp/detdiet; rm -rf "$L"; mkdir -p "$L"; B=build-x/s29; OUT=${OUT:-/tmp}
 [ -x $B/bwd_all ] || tar -xJf $B/s29.tar.xz -C $B || exit 2
 (cd $B && sha256sum -c sha256.txt > "$L/sha256.txt" 2>&1; cp flags.txt "$L/")
-source scripts/lib/gpu_steps.sh  # bg_sanitizers, bench_col, SAN
+source scripts/lib/gpu_steps.sh  # bg_sanitizers, bench_col, call_step, SAN
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv > "$L/gpu.txt" 2>&1
 s=$(date +%s)
 BUDGET=${BUDGET:-540}
-left() { echo $(( BUDGET - ($(date +%s) - s) )); }
-el() { echo "$(( $(date +%s) - s )) s"; }
 col() { bench_col "$@"; }
 V="main raw addr both all"
 report() {
@@ -60,25 +58,17 @@ for v in main raw addr both all; do
 done
 ( timeout 200 $B/bwd_allr --no-bench --det-tol 1e-2 > "$L/allr_correct.log" 2>&1; echo "exit=$?" >> "$L/allr_correct.log" ) &
 bg_sanitizers "$L" $B/bwd_all --small --no-bench
-wait; echo "cases + sanitizers done $(el)"; cat "$L"/*.rc 2>/dev/null
+wait; echo "cases + sanitizers done $(( $(date +%s) - s )) s"; cat "$L"/*.rc 2>/dev/null
 for r in 1 2; do
   order="$V"; [ $r = 2 ] && order=$(echo $V | tr ' ' '\n' | tac | tr '\n' ' ')
   for v in $order; do
     if [ $v != main ] && ! grep -q "correctness: [0-9]* passed, 0 failed" "$L/${v}_correct.log"; then
       echo "$v not timed: its cases failed"; continue
     fi
-    [ "$(left)" -lt 60 ] && { echo "round $r $v skipped (time)"; continue; }
-    timeout 90 $B/bwd_$v --bench-only --T 8192,32768,131072 > "$L/${v}_r$r.log" 2>&1
-    echo "$v r$r rc=$? $(el)"
+    call_step "$v r$r" 60 90 "$L/${v}_r$r.log" $B/bwd_$v --bench-only --T 8192,32768,131072
   done
 done
 report
-for v in main nr; do
-  [ "$(left)" -lt 40 ] && { echo "$v fast-only skipped (time)"; continue; }
-  timeout 60 $B/bwd_$v --bench-only --fast-only --T 65536,131072 > "$L/${v}_fast.log" 2>&1; echo "$v fast-only rc=$? $(el)"
-done
-for v in main all; do
-  [ "$(left)" -lt 20 ] && { echo "causal $v skipped (time)"; continue; }
-  timeout 40 $B/bwd_$v --bench-only --bench-indices causal --T 32768 > "$L/${v}_causal.log" 2>&1; echo "$v causal rc=$? $(el)"
-done
+for v in main nr; do call_step "$v fast-only" 40 60 "$L/${v}_fast.log" $B/bwd_$v --bench-only --fast-only --T 65536,131072; done
+for v in main all; do call_step "$v causal" 20 40 "$L/${v}_causal.log" $B/bwd_$v --bench-only --bench-indices causal --T 32768; done
 report
