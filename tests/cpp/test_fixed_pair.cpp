@@ -114,6 +114,18 @@ TEST(FixedPair, RawWordsUnbiasToThePackedSums) {
       }
     }
   }
+  // single words at the edges: the top of to_fixed's exact range (fmaf lands on 2^24 above 4194303.5), -0, denormals,
+  // ties, tiny and negative values
+  const float edge[] = {4194303.75f, -4194303.75f, 4194303.5f, 4194303.f, -0.f, 0.f, 1e-40f, -1e-40f, 0.5f, -0.5f,
+                        1.5f, -2.5f, 3.0e-8f, -123456.7f};
+  for (float a : edge)
+    for (float b : edge) {
+      const uint64_t want = fp::pack(fp::to_fixed(a, 1.f), fp::to_fixed(b, 1.f));
+      ASSERT_EQ(fp::unbias(fp::pack_raw(a, b, 1.f), 1), want) << a << " " << b;
+      ASSERT_EQ(fp::unbias(fp::pack_raw(a, b, 1.f) + fp::pack_raw(b, a, 1.f), 2),
+                want + fp::pack(fp::to_fixed(b, 1.f), fp::to_fixed(a, 1.f)))
+          << a << " " << b;
+    }
 }
 
 // Intermediate sums beyond the int32 range (in either half) do not matter, only the final ones.

@@ -336,10 +336,23 @@ bool check_case(const Case& c, uint64_t seed) {
     char mass_note[96];
     if (with_mass) std::snprintf(mass_note, sizeof mass_note, " | mass rel_l2 %.1e max %.1e", e_mass.rel_l2, e_mass.max_rel);
     else std::snprintf(mass_note, sizeof mass_note, " | no mass");
-    std::printf("  %-4s dq rel_l2 %.2e max %.2e | dkv rel_l2 %.2e max %.2e%s%s%s%s  %s\n", det ? "det" : "fast",
+    // The deterministic outputs' bits as one hash (FNV-1a over dq and dkv): builds that must agree bit for bit (the
+    // deterministic mode's A/B builds, docs/perf-notes.md, twenty-eighth session) print the same line.
+    char hash_note[48] = "";
+    if (det) {
+      uint64_t hsh = 0xcbf29ce484222325ull;
+      const auto mix = [&](const void* data, size_t bytes) {
+        const auto* u = static_cast<const unsigned char*>(data);
+        for (size_t i = 0; i < bytes; ++i) hsh = (hsh ^ u[i]) * 0x100000001b3ull;
+      };
+      mix(first_dq.data(), first_dq.size() * sizeof(bf16));
+      mix(first_dkv.data(), first_dkv.size() * sizeof(float));
+      std::snprintf(hash_note, sizeof hash_note, " | bits %016llx", static_cast<unsigned long long>(hsh));
+    }
+    std::printf("  %-4s dq rel_l2 %.2e max %.2e | dkv rel_l2 %.2e max %.2e%s%s%s%s%s  %s\n", det ? "det" : "fast",
                 e_dq.rel_l2, e_dq.max_rel, e_dkv.rel_l2, e_dkv.max_rel, mass_note, rest_note,
                 empty_row_zero ? "" : " | empty row dq != 0",
-                det ? (bitwise ? " | 3 runs bitwise equal" : " | RUNS DIFFER") : "",
+                det ? (bitwise ? " | 3 runs bitwise equal" : " | RUNS DIFFER") : "", hash_note,
                 pass ? "PASS" : (!mass_ok ? "FAIL (mass)" : rest_ok ? "FAIL" : "FAIL (rows w/o token 0)"));
     ok = ok && pass;
   }

@@ -209,7 +209,7 @@ __global__ void fix_decode_kernel(float* __restrict__ dkv, const float* __restri
     } else {
       const float inv = 1.f / fabsf(unit[j]);  // a power of two in [2^-126, 2^126]: exact
 #if FLASHDSA_BWD_DET_RAW_BITS
-      const auto word = [&](int w) { return fixed_pair::unbias(words[w], count[j]); };
+      const auto word = [&](int w) { return fixed_pair::unbias(words[w], uint32_t(count[j])); };  // n < 2^32
 #else
       const auto word = [&](int w) { return words[w]; };
 #endif

@@ -544,7 +544,6 @@ __device__ __forceinline__ void put_fixed_pairs(float* dst, float4 x, float unit
 // pair words (two half lines each, completed by the next instruction), and the running |max| of the row's values.
 __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], const DkvRows& rows, int chunk, int lane) {
   const bool odd = (lane >> 2) & 1;
-  const int k = lane & 7;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float4 x[2][2];
@@ -559,6 +558,7 @@ __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], con
       put_fixed_words(q, x[ab][0], rows.unit[half][ab]);
       put_fixed_words(q + 16, x[ab][1], rows.unit[half][ab]);
 #else
+      const int k = lane & 7;
       float* const dst = rows.base + size_t(rows.row[half][ab]) * kQkCols + chunk * kColsPerBlock;
       put_fixed_pairs(dst, x[ab][0], rows.unit[half][ab], k);
       put_fixed_pairs(dst + 32, x[ab][1], rows.unit[half][ab], k);
