@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The deterministic backward's instruction diet (twenty-eighth session; docs/perf-notes.md, "the back's instructions").
 #   run(command="bash docs/bench/s28_2026-12-05/next_call_detdiet.sh", carry=["build-x/s29"])
-# build-x/s29/s29.tar.xz (built here from d089b2d, flags.txt): bwd_main (the default) and the A/B builds
+# build-x/s29/s29.tar.xz (built here; the commit is the last line of flags.txt): bwd_main (the default) and the A/B builds
 #   raw  -DFLASHDSA_BWD_DET_RAW_BITS=1   raw fmaf words, the decode removes the bias (back: 3,272 -> 2,842 static)
 #   addr -DFLASHDSA_BWD_DET_ADDR=1       one word pointer per row and block (-> 2,889)
 #   both raw + addr (-> 2,457);  all: both + -DFLASHDSA_BWD_DET_AMAX2=1 (|max| without masks, -> 2,331)
