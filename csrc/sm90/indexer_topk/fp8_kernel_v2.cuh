@@ -80,6 +80,11 @@
 // scores, packed to bf16 as they are, are the register A operand of 8 wgmma m64n8k16 (bf16, f32 accumulation) whose
 // B holds the block's weights w' block-diagonally (B[(t, h), n] = w'[t, h] for n / 2 = t): the head sums come out per
 // (key, token), no bf16 FMA chains and no quad reduce-scatter. 0: the packed bf16x2 epilogue (KP below).
+// FLASHDSA_FP8V2_PINGPONG (the MMA ordering) was removed on 2026-12-05 with the bf16 walk's (docs/perf-notes.md,
+// twenty-eighth session).
+#if defined(FLASHDSA_FP8V2_PINGPONG)
+#error "FLASHDSA_FP8V2_PINGPONG was removed on 2026-12-05"
+#endif
 #ifndef FLASHDSA_FP8V2_MMA_SUMS
 #define FLASHDSA_FP8V2_MMA_SUMS 1
 #endif

@@ -50,6 +50,12 @@
 #include "sm90/indexer_topk/select.cuh"
 #include "sm90/indexer_topk/warp_select.cuh"
 
+// Switches measured on 2026-12-05 (H100) and removed (docs/perf-notes.md, twenty-eighth session): the warp final
+// selection is the D_I = 128 default, the MMA orderings lost; a build that still passes one fails here.
+#if defined(FLASHDSA_ITK_WARP_FINAL) || defined(FLASHDSA_ITK_PINGPONG)
+#error "FLASHDSA_ITK_WARP_FINAL and FLASHDSA_ITK_PINGPONG were removed on 2026-12-05 (docs/perf-notes.md)"
+#endif
+
 // Attribution builds of the check program only (docs/kernels/indexer_topk.md, "Attribution builds"):
 // 1 = MMA only (the accumulators are folded into a sink), 2 = head sums and reduce-scatter with the
 // pass test, but no appends. Never defined in the library build.
