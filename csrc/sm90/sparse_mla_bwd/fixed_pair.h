@@ -46,14 +46,18 @@ FLASHDSA_FIXED_HD To bit_copy(From x) {
 FLASHDSA_FIXED_HD uint32_t float_bits(float f) { return bit_copy<uint32_t>(f); }
 FLASHDSA_FIXED_HD float bits_float(uint32_t u) { return bit_copy<float>(u); }
 
+// x * unit + kMagic, rounded once (a fused multiply-add).
+FLASHDSA_FIXED_HD float magic_fma(float x, float unit) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(x, unit, kMagic);
+#else
+  return std::fmaf(x, unit, kMagic);
+#endif
+}
+
 // x * unit rounded to the nearest integer (ties to even), for |x * unit| < 2^22: one FFMA and one integer add.
 FLASHDSA_FIXED_HD int32_t to_fixed(float x, float unit) {
-#if defined(__CUDA_ARCH__)
-  const float t = __fmaf_rn(x, unit, kMagic);
-#else
-  const float t = std::fmaf(x, unit, kMagic);
-#endif
-  return static_cast<int32_t>(float_bits(t) - kMagicBits);
+  return static_cast<int32_t>(float_bits(magic_fma(x, unit)) - kMagicBits);
 }
 
 // The word b * 2^32 + a (mod 2^64, a sign-extended).
@@ -148,11 +152,7 @@ FLASHDSA_FIXED_HD float rerun_unit(uint64_t check, bool capped, float unit, int 
 // |x * unit|, |y * unit| < 2^22 each half is kMagicBits + to_fixed(.), so a sum of n raw words minus
 // n * kMagicBits * (2^32 + 1) (unbias, mod 2^64) is the sum of the n words pack(to_fixed(x), to_fixed(y)), bit for bit.
 FLASHDSA_FIXED_HD uint64_t pack_raw(float x, float y, float unit) {
-#if defined(__CUDA_ARCH__)
-  const float tx = __fmaf_rn(x, unit, kMagic), ty = __fmaf_rn(y, unit, kMagic);
-#else
-  const float tx = std::fmaf(x, unit, kMagic), ty = std::fmaf(y, unit, kMagic);
-#endif
+  const float tx = magic_fma(x, unit), ty = magic_fma(y, unit);
   return (static_cast<uint64_t>(float_bits(ty)) << 32) | float_bits(tx);
 }
 // The sum of n raw words -> the sum of their pack(to_fixed) words (n: the row's addend count, fix_count_kernel).

@@ -512,32 +512,35 @@ __device__ __forceinline__ uint32_t absmax_bits4(uint32_t m, float4 x) {
 // One lane's 16 bytes of a row line (float4 `x` bound for dst, the row's chunk start + 4k floats, k = lane % 8) as two
 // fixed-point pair words: (x, y) at byte 8k and (z, w) at byte 64 + 8k of the same line (the decode pass's layout).
 // to_fixed is one FFMA; a value beyond its range makes the row fail its check (fixed_pair::check_term) and re-run.
+// The two pair words of a lane's float4 (positions 4k .. 4k + 3 of a row line): (x, y) and (z, w).
+// FLASHDSA_BWD_DET_RAW_BITS (A/B build): the raw words (fixed_pair::pack_raw: two FFMA per pair, no integer work; the
+// decode removes the bias from the row's addend count), the same sums bit for bit.
+__device__ __forceinline__ void fixed_words(float4 x, float unit, uint64_t& xy, uint64_t& zw) {
+#if FLASHDSA_BWD_DET_RAW_BITS
+  xy = fixed_pair::pack_raw(x.x, x.y, unit);
+  zw = fixed_pair::pack_raw(x.z, x.w, unit);
+#else
+  xy = fixed_pair::pack(fixed_pair::to_fixed(x.x, unit), fixed_pair::to_fixed(x.y, unit));
+  zw = fixed_pair::pack(fixed_pair::to_fixed(x.z, unit), fixed_pair::to_fixed(x.w, unit));
+#endif
+}
+
 #if FLASHDSA_BWD_DET_ADDR
 // put_fixed_pairs with the word pointer given (q: byte 8k of the line; FLASHDSA_BWD_DET_ADDR, A/B build).
 __device__ __forceinline__ void put_fixed_words(uint64_t* q, float4 x, float unit) {
-#if FLASHDSA_BWD_DET_RAW_BITS
-  hw::red_add_u64(q, fixed_pair::pack_raw(x.x, x.y, unit));
-  hw::red_add_u64(q + 8, fixed_pair::pack_raw(x.z, x.w, unit));
-#else
-  hw::red_add_u64(q, fixed_pair::pack(fixed_pair::to_fixed(x.x, unit), fixed_pair::to_fixed(x.y, unit)));
-  hw::red_add_u64(q + 8, fixed_pair::pack(fixed_pair::to_fixed(x.z, unit), fixed_pair::to_fixed(x.w, unit)));
-#endif
+  uint64_t xy, zw;
+  fixed_words(x, unit, xy, zw);
+  hw::red_add_u64(q, xy);
+  hw::red_add_u64(q + 8, zw);
 }
 #endif
 
-// FLASHDSA_BWD_DET_RAW_BITS (A/B build): the raw words (fixed_pair::pack_raw: two FFMA per pair, no integer work; the
-// decode removes the bias from the row's addend count), the same sums bit for bit.
 __device__ __forceinline__ void put_fixed_pairs(float* dst, float4 x, float unit, int k) {
-  using fixed_pair::pack;
-  using fixed_pair::to_fixed;
   uint64_t* const q = reinterpret_cast<uint64_t*>(dst - 2 * k);
-#if FLASHDSA_BWD_DET_RAW_BITS
-  hw::red_add_u64(q, fixed_pair::pack_raw(x.x, x.y, unit));
-  hw::red_add_u64(q + 8, fixed_pair::pack_raw(x.z, x.w, unit));
-#else
-  hw::red_add_u64(q, pack(to_fixed(x.x, unit), to_fixed(x.y, unit)));
-  hw::red_add_u64(q + 8, pack(to_fixed(x.z, unit), to_fixed(x.w, unit)));
-#endif
+  uint64_t xy, zw;
+  fixed_words(x, unit, xy, zw);
+  hw::red_add_u64(q, xy);
+  hw::red_add_u64(q + 8, zw);
 }
 
 // Deterministic mode, fixed-point pairs: the fast mode's quad-pair exchange, then each valid row's two float4 as four
