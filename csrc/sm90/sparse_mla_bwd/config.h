@@ -33,22 +33,11 @@ constexpr int kThreads = 384;                              // WG0 front, WG1 bac
 constexpr int kFrontDqBlocks = 5;                          // dQ columns [0, 320): RS m64n256 + m64n64
 constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64n256
 
-// A/B build only (default 0): FLASHDSA_BWD_DET_RAW_BITS=1 sends the deterministic mode's pair words in their raw form
-// (fixed_pair::pack_raw: two FFMA per pair instead of two FFMA, two integer adds and a sign carry; the decode pass removes
-// the bias from each row's addend count): the same sums bit for bit, 432 fewer instructions per block in the back
-// warpgroup, which bounds the deterministic mode at <= 32K (docs/perf-notes.md, twenty-eighth session).
-#ifndef FLASHDSA_BWD_DET_RAW_BITS
-#define FLASHDSA_BWD_DET_RAW_BITS 0
-#endif
-// A/B build only (default 0): FLASHDSA_BWD_DET_ADDR=1 gives the deterministic emission one word pointer per row and
-// chunk with the lane's offset folded in (kernel_common.cuh put_fixed_words), the same words at the same addresses.
-#ifndef FLASHDSA_BWD_DET_ADDR
-#define FLASHDSA_BWD_DET_ADDR 0
-#endif
-// A/B build only (default 0): FLASHDSA_BWD_DET_AMAX2=1 tracks each row's |max| as a signed and an unsigned max of the
-// values' bits, without masking each value (kernel_common.cuh absmax2_bits4).
-#ifndef FLASHDSA_BWD_DET_AMAX2
-#define FLASHDSA_BWD_DET_AMAX2 0
+// The deterministic emission's switches FLASHDSA_BWD_DET_RAW_BITS, FLASHDSA_BWD_DET_ADDR and FLASHDSA_BWD_DET_AMAX2
+// (twenty-ninth session, H100: 3.5% / 3.8% faster at 8K / 32K, equal at 128K) are folded in: the emission is their form
+// now, and a build that still passes one fails below.
+#if defined(FLASHDSA_BWD_DET_RAW_BITS) || defined(FLASHDSA_BWD_DET_ADDR) || defined(FLASHDSA_BWD_DET_AMAX2)
+#error "FLASHDSA_BWD_DET_RAW_BITS / _ADDR / _AMAX2 are folded into the deterministic emission (docs/perf-notes.md)"
 #endif
 // Switches measured on 2026-12-05 (H100), neutral or slower, and removed with their code (docs/perf-notes.md,
 // twenty-eighth session; the code is in git history before commit 9db2d3f): a build that still passes one fails here.

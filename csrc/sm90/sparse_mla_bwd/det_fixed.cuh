@@ -192,7 +192,7 @@ __global__ void fix_check_kernel(float* __restrict__ dkv, float* __restrict__ un
 }
 
 // One thread per (key row, 128-byte line): the 16 pair words of the line (words k and 8 + k hold stored positions
-// 4k, 4k + 1 and 4k + 2, 4k + 3: put_fixed_pairs) -> 32 fp32 values times 1 / |unit|, in natural column order
+// 4k, 4k + 1 and 4k + 2, 4k + 3: put_fixed_words) -> 32 fp32 values times 1 / |unit|, in natural column order
 // (stored position dkv_pos(c) -> column c), written over the same line. NaN for a row that is not proven exact.
 __global__ void fix_decode_kernel(float* __restrict__ dkv, const float* __restrict__ unit,
                                   const unsigned long long* __restrict__ l1, const int32_t* __restrict__ count,
@@ -208,11 +208,8 @@ __global__ void fix_decode_kernel(float* __restrict__ dkv, const float* __restri
       for (int p = 0; p < 32; ++p) v[p] = __int_as_float(0x7FC00000);
     } else {
       const float inv = 1.f / fabsf(unit[j]);  // a power of two in [2^-126, 2^126]: exact
-#if FLASHDSA_BWD_DET_RAW_BITS
-      const auto word = [&](int w) { return fixed_pair::unbias(words[w], uint32_t(count[j])); };  // n < 2^32
-#else
-      const auto word = [&](int w) { return words[w]; };
-#endif
+      // the raw words' sum minus the row's bias (put_fixed_words; n = the row's addend count < 2^32)
+      const auto word = [&](int w) { return fixed_pair::unbias(words[w], uint32_t(count[j])); };
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         fixed_pair::decode(word(k), inv, v[4 * k], v[4 * k + 1]);

@@ -147,8 +147,8 @@ FLASHDSA_FIXED_HD float rerun_unit(uint64_t check, bool capped, float unit, int 
   return unit_for(sum > share ? sum : share, kUnitTargetLog2, kUnitMinLog2, kUnitMaxLog2);
 }
 
-// The raw form of a pair (FLASHDSA_BWD_DET_RAW_BITS, docs/perf-notes.md twenty-eighth session): the bits of
-// fmaf(y, unit, kMagic) and fmaf(x, unit, kMagic) as they are, t_y * 2^32 + t_x — two FFMA and no integer work. For
+// The raw form of a pair (the deterministic emission's words since the twenty-ninth session, docs/perf-notes.md): the
+// bits of fmaf(y, unit, kMagic) and fmaf(x, unit, kMagic) as they are, t_y * 2^32 + t_x — two FFMA, no integer work. For
 // |x * unit|, |y * unit| < 2^22 each half is kMagicBits + to_fixed(.), so a sum of n raw words minus
 // n * kMagicBits * (2^32 + 1) (unbias, mod 2^64) is the sum of the n words pack(to_fixed(x), to_fixed(y)), bit for bit.
 FLASHDSA_FIXED_HD uint64_t pack_raw(float x, float y, float unit) {

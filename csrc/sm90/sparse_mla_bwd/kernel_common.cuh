@@ -423,13 +423,10 @@ struct DkvRows {
   uint32_t row[2][2];  // [half][A, B]: key
   bool valid[2][2];
   float unit[2][2];               // deterministic mode: the row's unit
-  mutable uint32_t amax[2][2];    // the bits of the largest |value| this lane sent to the row in this block
-#if FLASHDSA_BWD_DET_AMAX2
-  mutable uint32_t amaxn[2][2];  // with amax: see absmax2_bits4
-#endif
-#if FLASHDSA_BWD_DET_ADDR
+  // deterministic mode: the largest |value| this lane sent to the row in this block, as a signed and an unsigned max
+  // of the values' bits (absmax2_bits4; finish_fixed_rows combines them)
+  mutable uint32_t amax[2][2], amaxn[2][2];
   uint64_t* wptr[2][2];  // deterministic mode: the lane's first pair word in the row (byte 8k of its chunk-0 line)
-#endif
 };
 
 // Deterministic mode, fixed-point pairs: the fast mode's rows (keys of rows A, B) plus each row's unit; pass 2 sends
@@ -451,13 +448,9 @@ __device__ __forceinline__ DkvRows dkv_rows_fixed(const MainParams& p, const int
       r.row[half][ab] = valid ? uint32_t(key) : 0u;
       r.unit[half][ab] = fabsf(u);
       r.amax[half][ab] = 0u;
-#if FLASHDSA_BWD_DET_AMAX2
       r.amaxn[half][ab] = 0u;
-#endif
-#if FLASHDSA_BWD_DET_ADDR
       // r.base carries the lane's column 4 (lane % 8) floats; its first pair word sits at byte 8 (lane % 8)
       r.wptr[half][ab] = reinterpret_cast<uint64_t*>(r.base - 2 * (lane & 7) + size_t(r.row[half][ab]) * kQkCols);
-#endif
     }
   }
   return r;
@@ -488,59 +481,24 @@ __device__ __forceinline__ float* dkv_row_ptr(const DkvRows& r, int half, int ab
   return r.base + size_t(r.row[half][ab]) * kQkCols;
 }
 
-// The bits of max(|x|) over the four values and `m` (as unsigned integers: NaN and inf order above every finite value,
-// so a non-finite addend makes the row's check fail).
-#if FLASHDSA_BWD_DET_AMAX2
-// FLASHDSA_BWD_DET_AMAX2 (A/B build): |max| of values as two running maxima of their bits, with no masking per value —
-// a signed one (pos, from 0: the largest non-negative value's bits, +NaN above +inf) and an unsigned one (neg: a
-// negative value's bits exceed every non-negative one's and grow with its magnitude, -NaN the largest); the row's
-// |max| bits are max(pos, neg & 0x7FFFFFFF) (finish_fixed_rows). Two 3-input integer max instructions per two values
-// instead of one mask per value and one 3-input max per two.
+// A row's |max| as two running maxima of its values' bits, with no masking per value: a signed one (pos, from 0: the
+// largest non-negative value's bits, +NaN above +inf) and an unsigned one (neg: a negative value's bits exceed every
+// non-negative one's and grow with its magnitude, -NaN the largest); the row's |max| bits are max(pos, neg & 0x7FFFFFFF)
+// (finish_fixed_rows; as unsigned integers NaN and inf order above every finite value, so a non-finite addend makes the
+// row's check fail). Two 3-input integer max instructions per two values.
 __device__ __forceinline__ void absmax2_bits4(uint32_t& pos, uint32_t& neg, float4 x) {
   const int32_t a = __float_as_int(x.x), b = __float_as_int(x.y), c = __float_as_int(x.z), d = __float_as_int(x.w);
   pos = uint32_t(max(max(int32_t(pos), a), max(max(b, c), d)));
   neg = max(max(neg, uint32_t(a)), max(max(uint32_t(b), uint32_t(c)), uint32_t(d)));
 }
-#endif
-__device__ __forceinline__ uint32_t absmax_bits4(uint32_t m, float4 x) {
-  m = max(m, __float_as_uint(x.x) & 0x7FFFFFFFu);
-  m = max(m, __float_as_uint(x.y) & 0x7FFFFFFFu);
-  m = max(m, __float_as_uint(x.z) & 0x7FFFFFFFu);
-  return max(m, __float_as_uint(x.w) & 0x7FFFFFFFu);
-}
 
-// One lane's 16 bytes of a row line (float4 `x` bound for dst, the row's chunk start + 4k floats, k = lane % 8) as two
-// fixed-point pair words: (x, y) at byte 8k and (z, w) at byte 64 + 8k of the same line (the decode pass's layout).
-// to_fixed is one FFMA; a value beyond its range makes the row fail its check (fixed_pair::check_term) and re-run.
-// The two pair words of a lane's float4 (positions 4k .. 4k + 3 of a row line): (x, y) and (z, w).
-// FLASHDSA_BWD_DET_RAW_BITS (A/B build): the raw words (fixed_pair::pack_raw: two FFMA per pair, no integer work; the
-// decode removes the bias from the row's addend count), the same sums bit for bit.
-__device__ __forceinline__ void fixed_words(float4 x, float unit, uint64_t& xy, uint64_t& zw) {
-#if FLASHDSA_BWD_DET_RAW_BITS
-  xy = fixed_pair::pack_raw(x.x, x.y, unit);
-  zw = fixed_pair::pack_raw(x.z, x.w, unit);
-#else
-  xy = fixed_pair::pack(fixed_pair::to_fixed(x.x, unit), fixed_pair::to_fixed(x.y, unit));
-  zw = fixed_pair::pack(fixed_pair::to_fixed(x.z, unit), fixed_pair::to_fixed(x.w, unit));
-#endif
-}
-
-#if FLASHDSA_BWD_DET_ADDR
-// put_fixed_pairs with the word pointer given (q: byte 8k of the line; FLASHDSA_BWD_DET_ADDR, A/B build).
+// One lane's 16 bytes of a row line (float4 `x`: positions 4k .. 4k + 3 of the line, k = lane % 8) as two pair words in
+// their raw form (fixed_pair::pack_raw: two FFMA per pair, no integer work; the decode pass removes the bias from the
+// row's addend count): (x, y) at byte 8k (q) and (z, w) at byte 64 + 8k of the same line (the decode pass's layout). A
+// value beyond to_fixed's range makes the row fail its check (fixed_pair::check_term) and re-run.
 __device__ __forceinline__ void put_fixed_words(uint64_t* q, float4 x, float unit) {
-  uint64_t xy, zw;
-  fixed_words(x, unit, xy, zw);
-  hw::red_add_u64(q, xy);
-  hw::red_add_u64(q + 8, zw);
-}
-#endif
-
-__device__ __forceinline__ void put_fixed_pairs(float* dst, float4 x, float unit, int k) {
-  uint64_t* const q = reinterpret_cast<uint64_t*>(dst - 2 * k);
-  uint64_t xy, zw;
-  fixed_words(x, unit, xy, zw);
-  hw::red_add_u64(q, xy);
-  hw::red_add_u64(q + 8, zw);
+  hw::red_add_u64(q, fixed_pair::pack_raw(x.x, x.y, unit));
+  hw::red_add_u64(q + 8, fixed_pair::pack_raw(x.z, x.w, unit));
 }
 
 // Deterministic mode, fixed-point pairs: the fast mode's quad-pair exchange, then each valid row's two float4 as four
@@ -554,24 +512,13 @@ __device__ __forceinline__ void emit_dkv_pairs_fixed(const float (&acc)[32], con
 #pragma unroll
     for (int ab = 0; ab < 2; ++ab) {
       if (!rows.valid[half][ab]) continue;
-#if FLASHDSA_BWD_DET_ADDR
-      // one word pointer per row and block (dkv_rows_fixed), the chunk and the four words immediate offsets of it (the
-      // default form builds a 64-bit address per word: ≈ 20 instructions per row and chunk in the back)
+      // one word pointer per row and block (dkv_rows_fixed); the chunk and the four words are immediate offsets of it (a
+      // 64-bit address per word cost ≈ 20 instructions per row and chunk in the back)
       uint64_t* const q = rows.wptr[half][ab] + chunk * (kColsPerBlock / 2);
       put_fixed_words(q, x[ab][0], rows.unit[half][ab]);
       put_fixed_words(q + 16, x[ab][1], rows.unit[half][ab]);
-#else
-      const int k = lane & 7;
-      float* const dst = rows.base + size_t(rows.row[half][ab]) * kQkCols + chunk * kColsPerBlock;
-      put_fixed_pairs(dst, x[ab][0], rows.unit[half][ab], k);
-      put_fixed_pairs(dst + 32, x[ab][1], rows.unit[half][ab], k);
-#endif
-#if FLASHDSA_BWD_DET_AMAX2
       absmax2_bits4(rows.amax[half][ab], rows.amaxn[half][ab], x[ab][0]);
       absmax2_bits4(rows.amax[half][ab], rows.amaxn[half][ab], x[ab][1]);
-#else
-      rows.amax[half][ab] = absmax_bits4(absmax_bits4(rows.amax[half][ab], x[ab][0]), x[ab][1]);
-#endif
     }
   }
 }
@@ -586,11 +533,7 @@ __device__ __forceinline__ void finish_fixed_rows(const MainParams& p, const Dkv
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
     for (int ab = 0; ab < 2; ++ab) {
-#if FLASHDSA_BWD_DET_AMAX2
       uint32_t m = max(rows.amax[half][ab], rows.amaxn[half][ab] & 0x7FFFFFFFu);
-#else
-      uint32_t m = rows.amax[half][ab];
-#endif
 #pragma unroll
       for (int mask = 1; mask < 8; mask <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, mask));
       if ((lane & 7) == 0 && rows.valid[half][ab]) {
