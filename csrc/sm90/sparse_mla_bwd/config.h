@@ -39,6 +39,14 @@ constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64
 #if defined(FLASHDSA_BWD_DET_RAW_BITS) || defined(FLASHDSA_BWD_DET_ADDR) || defined(FLASHDSA_BWD_DET_AMAX2)
 #error "FLASHDSA_BWD_DET_RAW_BITS / _ADDR / _AMAX2 are folded into the deterministic emission (docs/perf-notes.md)"
 #endif
+// A/B build only (default 0): FLASHDSA_BWD_DET_WAVES=1 paces the deterministic mode's sorted pass 1 in waves of the
+// resident CTAs (twenty-ninth session): a CTA's producer starts gathering once every CTA of the earlier waves issued its
+// last block (MainParams::sweep_counter counts them), so that the CTAs in flight walk their sorted rows in step from the
+// first block. The fast mode's rotation by a live progress counter would do that too, but it makes the order of a row's
+// blocks, and so dq's rounding, depend on timing; a fixed start (block 0) keeps dq bitwise repeatable.
+#ifndef FLASHDSA_BWD_DET_WAVES
+#define FLASHDSA_BWD_DET_WAVES 0
+#endif
 // Switches measured on 2026-12-05 (H100), neutral or slower, and removed with their code (docs/perf-notes.md,
 // twenty-eighth session; the code is in git history before commit 9db2d3f): a build that still passes one fails here.
 #if defined(FLASHDSA_BWD_RS_DKV) || defined(FLASHDSA_BWD_EMIT_HALF) || defined(FLASHDSA_BWD_KV_SPLIT) || \

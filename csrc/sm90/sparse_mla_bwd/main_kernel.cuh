@@ -118,7 +118,20 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
   build_block_list<kDeterministic, kBarProducer>(p, sm, idx_row, num_row_blocks, warp, lane);
   hw::mbar_arrive(&sm.setup_full);
   const int num_blocks = sm.num_blocks;
+#if FLASHDSA_BWD_DET_WAVES
+  const bool sweep = !kDeterministic && p.sweep_counter != nullptr;
+  if (kDeterministic && p.sweep_counter != nullptr) {  // wave w = cta / R waits for the w R CTAs before it (bounded)
+    if (tid == 0) {
+      const uint32_t cta = blockIdx.x + blockIdx.y * gridDim.x;
+      const uint32_t target = cta / uint32_t(p.resident_ctas) * uint32_t(p.resident_ctas);
+      for (int spin = 0; spin < 20000 && *reinterpret_cast<volatile uint32_t*>(p.sweep_counter) < target; ++spin)
+        __nanosleep(128);
+    }
+    hw::named_bar_sync(kBarProducer, 128);
+  }
+#else
   const bool sweep = p.sweep_counter != nullptr;
+#endif
 
   // Keys of this thread's gather rows rsub + 16 r of list entry i.
   auto load_keys = [&](int i, int32_t (&k)[4]) {
@@ -141,6 +154,9 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     if (sweep && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
     if (i + 1 < num_blocks) load_keys(i + 1, keys);
   }
+#if FLASHDSA_BWD_DET_WAVES
+  if (kDeterministic && p.sweep_counter != nullptr && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);  // issued all
+#endif
 }
 
 // ---- front warpgroup ----------------------------------------------------------------------------

@@ -292,6 +292,17 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
         mp.indices_stride_t = p.topk.stride_t;
         mp.mass_slots = nullptr;
       }
+#if FLASHDSA_BWD_DET_WAVES
+      if (pl.fix_sorted && pass == 1) {  // pace the sorted pass in waves (config.h)
+        mp.sweep_counter = reinterpret_cast<uint32_t*>(ws + pl.sweep_counter);
+        FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
+        int sms = 132;
+        FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
+        mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
+      } else {
+        mp.sweep_counter = nullptr;
+      }
+#endif
       FLASHDSA_RETURN_IF_ERROR(launch_main<true>(mp, tokens, pl.num_head_groups, stream));
     }
     if (pass == 1) {
