@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 19 / 20 acceptance tables and the deterministic mode's waves, one call (twenty-ninth session):
-#   run(command="bash docs/bench/s29_2026-12-05/next_call_accept.sh", carry=[".peers", "build-x/acc"])
+#   run(command="bash docs/bench/s29_2026-12-05/next_call_accept.sh", carry=[".peers"])  (+ "build-x/acc" when it fits)
 #   .peers: cudnn.tar.xz + MANIFEST only (move tilelang.tar.xz out for this call: 64 MiB carry limit);
 #   build-x/acc/acc.tar.xz: the backward's check program, default (main) and -DFLASHDSA_BWD_DET_WAVES=1 (waves)
 #   (docs/bench/s29_2026-12-05/build_acc.sh).
@@ -16,8 +16,14 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=cs
 s=$(date +%s)
 source scripts/lib/gpu_steps.sh  # bg_sanitizers, bench_col, call_step
 BUDGET=${BUDGET:-580}
-[ -x $B/bwd_waves ] || tar -xJf $B/acc.tar.xz -C $B || exit 2
-(cd $B && sha256sum -c sha256.txt > "$L/sha256.txt" 2>&1; cp flags.txt "$L/")
+if [ -f $B/acc.tar.xz ]; then
+  [ -x $B/bwd_waves ] || tar -xJf $B/acc.tar.xz -C $B || exit 2
+  (cd $B && sha256sum -c sha256.txt > "$L/sha256.txt" 2>&1; cp flags.txt "$L/")
+else  # not carried (the carry limit): built here, ≈ 30 s
+  B=/tmp/acc_bin; BUILD_ONLY=1 BIN=$B AB_FLAGS="-DFLASHDSA_BWD_DET_WAVES=1" timeout 200 bash scripts/bwd_gpu.sh \
+    > "$L/bwd_build.log" 2>&1; echo "check programs built rc=$? $(( $(date +%s) - s )) s"
+  cp $B/bwd_ab $B/bwd_waves || exit 2; echo "built on the device from $(git rev-parse --short HEAD 2>/dev/null)" > "$L/sha256.txt"
+fi
 ( FLASHDSA_BUILD_DIR=/tmp/build_acc MAX_JOBS=14 timeout 300 python3 -m pip install --no-build-isolation --no-deps -e . \
     > "$L/ext_build.log" 2>&1; echo "ext rc=$? $(( $(date +%s) - s )) s" > "$L/ext.rc" ) &
 ext_pid=$!
