@@ -47,6 +47,9 @@ constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64
 #ifndef FLASHDSA_BWD_DET_WAVES
 #define FLASHDSA_BWD_DET_WAVES 0
 #endif
+#ifndef FLASHDSA_BWD_DET_WAVE_LEAD  // A/B: a CTA signals its wave this many blocks before its last one
+#define FLASHDSA_BWD_DET_WAVE_LEAD 0
+#endif
 // Switches measured on 2026-12-05 (H100), neutral or slower, and removed with their code (docs/perf-notes.md,
 // twenty-eighth session; the code is in git history before commit 9db2d3f): a build that still passes one fails here.
 #if defined(FLASHDSA_BWD_RS_DKV) || defined(FLASHDSA_BWD_EMIT_HALF) || defined(FLASHDSA_BWD_KV_SPLIT) || \

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The deterministic mode's waves: when a CTA signals its wave (twenty-ninth session).
+#   run(command="bash docs/bench/s29_2026-12-05/next_call_lead.sh", carry=["build-x/lead"])
+# waves = -DFLASHDSA_BWD_DET_WAVES=1 as measured by next_call_accept.sh (signal once the last block is issued);
+# l4 / l8 = + -DFLASHDSA_BWD_DET_WAVE_LEAD=4 / 8 (signal 4 / 8 blocks before the last). Cases of l4 and l8, then
+# waves / l4 / l8 alternated, 2 rounds (round 2 reversed), det at 32K / 128K.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+L=/tmp/lead; rm -rf "$L"; mkdir -p "$L"; OUT=${OUT:-/tmp}; B=build-x/lead
+s=$(date +%s); BUDGET=${BUDGET:-300}
+source scripts/lib/gpu_steps.sh
+tar -xJf $B/lead.tar.xz -C $B && (cd $B && sha256sum -c sha256.txt > "$L/sha256.txt" 2>&1)
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$L/gpu.txt"
+for v in l4 l8; do
+  ( timeout 120 $B/bwd_$v --no-bench > "$L/${v}_correct.log" 2>&1; echo "exit=$?" >> "$L/${v}_correct.log" ) &
+done
+wait; echo "cases $(( $(date +%s) - s )) s"
+for r in 1 2; do
+  order="waves l4 l8"; [ $r = 2 ] && order="l8 l4 waves"
+  for v in $order; do call_step "$v r$r" 30 60 "$L/${v}_r$r.log" $B/bwd_$v --bench-only --T 32768,131072; done
+done
+tar -czf "$OUT/lead_logs.tgz" -C "$L" .
+echo "==== summary"; cat "$L/gpu.txt"
+for v in l4 l8; do echo "$v: $(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/${v}_correct.log" | tail -1) $(grep -x "exit=[0-9]*" "$L/${v}_correct.log")"; done
+echo "T | fast (waves r1) | det ms r1 / r2: waves, l4, l8"
+for T in 32768 131072; do
+  row="$T | $(bench_col $T 2 "$L/waves_r1.log") |"
+  for v in waves l4 l8; do row="$row $v $(bench_col $T 3 "$L/${v}_r1.log") / $(bench_col $T 3 "$L/${v}_r2.log") |"; done
+  echo "$row"
+done
+grep -h "bitwise\|DIFFER" "$L"/*_r1.log | head -6
