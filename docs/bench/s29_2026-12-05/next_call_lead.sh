@@ -3,7 +3,7 @@
 #   run(command="bash docs/bench/s29_2026-12-05/next_call_lead.sh", carry=["build-x/lead"])
 # waves = -DFLASHDSA_BWD_DET_WAVES=1 as measured by next_call_accept.sh (signal once the last block is issued);
 # l4 / l8 = + -DFLASHDSA_BWD_DET_WAVE_LEAD=4 / 8 (signal 4 / 8 blocks before the last). Cases of l4 and l8, then
-# waves / l4 / l8 alternated, 2 rounds (round 2 reversed), det at 32K / 128K.
+# waves / l4 / l8 alternated, 3 rounds at 32K (round 2 reversed), one run each at 128K.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 L=/tmp/lead; rm -rf "$L"; mkdir -p "$L"; OUT=${OUT:-/tmp}; B=build-x/lead
@@ -15,17 +15,19 @@ for v in l4 l8; do
   ( timeout 120 $B/bwd_$v --no-bench > "$L/${v}_correct.log" 2>&1; echo "exit=$?" >> "$L/${v}_correct.log" ) &
 done
 wait; echo "cases $(( $(date +%s) - s )) s"
-for r in 1 2; do
+for r in 1 2 3; do  # 32K: 3 rounds (round 2 reversed); 128K: one run each (device time was short)
   order="waves l4 l8"; [ $r = 2 ] && order="l8 l4 waves"
-  for v in $order; do call_step "$v r$r" 30 60 "$L/${v}_r$r.log" $B/bwd_$v --bench-only --T 32768,131072; done
+  for v in $order; do call_step "$v r$r" 30 30 "$L/${v}_r$r.log" $B/bwd_$v --bench-only --T 32768; done
 done
+for v in waves l4 l8; do call_step "$v 128K" 25 40 "$L/${v}_128k.log" $B/bwd_$v --bench-only --T 131072; done
 tar -czf "$OUT/lead_logs.tgz" -C "$L" .
 echo "==== summary"; cat "$L/gpu.txt"
 for v in l4 l8; do echo "$v: $(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/${v}_correct.log" | tail -1) $(grep -x "exit=[0-9]*" "$L/${v}_correct.log")"; done
-echo "T | fast (waves r1) | det ms r1 / r2: waves, l4, l8"
-for T in 32768 131072; do
-  row="$T | $(bench_col $T 2 "$L/waves_r1.log") |"
-  for v in waves l4 l8; do row="$row $v $(bench_col $T 3 "$L/${v}_r1.log") / $(bench_col $T 3 "$L/${v}_r2.log") |"; done
-  echo "$row"
-done
+echo "32K: fast (waves r1) | det ms r1 / r2 / r3: waves, l4, l8; 128K: det ms of one run each"
+row="32768 | $(bench_col 32768 2 "$L/waves_r1.log") |"
+for v in waves l4 l8; do row="$row $v $(bench_col 32768 3 "$L/${v}_r1.log") / $(bench_col 32768 3 "$L/${v}_r2.log") / $(bench_col 32768 3 "$L/${v}_r3.log") |"; done
+echo "$row"
+row="131072 | $(bench_col 131072 2 "$L/waves_128k.log") |"
+for v in waves l4 l8; do row="$row $v $(bench_col 131072 3 "$L/${v}_128k.log") |"; done
+echo "$row"
 grep -h "bitwise\|DIFFER" "$L"/*_r1.log | head -6
