@@ -39,13 +39,14 @@ constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64
 #if defined(FLASHDSA_BWD_DET_RAW_BITS) || defined(FLASHDSA_BWD_DET_ADDR) || defined(FLASHDSA_BWD_DET_AMAX2)
 #error "FLASHDSA_BWD_DET_RAW_BITS / _ADDR / _AMAX2 are folded into the deterministic emission (docs/perf-notes.md)"
 #endif
-// A/B build only (default 0): FLASHDSA_BWD_DET_WAVES=1 paces the deterministic mode's sorted pass 1 in waves of the
-// resident CTAs (twenty-ninth session): a CTA's producer starts gathering once every CTA of the earlier waves issued its
-// last block (MainParams::sweep_counter counts them), so that the CTAs in flight walk their sorted rows in step from the
-// first block. The fast mode's rotation by a live progress counter would do that too, but it makes the order of a row's
-// blocks, and so dq's rounding, depend on timing; a fixed start (block 0) keeps dq bitwise repeatable.
-#ifndef FLASHDSA_BWD_DET_WAVES
-#define FLASHDSA_BWD_DET_WAVES 0
+// The deterministic mode's sorted pass 1 runs in waves of the resident CTAs (twenty-ninth session; H200: det 0.765× ->
+// 0.795× the fast mode at 32K, 0.729× -> 0.939× at 128K): a CTA's producer starts gathering once every CTA of the
+// earlier waves issued its last block (MainParams::sweep_counter counts them), so that the CTAs in flight walk their
+// sorted rows in step from the first block. The fast mode's rotation by a live progress counter would do that too, but
+// it makes the order of a row's blocks, and so dq's rounding, depend on timing; a fixed start keeps dq bitwise
+// repeatable. (Measured as the A/B switch FLASHDSA_BWD_DET_WAVES=1, folded in: a build that still passes it fails.)
+#ifdef FLASHDSA_BWD_DET_WAVES
+#error "FLASHDSA_BWD_DET_WAVES is folded in: the deterministic sorted pass always runs in waves (docs/perf-notes.md)"
 #endif
 #ifndef FLASHDSA_BWD_DET_WAVE_LEAD  // A/B: a CTA signals its wave this many blocks before its last one
 #define FLASHDSA_BWD_DET_WAVE_LEAD 0

@@ -172,8 +172,8 @@ __device__ __forceinline__ void build_block_list(const MainParams& p, SmemPlan& 
     __syncwarp();
     int rot = 0;
 #if !FLASHDSA_BWD_SWEEP_NOROT
-    // (FLASHDSA_BWD_DET_WAVES: the deterministic mode's sweep_counter counts finished CTAs, no rotation)
-    if ((!FLASHDSA_BWD_DET_WAVES || !kDeterministic) && p.sweep_counter != nullptr && total > 0) {
+    // (the deterministic mode's sweep_counter counts CTAs for its waves: no rotation, every row from block 0)
+    if (!kDeterministic && p.sweep_counter != nullptr && total > 0) {
       const uint32_t issued = *reinterpret_cast<volatile uint32_t*>(p.sweep_counter);
       const int position = static_cast<int>((issued / static_cast<uint32_t>(p.resident_ctas)) % num_row_blocks);
       rot = position * total / num_row_blocks;

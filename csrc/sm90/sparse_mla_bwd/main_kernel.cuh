@@ -118,9 +118,11 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
   build_block_list<kDeterministic, kBarProducer>(p, sm, idx_row, num_row_blocks, warp, lane);
   hw::mbar_arrive(&sm.setup_full);
   const int num_blocks = sm.num_blocks;
-#if FLASHDSA_BWD_DET_WAVES
+  // Fast mode, sorted rows: sweep_counter counts the issued blocks (the rotation's progress). Deterministic mode, sorted
+  // pass 1: it counts the CTAs that issued their last block, and the sorted pass runs in waves (config.h): wave
+  // w = cta / R waits for the w R CTAs before it (bounded), then walks its row from block 0 like its wave.
   const bool sweep = !kDeterministic && p.sweep_counter != nullptr;
-  if (kDeterministic && p.sweep_counter != nullptr) {  // wave w = cta / R waits for the w R CTAs before it (bounded)
+  if (kDeterministic && p.sweep_counter != nullptr) {
     if (tid == 0) {
       const uint32_t cta = blockIdx.x + blockIdx.y * gridDim.x;
       const uint32_t target = cta / uint32_t(p.resident_ctas) * uint32_t(p.resident_ctas);
@@ -129,9 +131,6 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     }
     hw::named_bar_sync(kBarProducer, 128);
   }
-#else
-  const bool sweep = p.sweep_counter != nullptr;
-#endif
 
   // Keys of this thread's gather rows rsub + 16 r of list entry i.
   auto load_keys = [&](int i, int32_t (&k)[4]) {
@@ -152,16 +151,18 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     // Sweep mode: count the block. (No L2 prefetches of the dkv rows the block will update nor of the next
     // block's kv rows: both cost 2-5% at 8K-64K, docs/perf-notes.md, eighth session.)
     if (sweep && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
-#if FLASHDSA_BWD_DET_WAVES
-    // the wave signal FLASHDSA_BWD_DET_WAVE_LEAD blocks before the last one (default 0: when the last was issued)
+#if FLASHDSA_BWD_DET_WAVE_LEAD
+    // A/B (not measured): the wave signal FLASHDSA_BWD_DET_WAVE_LEAD blocks before the last one
     if (kDeterministic && p.sweep_counter != nullptr && tid == 0 && i == num_blocks - 1 - FLASHDSA_BWD_DET_WAVE_LEAD)
       hw::red_add_u32(p.sweep_counter, 1u);
 #endif
     if (i + 1 < num_blocks) load_keys(i + 1, keys);
   }
-#if FLASHDSA_BWD_DET_WAVES
+#if FLASHDSA_BWD_DET_WAVE_LEAD
   if (kDeterministic && p.sweep_counter != nullptr && tid == 0 && num_blocks <= FLASHDSA_BWD_DET_WAVE_LEAD)
     hw::red_add_u32(p.sweep_counter, 1u);  // a row shorter than the lead signals at its end
+#else
+  if (kDeterministic && p.sweep_counter != nullptr && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);  // issued all
 #endif
 }
 

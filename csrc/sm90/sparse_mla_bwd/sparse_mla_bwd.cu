@@ -246,7 +246,7 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   mp.fix_capped = reinterpret_cast<uint32_t*>(ws + pl.fix_capped);
   mp.fix_amax = reinterpret_cast<uint32_t*>(ws + pl.fix_amax);
   mp.fix_rerun = &ctl->rerun;
-  mp.sweep_counter = nullptr;  // no rotation: every CTA walks its (sorted) row from the first block
+  mp.sweep_counter = nullptr;  // set per launch below: the waves' counter (sorted pass 1), else none
   const int threads = 256;
   // grid-stride kernels: at least one CTA (T_kv may be 0)
   auto grid = [&](int64_t n) { return std::max(1u, grid_for(n, threads)); };
@@ -292,7 +292,6 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
         mp.indices_stride_t = p.topk.stride_t;
         mp.mass_slots = nullptr;
       }
-#if FLASHDSA_BWD_DET_WAVES
       if (pl.fix_sorted && pass == 1) {  // pace the sorted pass in waves (config.h)
         mp.sweep_counter = reinterpret_cast<uint32_t*>(ws + pl.sweep_counter);
         FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
@@ -302,7 +301,6 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
       } else {
         mp.sweep_counter = nullptr;
       }
-#endif
       FLASHDSA_RETURN_IF_ERROR(launch_main<true>(mp, tokens, pl.num_head_groups, stream));
     }
     if (pass == 1) {
