@@ -20,6 +20,13 @@ for r in 1 2 3; do  # 32K: 3 rounds (round 2 reversed); 128K: one run each (devi
   for v in $order; do call_step "$v r$r" 30 30 "$L/${v}_r$r.log" $B/bwd_$v --bench-only --T 32768; done
 done
 for v in waves l4 l8; do call_step "$v 128K" 25 40 "$L/${v}_128k.log" $B/bwd_$v --bench-only --T 131072; done
+# Where det's 32K time goes beyond the main kernel (bound / count / units / sort / check / decode passes): per-kernel
+# times of one det run under nsys when the machine has it (the kernel table goes into the logs).
+if command -v nsys > /dev/null && [ $((BUDGET - ($(date +%s) - s))) -gt 40 ]; then
+  timeout 60 nsys profile -o "$L/det32k" --force-overwrite true --stats=false $B/bwd_waves --bench-only --T 32768 \
+    > "$L/nsys_run.log" 2>&1 && timeout 30 nsys stats -r cuda_gpu_kern_sum "$L/det32k.nsys-rep" > "$L/nsys_kern.txt" 2>&1
+  rm -f "$L"/det32k.nsys-rep "$L"/det32k.sqlite
+fi
 tar -czf "$OUT/lead_logs.tgz" -C "$L" .
 echo "==== summary"; cat "$L/gpu.txt"
 for v in l4 l8; do echo "$v: $(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/${v}_correct.log" | tail -1) $(grep -x "exit=[0-9]*" "$L/${v}_correct.log")"; done
@@ -31,3 +38,4 @@ row="131072 | $(bench_col 131072 2 "$L/waves_128k.log") |"
 for v in waves l4 l8; do row="$row $v $(bench_col 131072 3 "$L/${v}_128k.log") |"; done
 echo "$row"
 grep -h "bitwise\|DIFFER" "$L"/*_r1.log | head -6
+head -20 "$L/nsys_kern.txt" 2>/dev/null | cut -c1-160
