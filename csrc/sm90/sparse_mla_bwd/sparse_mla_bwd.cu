@@ -273,6 +273,8 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   int32_t* const keys = pl.fix_sorted ? reinterpret_cast<int32_t*>(ws + pl.keys_out) : nullptr;
   int32_t* const pairs =
       pl.fix_sorted && p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
+  int sms = 132;  // the waves' resident CTAs (one per SM)
+  if (pl.fix_sorted) FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
   for (int pass = 1; pass <= 2; ++pass) {
     mp.fix_pass = pass;
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
@@ -295,8 +297,6 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
       if (pl.fix_sorted && pass == 1) {  // pace the sorted pass in waves (config.h)
         mp.sweep_counter = reinterpret_cast<uint32_t*>(ws + pl.sweep_counter);
         FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
-        int sms = 132;
-        FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
         mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
       } else {
         mp.sweep_counter = nullptr;
