@@ -16,6 +16,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=cs
 s=$(date +%s); BUDGET=${BUDGET:-585}
 left() { echo $(( BUDGET - ($(date +%s) - s) )); }
 source scripts/lib/gpu_steps.sh  # bench_col, call_step
+snap() { tar -czf "$OUT/combo_logs.tgz" -C "$L" . 2>/dev/null; }  # after each phase: a cut-off call keeps its logs
 ( FLASHDSA_BUILD_DIR=/tmp/build_tl MAX_JOBS=10 timeout 300 python3 -m pip install --no-build-isolation --no-deps -e . \
     > "$L/ext_build.log" 2>&1; echo "ext rc=$? $(( $(date +%s) - s )) s" > "$L/ext.rc" ) &
 ext_pid=$!
@@ -28,16 +29,18 @@ for v in l4 l8 rev sw20 revsw20; do
   ( timeout 150 $(bin $v) --no-bench > "$L/${v}_correct.log" 2>&1; echo "exit=$?" >> "$L/${v}_correct.log" ) &
 done
 for j in $(jobs -p); do [ "$j" = "$ext_pid" ] || [ "$j" = "$setup_pid" ] || wait "$j"; done
-echo "cases $(( $(date +%s) - s )) s"
+echo "cases $(( $(date +%s) - s )) s"; snap
 for r in 1 2 3; do
   order="waves l4 l8"; [ $r = 2 ] && order="l8 l4 waves"
   for v in $order; do call_step "$v 32K r$r" 420 30 "$L/${v}_r$r.log" $(bin $v) --bench-only --T 32768; done
 done
+snap
 for r in 1 2 3; do
   order="waves sw20 rev revsw20"; [ $r = 2 ] && order="revsw20 rev sw20 waves"
   for v in $order; do call_step "$v 16K r$r" 360 20 "$L/${v}_c16_r$r.log" $(bin $v) --bench-only --fast-only \
     --bench-indices causal --T 16384; done
 done
+snap
 for v in waves l4 l8; do call_step "$v 128K" 320 40 "$L/${v}_128k.log" $(bin $v) --bench-only --T 131072; done
 wait "$ext_pid"; wait "$setup_pid"; cat "$L/ext.rc" "$L/setup.rc"
 peers_run() {  # NAME SELECTION SECONDS
@@ -49,7 +52,9 @@ peers_run() {  # NAME SELECTION SECONDS
   echo "$1 rc=$? $(( $(date +%s) - s )) s"
   cp "$L/$1"/peers_bench/report.md "$OUT/tl_${1}_report.md" 2>/dev/null
 }
+snap
 peers_run bf16 bf16 220
+snap
 if [ "$(left)" -gt 100 ]; then
   timeout 130 python3 -m pytest -q -ra -k cuda tests/python > "$L/pytest_cuda.log" 2>&1
   echo "pytest rc=$? $(( $(date +%s) - s )) s"
