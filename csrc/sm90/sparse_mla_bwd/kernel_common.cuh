@@ -25,12 +25,6 @@
 #ifndef FLASHDSA_BWD_SWEEP_NOROT
 #define FLASHDSA_BWD_SWEEP_NOROT 0
 #endif
-// FLASHDSA_BWD_REVERSE_TOKENS=1: A/B build (twenty-ninth session, not measured), each launch's rows in reverse order,
-// so that a causal sequence's short rows (t < K: fewer key blocks) run last and fill the launch's tail wave instead of
-// full rows (at 16K: 16,384 = 124 × 132 + 16 CTAs, a tail of 16 full rows on 132 SMs).
-#ifndef FLASHDSA_BWD_REVERSE_TOKENS
-#define FLASHDSA_BWD_REVERSE_TOKENS 0
-#endif
 
 namespace flashdsa::sm90::sparse_mla_bwd_impl {
 
@@ -108,11 +102,7 @@ struct Work {
 // The work item of this CTA (grid = (tokens of this launch, head groups)).
 __device__ __forceinline__ Work make_work(const MainParams& p) {
   Work w;
-#if FLASHDSA_BWD_REVERSE_TOKENS
-  w.local_token = int64_t(gridDim.x) - 1 - blockIdx.x;
-#else
   w.local_token = blockIdx.x;
-#endif
   w.token = p.token_begin + w.local_token;
   w.head_group = blockIdx.y;
   w.heads = min(p.H - w.head_group * kHeadsPerCta, kHeadsPerCta);

@@ -151,19 +151,9 @@ __device__ void produce(const MainParams& p, SmemPlan& sm, int tid) {
     // Sweep mode: count the block. (No L2 prefetches of the dkv rows the block will update nor of the next
     // block's kv rows: both cost 2-5% at 8K-64K, docs/perf-notes.md, eighth session.)
     if (sweep && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);
-#if FLASHDSA_BWD_DET_WAVE_LEAD
-    // A/B (not measured): the wave signal FLASHDSA_BWD_DET_WAVE_LEAD blocks before the last one
-    if (kDeterministic && p.sweep_counter != nullptr && tid == 0 && i == num_blocks - 1 - FLASHDSA_BWD_DET_WAVE_LEAD)
-      hw::red_add_u32(p.sweep_counter, 1u);
-#endif
     if (i + 1 < num_blocks) load_keys(i + 1, keys);
   }
-#if FLASHDSA_BWD_DET_WAVE_LEAD
-  if (kDeterministic && p.sweep_counter != nullptr && tid == 0 && num_blocks <= FLASHDSA_BWD_DET_WAVE_LEAD)
-    hw::red_add_u32(p.sweep_counter, 1u);  // a row shorter than the lead signals at its end
-#else
   if (kDeterministic && p.sweep_counter != nullptr && tid == 0) hw::red_add_u32(p.sweep_counter, 1u);  // issued all
-#endif
 }
 
 // ---- front warpgroup ----------------------------------------------------------------------------
