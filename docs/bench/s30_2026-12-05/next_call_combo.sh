@@ -2,7 +2,7 @@
 # One call for both open issues when device starts are scarce (thirtieth session):
 #   run(command="bash docs/bench/s30_2026-12-05/next_call_combo.sh", carry=[".peers", "build-x/lead", "build-x/s30"])
 #   .peers: tilelang.tar.xz + MANIFEST only (≈ 32 MB; with the tree and the two binary archives ≈ 43.5 MB).
-# Issue 19 (check programs built from 8551390 / 2c8e3d3 whose default SASS equals main's): the cases of l4 / l8 / rev /
+# Issue 19 (check programs built from 8551390 (lead) / 3f2dbf3 (s30; kernels of 06308dd), default SASS = main's): the cases of l4 / l8 / rev /
 # sw20 / revsw20; det 32K waves / l4 alternated, 3 rounds (round 2 reversed); fast causal 16K waves / sw20 / rev,
 # 3 rounds; det 128K one run each of waves / l4. Issue 20: the extension builds and the TileLang set unpacks in the
 # background meanwhile (CPU); then `pytest -k cuda` (≈ 90 s) when 200 s are left; then indexer_topk bf16 against
