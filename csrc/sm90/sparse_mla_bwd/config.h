@@ -49,7 +49,7 @@ constexpr int kBackDqBlocks = kQkBlocks - kFrontDqBlocks;  // [320, 576): SS m64
 #error "FLASHDSA_BWD_DET_WAVES is folded in: the deterministic sorted pass always runs in waves (docs/perf-notes.md)"
 #endif
 // Switches measured on 2026-12-05 (H200, thirtieth session), slower, and removed with their code (docs/perf-notes.md;
-// the code is in git history before the commit that added this line): FLASHDSA_BWD_DET_WAVE_LEAD=4 (the wave signal 4
+// the code is in git history before commit e095343): FLASHDSA_BWD_DET_WAVE_LEAD=4 (the wave signal 4
 // blocks before a CTA's last one: det +1.5% at 32K, +1.8% at 128K) and FLASHDSA_BWD_REVERSE_TOKENS=1 (a launch's rows
 // in reverse order: fast +0.2 to +0.9% at 16K on causal rows). A build that still passes one fails here.
 #if defined(FLASHDSA_BWD_DET_WAVE_LEAD) || defined(FLASHDSA_BWD_REVERSE_TOKENS)
