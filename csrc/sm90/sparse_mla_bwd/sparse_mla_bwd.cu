@@ -193,6 +193,12 @@ Status make_plan(const SparseMlaBwdParams& p, Plan* plan) {
   return Status::OK();
 }
 
+// CTAs of a main-kernel launch of `tokens` rows that run at once (one per SM: kSmemBytes): the sweep's rotation and the
+// deterministic waves both count progress in these.
+int resident_ctas(int64_t tokens, int num_head_groups, int sms) {
+  return static_cast<int>(std::min<int64_t>(tokens * num_head_groups, sms));
+}
+
 template <bool kDeterministic>
 Status launch_main(const MainParams& mp, int64_t tokens, int num_head_groups, cudaStream_t stream) {
   return launch_with_smem(sparse_mla_bwd_main_kernel<kDeterministic>,
@@ -273,7 +279,7 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   int32_t* const keys = pl.fix_sorted ? reinterpret_cast<int32_t*>(ws + pl.keys_out) : nullptr;
   int32_t* const pairs =
       pl.fix_sorted && p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
-  int sms = 132;  // the waves' resident CTAs (one per SM)
+  int sms = 0;  // the waves' resident CTAs (sorted pass only)
   if (pl.fix_sorted) FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
   for (int pass = 1; pass <= 2; ++pass) {
     mp.fix_pass = pass;
@@ -297,7 +303,7 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
       if (pl.fix_sorted && pass == 1) {  // pace the sorted pass in waves (config.h)
         mp.sweep_counter = reinterpret_cast<uint32_t*>(ws + pl.sweep_counter);
         FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
-        mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
+        mp.resident_ctas = resident_ctas(tokens, pl.num_head_groups, sms);
       } else {
         mp.sweep_counter = nullptr;
       }
@@ -356,7 +362,7 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
     int32_t* const keys_out = reinterpret_cast<int32_t*>(ws + pl.keys_out);
     mp.sweep_counter = reinterpret_cast<uint32_t*>(ws + pl.sweep_counter);
     FLASHDSA_CUDA_TRY(cudaMemsetAsync(mp.sweep_counter, 0, sizeof(uint32_t), stream));
-    int sms = 132;
+    int sms = 0;
     FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
     int32_t* const pair_ids_out = p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
@@ -367,7 +373,7 @@ static Status sparse_mla_bwd_flow(const SparseMlaBwdParams& p, const sparse_mla_
       mp.indices_stride_t = p.topk.K;
       mp.mass_slots = pair_ids_out;
       mp.token_begin = t0;
-      mp.resident_ctas = static_cast<int>(std::min<int64_t>(tokens * pl.num_head_groups, sms));
+      mp.resident_ctas = resident_ctas(tokens, pl.num_head_groups, sms);
       st = launch_main<false>(mp, tokens, pl.num_head_groups, stream);
       if (!st.ok()) return st;
     }
