@@ -10,12 +10,15 @@ L=/tmp/nsysdet; rm -rf "$L"; mkdir -p "$L"; OUT=${OUT:-/tmp}; B=/tmp/nsysdet_bin
 BUILD_ONLY=1 BIN=$B timeout 200 bash scripts/bwd_gpu.sh > "$L/build.log" 2>&1; echo "build rc=$?"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader > "$L/gpu.txt"
 if command -v nsys > /dev/null; then
-  timeout 120 nsys profile -o "$L/det32k" --force-overwrite true --stats=false $B/bwd_main --bench-only --T 32768 \
-    > "$L/nsys_run.log" 2>&1; echo "nsys rc=$?"
-  timeout 60 nsys stats -r cuda_gpu_kern_sum "$L/det32k.nsys-rep" > "$L/nsys_kern.txt" 2>&1
-  rm -f "$L"/det32k.nsys-rep "$L"/det32k.sqlite
+  for T in 32768 131072; do
+    timeout 150 nsys profile -o "$L/det$T" --force-overwrite true --stats=false $B/bwd_main --bench-only --T $T \
+      > "$L/nsys_run_$T.log" 2>&1; echo "nsys $T rc=$?"
+    timeout 90 nsys stats -r cuda_gpu_kern_sum,cuda_gpu_mem_time_sum "$L/det$T.nsys-rep" > "$L/nsys_kern_$T.txt" 2>&1
+    rm -f "$L/det$T.nsys-rep" "$L/det$T.sqlite"
+  done
 else
-  echo "no nsys on this machine" | tee "$L/nsys_kern.txt"
+  echo "no nsys on this machine" | tee "$L/nsys_kern_32768.txt"
 fi
 tar -czf "$OUT/nsysdet_logs.tgz" -C "$L" .
-cat "$L/gpu.txt"; grep -E '^ +[0-9]+ \|' "$L/nsys_run.log"; head -30 "$L/nsys_kern.txt" | cut -c1-200
+cat "$L/gpu.txt"
+for T in 32768 131072; do grep -E '^ +[0-9]+ \|' "$L/nsys_run_$T.log"; head -45 "$L/nsys_kern_$T.txt" | cut -c1-220; done
