@@ -599,9 +599,15 @@ bool benchmark(const std::vector<int64_t>& Ts, bool fast_only, bool causal_rows)
       const bool same = runs[0] == runs[1] && runs[0] == runs[2];
       std::vector<double> ref(runs[0].begin(), runs[0].end());
       const Errors e = compare(fast, ref);
-      char buf[160];
-      std::snprintf(buf, sizeof buf, " det 3 runs %s; fast vs det dkv rel_l2 %.1e", same ? "bitwise equal" : "DIFFER",
-                    e.rel_l2);
+      uint64_t hsh = 0xcbf29ce484222325ull;  // FNV-1a of the deterministic dkv: A/B builds that must agree bitwise
+      for (const float v : runs[0]) {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        for (int byte = 0; byte < 4; ++byte) hsh = (hsh ^ ((u >> (8 * byte)) & 0xffu)) * 0x100000001b3ull;
+      }
+      char buf[192];
+      std::snprintf(buf, sizeof buf, " det 3 runs %s (dkv bits %016llx); fast vs det dkv rel_l2 %.1e",
+                    same ? "bitwise equal" : "DIFFER", static_cast<unsigned long long>(hsh), e.rel_l2);
       notes += buf;
       ok = ok && same && e.rel_l2 < g_det_tol;
     }

@@ -86,25 +86,31 @@ __global__ void fix_vmax_kernel(const __nv_bfloat16* __restrict__ kv, int64_t st
 
 // q_tg = A_tg / K_t (step 1 above): one CTA per token, a warp per head, the heads of a group summed in order.
 constexpr int kBoundThreads = 256;
-__global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const __nv_bfloat16* __restrict__ q,
-                                                                  int64_t q_stride_t, int64_t q_stride_h,
-                                                                  const __nv_bfloat16* __restrict__ dout, int H,
-                                                                  float scale, const int32_t* __restrict__ indices,
-                                                                  int64_t idx_stride_t, int K, int64_t t_kv,
-                                                                  float* __restrict__ qg, FixedCtl* __restrict__ ctl) {
-  __shared__ float term[kFixedMaxHeads];
-  const int64_t t = blockIdx.x;
+struct BoundParams {
+  const __nv_bfloat16* q;
+  int64_t q_stride_t, q_stride_h;
+  const __nv_bfloat16* dout;
+  int H;
+  float scale;
+  const int32_t* indices;
+  int64_t idx_stride_t;
+  int K;
+  int64_t t_kv;
+  float* qg;
+  FixedCtl* ctl;
+};
+__device__ __forceinline__ void bound_of_token(const BoundParams& p, int64_t t, float* term) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const float vmax = __uint_as_float(ctl->vmax_bits);
+  const float vmax = __uint_as_float(p.ctl->vmax_bits);
   int valid = 0;  // K_t (the same count in every thread)
-  for (int k0 = 0; k0 < K; k0 += kBoundThreads) {
+  for (int k0 = 0; k0 < p.K; k0 += kBoundThreads) {
     const int k = k0 + threadIdx.x;
-    const int32_t idx = k < K ? indices[t * idx_stride_t + k] : -1;
-    valid += __syncthreads_count(idx >= 0 && idx < t_kv);
+    const int32_t idx = k < p.K ? p.indices[t * p.idx_stride_t + k] : -1;
+    valid += __syncthreads_count(idx >= 0 && idx < p.t_kv);
   }
-  for (int h = warp; h < H; h += kBoundThreads / 32) {
-    const __nv_bfloat16* qr = q + t * q_stride_t + h * q_stride_h;
-    const __nv_bfloat16* dr = dout + (t * H + h) * int64_t(kVCols);
+  for (int h = warp; h < p.H; h += kBoundThreads / 32) {
+    const __nv_bfloat16* qr = p.q + t * p.q_stride_t + h * p.q_stride_h;
+    const __nv_bfloat16* dr = p.dout + (t * p.H + h) * int64_t(kVCols);
     float qmax = 0.f, dmax = 0.f, dss = 0.f;
     for_each_pair_of_row(qr, kQkCols, lane, [&](float2 f) { qmax = fmaxf(qmax, fmaxf(fabsf(f.x), fabsf(f.y))); });
     for_each_pair_of_row(dr, kVCols, lane, [&](float2 f) {
@@ -116,19 +122,23 @@ __global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const __nv_bfl
       dmax = fmaxf(dmax, __shfl_xor_sync(0xffffffffu, dmax, mask));
       dss += __shfl_xor_sync(0xffffffffu, dss, mask);
     }
-    if (lane == 0) term[h] = fabsf(scale) * 2.f * sqrtf(dss) * vmax * qmax + dmax;
+    if (lane == 0) term[h] = fabsf(p.scale) * 2.f * sqrtf(dss) * vmax * qmax + dmax;
   }
   __syncthreads();
-  const int groups = (H + kHeadsPerCta - 1) / kHeadsPerCta;
+  const int groups = (p.H + kHeadsPerCta - 1) / kHeadsPerCta;
   if (threadIdx.x < groups) {
     float a = 0.f;
-    for (int h = threadIdx.x * kHeadsPerCta; h < min(H, (threadIdx.x + 1) * kHeadsPerCta); ++h) a += term[h];
+    for (int h = threadIdx.x * kHeadsPerCta; h < min(p.H, (threadIdx.x + 1) * kHeadsPerCta); ++h) a += term[h];
     a *= 1.0625f;  // + the bf16 roundings of P, dS, O
     // a NaN or inf q marks its rows (fix_count_kernel's max), not the scale of the sums
     const float qv = valid > 0 ? a / float(valid) : 0.f;
-    qg[t * groups + threadIdx.x] = qv;
-    if (qv > 0.f && qv < INFINITY) atomicMax(&ctl->qmax_bits, __float_as_uint(qv));
+    p.qg[t * groups + threadIdx.x] = qv;
+    if (qv > 0.f && qv < INFINITY) atomicMax(&p.ctl->qmax_bits, __float_as_uint(qv));
   }
+}
+__global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const BoundParams p) {
+  __shared__ float term[kFixedMaxHeads];
+  bound_of_token(p, blockIdx.x, term);
 }
 
 // Per valid slot (step 2 above): n_j += G, Σ q (fixed-point terms, integer atomics) and max q (unsigned max of the
@@ -153,6 +163,112 @@ __global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t st
     atomicAdd(&count[idx], groups);
     if (terms != 0ull) atomicAdd(&qsum[idx], terms);
     atomicMax(&qrow[idx], top);
+  }
+}
+
+// Step 2 from the sorted rows (the sorted pass, T_kv >= kSweepMinKeys: each row's keys ascending, invalid slots =
+// t_kv and pads above it, sort_rows_kernel): the same words as fix_count_kernel with shared-memory totals in place of
+// one global atomic per slot and word (at 32K that kernel's 200 M L2 atomics cost 2.7 ms on an H100, 3.5% of the
+// deterministic backward; docs/perf-notes.md, thirty-first session). A CTA owns a run of tokens and a group of
+// consecutive key ranges of kCountRangeKeys rows; it walks its ranges in ascending order, each warp one token at a time
+// from that token's cursor (its first key of the range: one warp-wide search per token and CTA, then the cursor only
+// moves forward), and adds the range's totals to the global words before the next range. Integer sums and unsigned
+// maxima: the words are bitwise those of fix_count_kernel in every run.
+constexpr int kCountRangeKeys = 4096;  // key rows of one shared-memory histogram (16 bytes each)
+constexpr int kCountThreads = 256;
+constexpr int kCountMaxTokens = 2048;  // tokens of one CTA (the cursors)
+constexpr int kCountSmemBytes = kCountRangeKeys * (8 + 4 + 4) + kCountMaxTokens * 4;
+struct CountSortedParams {
+  const int32_t* keys;  // [tokens, K] sorted rows
+  int K;
+  int64_t tokens, tokens_per_cta, t_kv;
+  int ranges_per_cta, groups;
+  const float* qg;
+  const FixedCtl* ctl;
+  int32_t* count;
+  unsigned long long* qsum;
+  uint32_t* qrow;
+};
+
+// The first position of a sorted row of n keys whose key is >= lo (n if none): a warp-wide search, 32 probes a round.
+__device__ __forceinline__ int warp_lower_bound(const int32_t* row, int n, int64_t lo_key, int lane) {
+  int lo = 0, hi = n;
+  while (hi - lo > 32) {
+    const int step = (hi - lo + 31) / 32;
+    const int pos = lo + lane * step;
+    const bool probe = pos < hi;
+    const int less = __popc(__ballot_sync(0xffffffffu, probe && row[pos] < lo_key));
+    const int probes = __popc(__ballot_sync(0xffffffffu, probe));
+    const int new_lo = less == 0 ? lo : lo + (less - 1) * step + 1;
+    hi = less == probes ? hi : lo + less * step;
+    lo = new_lo;
+  }
+  const int pos = lo + lane;
+  return lo + __popc(__ballot_sync(0xffffffffu, pos < hi && row[pos] < lo_key));
+}
+
+__global__ void __launch_bounds__(kCountThreads) fix_count_sorted_kernel(const CountSortedParams p) {
+  extern __shared__ __align__(16) unsigned char count_smem[];
+  auto* const s_sum = reinterpret_cast<unsigned long long*>(count_smem);
+  uint32_t* const s_cnt = reinterpret_cast<uint32_t*>(s_sum + kCountRangeKeys);
+  uint32_t* const s_max = s_cnt + kCountRangeKeys;
+  int32_t* const s_cur = reinterpret_cast<int32_t*>(s_max + kCountRangeKeys);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  constexpr int kWarps = kCountThreads / 32;
+  const int64_t t_begin = int64_t(blockIdx.y) * p.tokens_per_cta;
+  const int n_tok = static_cast<int>(min(p.tokens_per_cta, p.tokens - t_begin));
+  const int64_t range0 = int64_t(blockIdx.x) * p.ranges_per_cta;
+  const int64_t ranges = (p.t_kv + kCountRangeKeys - 1) / kCountRangeKeys;
+  const int64_t range_end = min(range0 + p.ranges_per_cta, ranges);
+  const float q_max = __uint_as_float(p.ctl->qmax_bits);
+  if (n_tok <= 0 || range0 >= range_end) return;  // uniform per CTA
+  for (int i = warp; i < n_tok; i += kWarps) {
+    const int c = warp_lower_bound(p.keys + (t_begin + i) * p.K, p.K, range0 * kCountRangeKeys, lane);
+    if (lane == 0) s_cur[i] = c;
+  }
+  for (int64_t r = range0; r < range_end; ++r) {
+    const int64_t r_lo = r * kCountRangeKeys;
+    const int64_t r_hi = min(r_lo + kCountRangeKeys, p.t_kv);
+    for (int i = threadIdx.x; i < kCountRangeKeys; i += kCountThreads) {
+      s_sum[i] = 0ull;
+      s_cnt[i] = 0u;
+      s_max[i] = 0u;
+    }
+    __syncthreads();  // also orders the first range's cursors before their reads
+    for (int i = warp; i < n_tok; i += kWarps) {
+      const int64_t t = t_begin + i;
+      unsigned long long terms = 0ull;
+      uint32_t top = 0u;
+      for (int g = 0; g < p.groups; ++g) {
+        const float qv = p.qg[t * p.groups + g];
+        terms += fixed_pair::q_term(qv, q_max);
+        top = max(top, __float_as_uint(qv) & 0x7FFFFFFFu);
+      }
+      const int32_t* const row = p.keys + t * p.K;
+      int c = s_cur[i];
+      for (;;) {  // the row's keys in [r_lo, r_hi) are the ones from the cursor on below r_hi
+        const int pos = c + lane;
+        const bool in = pos < p.K && row[pos] < r_hi;
+        if (in) {
+          const int k = static_cast<int>(row[pos] - r_lo);
+          atomicAdd(&s_cnt[k], static_cast<uint32_t>(p.groups));
+          if (terms != 0ull) atomicAdd(&s_sum[k], terms);
+          atomicMax(&s_max[k], top);
+        }
+        const int n_in = __popc(__ballot_sync(0xffffffffu, in));
+        c += n_in;
+        if (n_in < 32) break;
+      }
+      if (lane == 0) s_cur[i] = c;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < r_hi - r_lo; i += kCountThreads) {
+      if (s_cnt[i] == 0u) continue;
+      atomicAdd(&p.count[r_lo + i], static_cast<int32_t>(s_cnt[i]));
+      if (s_sum[i] != 0ull) atomicAdd(&p.qsum[r_lo + i], s_sum[i]);
+      atomicMax(&p.qrow[r_lo + i], s_max[i]);
+    }
+    __syncthreads();  // the flush reads before the next range's zeroing
   }
 }
 

@@ -39,6 +39,18 @@ constexpr int64_t kSweepMinKeys = FLASHDSA_BWD_SWEEP_MIN_KEYS;
 constexpr int64_t kSweepMinKeys = tuning::kBwdSweepMinKeys;
 #endif
 constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
+// The deterministic sorted pass counts its rows' addends from the sorted rows (fix_count_sorted_kernel) when 1, per
+// slot with global atomics (fix_count_kernel) when 0: the A/B switch of the thirty-first session.
+#ifndef FLASHDSA_BWD_FIX_SORTED_COUNT
+#define FLASHDSA_BWD_FIX_SORTED_COUNT 0
+#endif
+constexpr bool kFixSortedCount = FLASHDSA_BWD_FIX_SORTED_COUNT != 0;
+// The deterministic sorted pass sorts its rows in the bound's kernel (fix_bound_sort_kernel) when 1, before each
+// chunk's main launch when 0: the thirty-first session's second A/B switch.
+#ifndef FLASHDSA_BWD_FIX_BOUND_SORT
+#define FLASHDSA_BWD_FIX_BOUND_SORT 0
+#endif
+constexpr bool kFixBoundSort = FLASHDSA_BWD_FIX_BOUND_SORT != 0;
 
 // ---- small kernels --------------------------------------------------------------------------
 
@@ -50,17 +62,18 @@ constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
 // sits at thread j / kItems, item j % kItems (blocked); positions >= K hold the largest key and sort last.
 constexpr int kSortThreads = 256;
 template <int kItems>
-__global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* __restrict__ indices,
-                                                                 int64_t stride_t, int K, int64_t t_kv, int bits,
-                                                                 int32_t* __restrict__ keys_out,
-                                                                 int32_t* __restrict__ pair_ids) {
+union SortSmem {
+  typename cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t>::TempStorage sort;
+  uint32_t first[kSortThreads];
+};
+// Row l of a launch (one CTA of kSortThreads; smem free for reuse after it returns); its pair ids are id_row * K + the
+// original slot (id_row: the row within its main launch's chunk, mass_slot_of).
+template <int kItems>
+__device__ __forceinline__ void sort_row(const int32_t* __restrict__ indices, int64_t stride_t, int K, int64_t t_kv,
+                                         int bits, int32_t* __restrict__ keys_out, int32_t* __restrict__ pair_ids,
+                                         int64_t l, int64_t id_row, SortSmem<kItems>& smem) {
   using Sort = cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t>;
-  __shared__ union {
-    typename Sort::TempStorage sort;
-    uint32_t first[kSortThreads];
-  } smem;
   const int tid = threadIdx.x;
-  const int64_t l = blockIdx.x;
   const int32_t* row = indices + l * stride_t;
   const uint32_t pad = (bits >= 32) ? 0xffffffffu : ((1u << bits) - 1u);
   const int j0 = tid * kItems;
@@ -92,7 +105,7 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* 
   for (int i = 1; i < kItems; ++i) sorted = sorted && key[i - 1] <= key[i];
   sorted = __syncthreads_and(sorted) != 0;  // also the last read of `first` before the sort reuses smem
   if (!sorted) Sort(smem.sort).Sort(key, slot, 0, bits);
-  const int64_t out0 = l * int64_t(K);
+  const int64_t out0 = l * int64_t(K), id0 = id_row * int64_t(K);
 #pragma unroll
   for (int i = 0; i < kItems; i += 4) {
     if (j0 + i >= K) break;
@@ -100,9 +113,32 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* 
         make_int4(int(key[i]), int(key[i + 1]), int(key[i + 2]), int(key[i + 3]));
     if (pair_ids != nullptr) {
       *reinterpret_cast<int4*>(pair_ids + out0 + j0 + i) =
-          make_int4(int(out0 + slot[i]), int(out0 + slot[i + 1]), int(out0 + slot[i + 2]), int(out0 + slot[i + 3]));
+          make_int4(int(id0 + slot[i]), int(id0 + slot[i + 1]), int(id0 + slot[i + 2]), int(id0 + slot[i + 3]));
     }
   }
+}
+template <int kItems>
+__global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* __restrict__ indices,
+                                                                 int64_t stride_t, int K, int64_t t_kv, int bits,
+                                                                 int32_t* __restrict__ keys_out,
+                                                                 int32_t* __restrict__ pair_ids) {
+  __shared__ SortSmem<kItems> smem;
+  sort_row<kItems>(indices, stride_t, K, t_kv, bits, keys_out, pair_ids, blockIdx.x, blockIdx.x, smem);
+}
+
+// The deterministic sorted pass: token l's row sorted (sort_rows_kernel) and its bound (fix_bound_kernel) in one CTA,
+// so that the sort's arithmetic runs under the bound's DRAM reads of Q and dO (FLASHDSA_BWD_FIX_BOUND_SORT).
+template <int kItems>
+__global__ void __launch_bounds__(kSortThreads, kItems == 8 ? 4 : 1) fix_bound_sort_kernel(const BoundParams bp, int bits,
+                                                                      int64_t chunk_tokens,
+                                                                      int32_t* __restrict__ keys_out,
+                                                                      int32_t* __restrict__ pair_ids) {
+  static_assert(kSortThreads == kBoundThreads, "one CTA shape for both");
+  __shared__ SortSmem<kItems> smem;
+  __shared__ float term[kFixedMaxHeads];
+  sort_row<kItems>(bp.indices, bp.idx_stride_t, bp.K, bp.t_kv, bits, keys_out, pair_ids, blockIdx.x,
+                   blockIdx.x % chunk_tokens, smem);
+  bound_of_token(bp, blockIdx.x, term);
 }
 
 // dkv [rows, 576] fp32, in place: stored position dkv_pos(c) -> column c (kernel_common.cuh). One
@@ -228,6 +264,48 @@ Status launch_sort_rows(const int32_t* indices, int64_t stride_t, int64_t tokens
   return Status::OK();
 }
 
+// fix_bound_sort_kernel over all `tokens` rows (keys_out and pair_ids hold them all; pair ids relative to each main
+// launch's chunk of chunk_tokens rows), the item count as in launch_sort_rows.
+Status launch_bound_sort(const BoundParams& bp, int64_t tokens, int64_t chunk_tokens, int32_t* keys_out,
+                         int32_t* pair_ids, cudaStream_t stream) {
+  const int bits = key_bits(bp.t_kv);
+  const dim3 grid(static_cast<unsigned>(tokens));
+  if (bp.K <= 8 * kSortThreads) {
+    fix_bound_sort_kernel<8><<<grid, kSortThreads, 0, stream>>>(bp, bits, chunk_tokens, keys_out, pair_ids);
+  } else if (bp.K <= 16 * kSortThreads) {
+    fix_bound_sort_kernel<16><<<grid, kSortThreads, 0, stream>>>(bp, bits, chunk_tokens, keys_out, pair_ids);
+  } else if (bp.K <= 32 * kSortThreads) {
+    fix_bound_sort_kernel<32><<<grid, kSortThreads, 0, stream>>>(bp, bits, chunk_tokens, keys_out, pair_ids);
+  } else {
+    return Status::InvalidArgument("sm90 sparse_mla_bwd: sorted sweep supports K <= 8192, got " + std::to_string(bp.K));
+  }
+  FLASHDSA_CHECK_LAUNCH("fix_bound_sort_kernel");
+  return Status::OK();
+}
+
+// fix_count_sorted_kernel's grid: groups of at most 8 key ranges (a search per token and group, a cursor within it),
+// and enough token runs for about 4 CTAs per SM; each run's CTA adds one histogram per range to the global words, so
+// fewer runs mean fewer global atomics (T_kv per run and word).
+Status launch_count_sorted(const int32_t* keys, int K, int64_t tokens, int64_t t_kv, int groups, const float* qg,
+                           const FixedCtl* ctl, int32_t* count, unsigned long long* qsum, uint32_t* qrow, int sms,
+                           cudaStream_t stream) {
+  const int64_t ranges = (t_kv + kCountRangeKeys - 1) / kCountRangeKeys;
+  const int64_t per_cta = (ranges + 7) / 8;
+  const int64_t range_groups = (ranges + per_cta - 1) / per_cta;
+  const int64_t target = 4 * int64_t(std::max(sms, 1));
+  int64_t runs = std::max((tokens + kCountMaxTokens - 1) / kCountMaxTokens, (target + range_groups - 1) / range_groups);
+  runs = std::min(runs, tokens);
+  const int64_t tokens_per_cta = (tokens + runs - 1) / runs;
+  runs = (tokens + tokens_per_cta - 1) / tokens_per_cta;
+  if (runs > 65535 || range_groups > (int64_t(1) << 30))
+    return Status::InvalidArgument("sm90 sparse_mla_bwd (deterministic mode): " + std::to_string(tokens) +
+                                   " tokens exceed the sorted count's grid");
+  CountSortedParams cp{keys, K, tokens, tokens_per_cta, t_kv, static_cast<int>(per_cta), groups,
+                       qg, ctl, count, qsum, qrow};
+  return launch_with_smem(fix_count_sorted_kernel, dim3(static_cast<unsigned>(range_groups), static_cast<unsigned>(runs)),
+                          kCountThreads, kCountSmemBytes, stream, "fix_count_sorted_kernel", cp);
+}
+
 }  // namespace
 }  // namespace sparse_mla_bwd_impl
 
@@ -265,22 +343,40 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   FLASHDSA_CUDA_TRY(cudaMemsetAsync(ctl, 0, sizeof(FixedCtl), stream));
   fix_vmax_kernel<<<grid(p.T_kv * 32), threads, 0, stream>>>(mp.kv, mp.kv_stride_t, p.T_kv, ctl);
   FLASHDSA_CHECK_LAUNCH("fix_vmax_kernel");
-  fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(
-      mp.q, mp.q_stride_t, mp.q_stride_h, mp.dout, p.attn.H, mp.scale, p.topk.indices, p.topk.stride_t, p.topk.K,
-      p.T_kv, qg, ctl);
-  FLASHDSA_CHECK_LAUNCH("fix_bound_kernel");
-  fix_count_kernel<<<grid(p.T * p.topk.K), threads, 0, stream>>>(p.topk.indices, p.topk.stride_t, p.T, p.topk.K,
-                                                                 p.T_kv, pl.num_head_groups, qg, ctl, count, qsum,
-                                                                 qrow);
-  FLASHDSA_CHECK_LAUNCH("fix_count_kernel");
-  fix_units_kernel<<<grid(p.T_kv), threads, 0, stream>>>(count, qsum, qrow, ctl, p.T_kv, mp.fix_unit, mp.fix_l1,
-                                                          mp.fix_capped, mp.fix_amax);
-  FLASHDSA_CHECK_LAUNCH("fix_units_kernel");
+  const BoundParams bp{mp.q,          mp.q_stride_t,     mp.q_stride_h, mp.dout, p.attn.H, mp.scale,
+                       p.topk.indices, p.topk.stride_t, p.topk.K,      p.T_kv,  qg,       ctl};
   int32_t* const keys = pl.fix_sorted ? reinterpret_cast<int32_t*>(ws + pl.keys_out) : nullptr;
   int32_t* const pairs =
       pl.fix_sorted && p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
-  int sms = 0;  // the waves' resident CTAs (sorted pass only)
+  int sms = 0;  // the waves' resident CTAs (sorted pass only) and the sorted count's grid
   if (pl.fix_sorted) FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
+  const bool bound_sort = kFixBoundSort && pl.fix_sorted;      // every row sorted with its bound
+  const bool sorted_count = kFixSortedCount && pl.fix_sorted;  // the count reads the sorted rows
+  const bool presorted = bound_sort || sorted_count;           // no sort in pass 1
+  if (bound_sort) {
+    FLASHDSA_RETURN_IF_ERROR(launch_bound_sort(bp, p.T, pl.chunk_tokens, keys, pairs, stream));
+  } else {
+    fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(bp);
+    FLASHDSA_CHECK_LAUNCH("fix_bound_kernel");
+  }
+  if (sorted_count) {
+    if (!bound_sort)  // every chunk's rows sorted up front
+      for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens)
+        FLASHDSA_RETURN_IF_ERROR(launch_sort_rows(p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t,
+                                                  std::min(pl.chunk_tokens, p.T - t0), p.topk.K, p.T_kv,
+                                                  keys + t0 * p.topk.K,
+                                                  pairs != nullptr ? pairs + t0 * p.topk.K : nullptr, stream));
+    FLASHDSA_RETURN_IF_ERROR(launch_count_sorted(keys, p.topk.K, p.T, p.T_kv, pl.num_head_groups, qg, ctl, count, qsum,
+                                                 qrow, sms, stream));
+  } else {
+    fix_count_kernel<<<grid(p.T * p.topk.K), threads, 0, stream>>>(p.topk.indices, p.topk.stride_t, p.T, p.topk.K,
+                                                                   p.T_kv, pl.num_head_groups, qg, ctl, count, qsum,
+                                                                   qrow);
+    FLASHDSA_CHECK_LAUNCH("fix_count_kernel");
+  }
+  fix_units_kernel<<<grid(p.T_kv), threads, 0, stream>>>(count, qsum, qrow, ctl, p.T_kv, mp.fix_unit, mp.fix_l1,
+                                                          mp.fix_capped, mp.fix_amax);
+  FLASHDSA_CHECK_LAUNCH("fix_units_kernel");
   for (int pass = 1; pass <= 2; ++pass) {
     mp.fix_pass = pass;
     for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens) {
@@ -288,7 +384,7 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
       mp.token_begin = t0;
       mp.mass = pass == 1 ? static_cast<float*>(p.mass) : nullptr;  // pass 2 would add the mass twice
       if (pl.fix_sorted) {
-        if (pass == 1)
+        if (pass == 1 && !presorted)
           FLASHDSA_RETURN_IF_ERROR(launch_sort_rows(p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t, tokens,
                                                     p.topk.K, p.T_kv, keys + t0 * p.topk.K,
                                                     pairs != nullptr ? pairs + t0 * p.topk.K : nullptr, stream));
