@@ -175,7 +175,8 @@ __global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t st
 // moves forward), and adds the range's totals to the global words before the next range. Integer sums and unsigned
 // maxima: the words are bitwise those of fix_count_kernel in every run.
 constexpr int kCountRangeKeys = 4096;  // key rows of one shared-memory histogram (16 bytes each)
-constexpr int kCountThreads = 256;
+constexpr int kCountThreads = 512;
+constexpr int kCountUnroll = 4;        // 128 keys of a row per warp step
 constexpr int kCountMaxTokens = 2048;  // tokens of one CTA (the cursors)
 constexpr int kCountSmemBytes = kCountRangeKeys * (8 + 4 + 4) + kCountMaxTokens * 4;
 struct CountSortedParams {
@@ -207,7 +208,7 @@ __device__ __forceinline__ int warp_lower_bound(const int32_t* row, int n, int64
   return lo + __popc(__ballot_sync(0xffffffffu, pos < hi && row[pos] < lo_key));
 }
 
-__global__ void __launch_bounds__(kCountThreads) fix_count_sorted_kernel(const CountSortedParams p) {
+__global__ void __launch_bounds__(kCountThreads, 2) fix_count_sorted_kernel(const CountSortedParams p) {
   extern __shared__ __align__(16) unsigned char count_smem[];
   auto* const s_sum = reinterpret_cast<unsigned long long*>(count_smem);
   uint32_t* const s_cnt = reinterpret_cast<uint32_t*>(s_sum + kCountRangeKeys);
@@ -245,19 +246,28 @@ __global__ void __launch_bounds__(kCountThreads) fix_count_sorted_kernel(const C
         top = max(top, __float_as_uint(qv) & 0x7FFFFFFFu);
       }
       const int32_t* const row = p.keys + t * p.K;
-      int c = s_cur[i];
+      int c = __shfl_sync(0xffffffffu, lane == 0 ? s_cur[i] : 0, 0);  // lane 0 owns the token's cursor
       for (;;) {  // the row's keys in [r_lo, r_hi) are the ones from the cursor on below r_hi
-        const int pos = c + lane;
-        const bool in = pos < p.K && row[pos] < r_hi;
-        if (in) {
-          const int k = static_cast<int>(row[pos] - r_lo);
-          atomicAdd(&s_cnt[k], static_cast<uint32_t>(p.groups));
-          if (terms != 0ull) atomicAdd(&s_sum[k], terms);
-          atomicMax(&s_max[k], top);
+        int32_t key[kCountUnroll];  // kCountUnroll independent loads in flight per lane
+#pragma unroll
+        for (int u = 0; u < kCountUnroll; ++u) {
+          const int pos = c + 32 * u + lane;
+          key[u] = pos < p.K ? row[pos] : INT32_MAX;
         }
-        const int n_in = __popc(__ballot_sync(0xffffffffu, in));
+        int n_in = 0;
+#pragma unroll
+        for (int u = 0; u < kCountUnroll; ++u) {
+          const bool in = key[u] < r_hi;
+          if (in) {
+            const int k = static_cast<int>(key[u] - r_lo);
+            atomicAdd(&s_cnt[k], static_cast<uint32_t>(p.groups));
+            if (terms != 0ull) atomicAdd(&s_sum[k], terms);
+            atomicMax(&s_max[k], top);
+          }
+          n_in += __popc(__ballot_sync(0xffffffffu, in));
+        }
         c += n_in;
-        if (n_in < 32) break;
+        if (n_in < 32 * kCountUnroll) break;
       }
       if (lane == 0) s_cur[i] = c;
     }
