@@ -39,18 +39,12 @@ constexpr int64_t kSweepMinKeys = FLASHDSA_BWD_SWEEP_MIN_KEYS;
 constexpr int64_t kSweepMinKeys = tuning::kBwdSweepMinKeys;
 #endif
 constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
-// The deterministic sorted pass counts its rows' addends from the sorted rows (fix_count_sorted_kernel) when 1, per
-// slot with global atomics (fix_count_kernel) when 0: the A/B switch of the thirty-first session.
-#ifndef FLASHDSA_BWD_FIX_SORTED_COUNT
-#define FLASHDSA_BWD_FIX_SORTED_COUNT 0
+// The deterministic sorted pass sorts every row in its bound's CTA and counts the addends from the sorted rows
+// (fix_bound_sort_kernel, fix_count_sorted_kernel; thirty-first session, H100: det 32K -2.9%, 128K -1.8%). The A/B
+// switches of that measurement are folded in: a build that still passes one fails here.
+#if defined(FLASHDSA_BWD_FIX_SORTED_COUNT) || defined(FLASHDSA_BWD_FIX_BOUND_SORT)
+#error "FLASHDSA_BWD_FIX_SORTED_COUNT / _FIX_BOUND_SORT are folded into the deterministic sorted pass (docs/perf-notes.md)"
 #endif
-constexpr bool kFixSortedCount = FLASHDSA_BWD_FIX_SORTED_COUNT != 0;
-// The deterministic sorted pass sorts its rows in the bound's kernel (fix_bound_sort_kernel) when 1, before each
-// chunk's main launch when 0: the thirty-first session's second A/B switch.
-#ifndef FLASHDSA_BWD_FIX_BOUND_SORT
-#define FLASHDSA_BWD_FIX_BOUND_SORT 0
-#endif
-constexpr bool kFixBoundSort = FLASHDSA_BWD_FIX_BOUND_SORT != 0;
 
 // ---- small kernels --------------------------------------------------------------------------
 
@@ -127,7 +121,8 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* 
 }
 
 // The deterministic sorted pass: token l's row sorted (sort_rows_kernel) and its bound (fix_bound_kernel) in one CTA,
-// so that the sort's arithmetic runs under the bound's DRAM reads of Q and dO (FLASHDSA_BWD_FIX_BOUND_SORT).
+// so that the sort's arithmetic runs under the bound's DRAM reads of Q and dO (H100, 32K: 1.97 ms against 1.57 + 0.77
+// ms for the two kernels; 63 registers for K <= 2048, 4 CTAs an SM).
 template <int kItems>
 __global__ void __launch_bounds__(kSortThreads, kItems == 8 ? 4 : 1) fix_bound_sort_kernel(const BoundParams bp, int bits,
                                                                       int64_t chunk_tokens,
@@ -348,27 +343,15 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
   int32_t* const keys = pl.fix_sorted ? reinterpret_cast<int32_t*>(ws + pl.keys_out) : nullptr;
   int32_t* const pairs =
       pl.fix_sorted && p.mass != nullptr ? reinterpret_cast<int32_t*>(ws + pl.pair_ids_out) : nullptr;
-  int sms = 0;  // the waves' resident CTAs (sorted pass only) and the sorted count's grid
-  if (pl.fix_sorted) FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
-  const bool bound_sort = kFixBoundSort && pl.fix_sorted;      // every row sorted with its bound
-  const bool sorted_count = kFixSortedCount && pl.fix_sorted;  // the count reads the sorted rows
-  const bool presorted = bound_sort || sorted_count;           // no sort in pass 1
-  if (bound_sort) {
+  int sms = 0;  // the waves' resident CTAs and the sorted count's grid (sorted pass only)
+  if (pl.fix_sorted) {  // every row sorted with its bound (pair ids per main launch's chunk), then counted
+    FLASHDSA_RETURN_IF_ERROR(tuning::sm_count(&sms));
     FLASHDSA_RETURN_IF_ERROR(launch_bound_sort(bp, p.T, pl.chunk_tokens, keys, pairs, stream));
-  } else {
-    fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(bp);
-    FLASHDSA_CHECK_LAUNCH("fix_bound_kernel");
-  }
-  if (sorted_count) {
-    if (!bound_sort)  // every chunk's rows sorted up front
-      for (int64_t t0 = 0; t0 < p.T; t0 += pl.chunk_tokens)
-        FLASHDSA_RETURN_IF_ERROR(launch_sort_rows(p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t,
-                                                  std::min(pl.chunk_tokens, p.T - t0), p.topk.K, p.T_kv,
-                                                  keys + t0 * p.topk.K,
-                                                  pairs != nullptr ? pairs + t0 * p.topk.K : nullptr, stream));
     FLASHDSA_RETURN_IF_ERROR(launch_count_sorted(keys, p.topk.K, p.T, p.T_kv, pl.num_head_groups, qg, ctl, count, qsum,
                                                  qrow, sms, stream));
   } else {
+    fix_bound_kernel<<<static_cast<unsigned>(p.T), kBoundThreads, 0, stream>>>(bp);
+    FLASHDSA_CHECK_LAUNCH("fix_bound_kernel");
     fix_count_kernel<<<grid(p.T * p.topk.K), threads, 0, stream>>>(p.topk.indices, p.topk.stride_t, p.T, p.topk.K,
                                                                    p.T_kv, pl.num_head_groups, qg, ctl, count, qsum,
                                                                    qrow);
@@ -383,11 +366,7 @@ static Status det_fixed_flow(const SparseMlaBwdParams& p, const sparse_mla_bwd_i
       const int64_t tokens = std::min(pl.chunk_tokens, p.T - t0);
       mp.token_begin = t0;
       mp.mass = pass == 1 ? static_cast<float*>(p.mass) : nullptr;  // pass 2 would add the mass twice
-      if (pl.fix_sorted) {
-        if (pass == 1 && !presorted)
-          FLASHDSA_RETURN_IF_ERROR(launch_sort_rows(p.topk.indices + t0 * p.topk.stride_t, p.topk.stride_t, tokens,
-                                                    p.topk.K, p.T_kv, keys + t0 * p.topk.K,
-                                                    pairs != nullptr ? pairs + t0 * p.topk.K : nullptr, stream));
+      if (pl.fix_sorted) {  // rows sorted by fix_bound_sort_kernel
         mp.indices = keys + t0 * p.topk.K;
         mp.indices_stride_t = p.topk.K;
         mp.mass_slots = pairs != nullptr ? pairs + t0 * p.topk.K : nullptr;

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The folded deterministic sorted pass (thirty-first session) on the acceptance GPU:
+#   run(command="bash docs/bench/s31_2026-12-05/next_call_fold.sh", carry=["build-x/s31"])
+# build-x/s31/fold: the check program of the folded default (device SASS identical, function by function, to the
+# measured cb build); build-x/s31/cb/bwd_main: the default before the fold (pre). Steps: the extension builds in the
+# background; fold's 38 cases; det + fast at 32K pre / fold alternated, 3 rounds (round 2 reversed), 128K one run each;
+# then `pytest -k cuda`. Logs: $OUT/s31fold_logs.tgz.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+L=/tmp/s31fold; rm -rf "$L"; mkdir -p "$L"; OUT=${OUT:-/tmp}; X=build-x/s31
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader > "$L/gpu.txt" 2>&1
+s=$(date +%s); BUDGET=${BUDGET:-470}
+source scripts/lib/gpu_steps.sh  # bench_col, call_step
+snap() { tar -czf "$OUT/s31fold_logs.tgz" -C "$L" . 2>/dev/null; }
+( FLASHDSA_BUILD_DIR=/tmp/build_ext MAX_JOBS=12 timeout 300 python3 -m pip install --no-build-isolation --no-deps -e . \
+    > "$L/ext_build.log" 2>&1; echo "ext rc=$? $(( $(date +%s) - s )) s" > "$L/ext.rc" ) &
+ext_pid=$!
+for n in fold cb; do tar -xJf $X/$n/bwd_bin.tar.xz -C $X/$n || echo "unpack $n failed"; done
+bin() { if [ "$1" = pre ]; then echo $X/cb/bwd_main; else echo $X/fold/bwd_main; fi; }
+call_step "fold cases" 300 150 "$L/fold_correct.log" $(bin fold) --no-bench
+snap
+for r in 1 2 3; do
+  order="pre fold"; [ $r = 2 ] && order="fold pre"
+  for v in $order; do call_step "$v 32K r$r" 300 40 "$L/${v}_r$r.log" $(bin $v) --bench-only --T 32768; done
+done
+snap
+for v in pre fold; do call_step "$v 128K" 230 60 "$L/${v}_128k.log" $(bin $v) --bench-only --T 131072; done
+snap
+wait "$ext_pid"; cat "$L/ext.rc"
+call_step "pytest -k cuda" 100 130 "$L/pytest_cuda.log" python3 -m pytest -q -ra -k cuda tests/python
+snap
+echo "==== summary"; cat "$L/gpu.txt"
+echo "fold cases: $(grep -o "correctness: [0-9]* passed, [0-9]* failed" "$L/fold_correct.log" | tail -1)"
+echo "32K det r1 / r2 / r3 | fast r1 / r2 / r3 | dkv bits r1"
+for v in pre fold; do echo "$v: $(for r in 1 2 3; do printf '%s ' "$(bench_col 32768 3 "$L/${v}_r$r.log")"; done)| $(for r in 1 2 3; do printf '%s ' "$(bench_col 32768 2 "$L/${v}_r$r.log")"; done)| $(grep -o 'dkv bits [0-9a-f]*\|DIFFER' "$L/${v}_r1.log" | head -1)"; done
+echo "128K det | fast | dkv bits"
+for v in pre fold; do echo "$v: $(bench_col 131072 3 "$L/${v}_128k.log") | $(bench_col 131072 2 "$L/${v}_128k.log") | $(grep -o 'dkv bits [0-9a-f]*\|DIFFER' "$L/${v}_128k.log" | head -1)"; done
+echo "pytest -k cuda: $(tail -1 "$L/pytest_cuda.log" 2>/dev/null)"
