@@ -55,9 +55,16 @@ constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
 // over the key_bits(T_kv) low bits (stable, so the result is the same on every run). Entry j of a row
 // sits at thread j / kItems, item j % kItems (blocked); positions >= K hold the largest key and sort last.
 constexpr int kSortThreads = 256;
+// Digit bits of the block radix sort (cub's default 4; FLASHDSA_BWD_SORT_RADIX_BITS: the thirty-first session's A/B of
+// fewer, wider passes).
+#ifndef FLASHDSA_BWD_SORT_RADIX_BITS
+#define FLASHDSA_BWD_SORT_RADIX_BITS 4
+#endif
+template <int kItems>
+using RowSort = cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t, FLASHDSA_BWD_SORT_RADIX_BITS>;
 template <int kItems>
 union SortSmem {
-  typename cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t>::TempStorage sort;
+  typename RowSort<kItems>::TempStorage sort;
   uint32_t first[kSortThreads];
 };
 // Row l of a launch (one CTA of kSortThreads; smem free for reuse after it returns); its pair ids are id_row * K + the
@@ -66,7 +73,7 @@ template <int kItems>
 __device__ __forceinline__ void sort_row(const int32_t* __restrict__ indices, int64_t stride_t, int K, int64_t t_kv,
                                          int bits, int32_t* __restrict__ keys_out, int32_t* __restrict__ pair_ids,
                                          int64_t l, int64_t id_row, SortSmem<kItems>& smem) {
-  using Sort = cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t>;
+  using Sort = RowSort<kItems>;
   const int tid = threadIdx.x;
   const int32_t* row = indices + l * stride_t;
   const uint32_t pad = (bits >= 32) ? 0xffffffffu : ((1u << bits) - 1u);
