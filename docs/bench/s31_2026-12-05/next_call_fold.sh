@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=cs
 s=$(date +%s); BUDGET=${BUDGET:-470}
 source scripts/lib/gpu_steps.sh  # bench_col, call_step
 snap() { tar -czf "$OUT/s31fold_logs.tgz" -C "$L" . 2>/dev/null; }
-( FLASHDSA_BUILD_DIR=/tmp/build_ext MAX_JOBS=12 timeout 300 python3 -m pip install --no-build-isolation --no-deps -e . \
+( FLASHDSA_BUILD_DIR=/tmp/build_ext MAX_JOBS=8 timeout 300 nice -n 19 python3 -m pip install --no-build-isolation --no-deps -e . \
     > "$L/ext_build.log" 2>&1; echo "ext rc=$? $(( $(date +%s) - s )) s" > "$L/ext.rc" ) &
 ext_pid=$!
 for n in fold cb rb5 rb6; do tar -xJf $X/$n/bwd_bin.tar.xz -C $X/$n || echo "unpack $n failed"; done
