@@ -43,7 +43,7 @@ constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
 // (fix_bound_sort_kernel, fix_count_sorted_kernel; thirty-first session, H100: det 32K -2.9%, 128K -1.8%). The A/B
 // switches of that measurement are folded in: a build that still passes one fails here.
 #if defined(FLASHDSA_BWD_FIX_SORTED_COUNT) || defined(FLASHDSA_BWD_FIX_BOUND_SORT)
-#error "FLASHDSA_BWD_FIX_SORTED_COUNT / _FIX_BOUND_SORT are folded into the deterministic sorted pass (docs/perf-notes.md)"
+#error "FLASHDSA_BWD_FIX_SORTED_COUNT / _FIX_BOUND_SORT are folded into the deterministic sorted pass (perf-notes)"
 #endif
 
 // ---- small kernels --------------------------------------------------------------------------
@@ -131,10 +131,9 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_kernel(const int32_t* 
 // so that the sort's arithmetic runs under the bound's DRAM reads of Q and dO (H100, 32K: 1.97 ms against 1.57 + 0.77
 // ms for the two kernels; 63 registers for K <= 2048, 4 CTAs an SM).
 template <int kItems>
-__global__ void __launch_bounds__(kSortThreads, kItems == 8 ? 4 : 1) fix_bound_sort_kernel(const BoundParams bp, int bits,
-                                                                      int64_t chunk_tokens,
-                                                                      int32_t* __restrict__ keys_out,
-                                                                      int32_t* __restrict__ pair_ids) {
+__global__ void __launch_bounds__(kSortThreads, kItems == 8 ? 4 : 1)
+    fix_bound_sort_kernel(const BoundParams bp, int bits, int64_t chunk_tokens, int32_t* __restrict__ keys_out,
+                          int32_t* __restrict__ pair_ids) {
   static_assert(kSortThreads == kBoundThreads, "one CTA shape for both");
   __shared__ SortSmem<kItems> smem;
   __shared__ float term[kFixedMaxHeads];
@@ -304,8 +303,9 @@ Status launch_count_sorted(const int32_t* keys, int K, int64_t tokens, int64_t t
                                    " tokens exceed the sorted count's grid");
   CountSortedParams cp{keys, K, tokens, tokens_per_cta, t_kv, static_cast<int>(per_cta), groups,
                        qg, ctl, count, qsum, qrow};
-  return launch_with_smem(fix_count_sorted_kernel, dim3(static_cast<unsigned>(range_groups), static_cast<unsigned>(runs)),
-                          kCountThreads, kCountSmemBytes, stream, "fix_count_sorted_kernel", cp);
+  const dim3 grid(static_cast<unsigned>(range_groups), static_cast<unsigned>(runs));
+  return launch_with_smem(fix_count_sorted_kernel, grid, kCountThreads, kCountSmemBytes, stream,
+                          "fix_count_sorted_kernel", cp);
 }
 
 }  // namespace
