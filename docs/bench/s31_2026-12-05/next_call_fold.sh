@@ -21,12 +21,14 @@ for n in fold cb rb5 rb6; do tar -xJf $X/$n/bwd_bin.tar.xz -C $X/$n || echo "unp
 bin() { case $1 in pre) echo $X/cb/bwd_main ;; fold) echo $X/fold/bwd_main ;; *) echo $X/$1/bwd_ab ;; esac; }
 call_step "fold cases" 300 150 "$L/fold_correct.log" $(bin fold) --no-bench
 snap
-for r in 1 2 3; do
-  order="pre fold"; [ $r = 2 ] && order="fold pre"
+# SHORT=1 (a GPU where the two already ran side by side, e.g. the H100 of this session): one round of fold, no 128K.
+R=3; [ "${SHORT:-0}" = 1 ] && R=1
+for r in $(seq $R); do
+  order="pre fold"; [ $r = 2 ] && order="fold pre"; [ "${SHORT:-0}" = 1 ] && order=fold
   for v in $order; do call_step "$v 32K r$r" 300 40 "$L/${v}_r$r.log" $(bin $v) --bench-only --T 32768; done
 done
 snap
-call_step "fold 128K" 230 60 "$L/fold_128k.log" $(bin fold) --bench-only --T 131072
+[ "${SHORT:-0}" = 1 ] || call_step "fold 128K" 230 60 "$L/fold_128k.log" $(bin fold) --bench-only --T 131072
 snap
 for v in rb5 rb6; do call_step "$v cases" 200 100 "$L/${v}_correct.log" $(bin $v) --small --no-bench; done
 for r in 1 2 3; do
