@@ -208,10 +208,12 @@ def test_gradient_check_fused_equals_reference_cpu(example, tmp_path):
                      "sparse_kl_fwd", "sparse_kl_bwd")
 def test_gradient_check_cuda_at_20k_tokens(example, tmp_path, device):
     """The CUDA kernels' gradients at training scale (T = 20480, above the threshold of the sparse MLA backward's sorted-sweep
-    path) against the plain-PyTorch reference on the same top-k; bf16 rounding only."""
+    path) against the plain-PyTorch reference on the same top-k; bf16 rounding only. The reference's activations need about
+    80 GiB at 20480 tokens: an 80 GB card (H100) runs 17408 tokens (about 68 GiB), still above the threshold (16384)."""
     if device != "cuda":
         pytest.skip("the CPU case is above")
-    report = example.main(["--device", "cuda", "--grad-check", "--tokens", "20480", "--min-len", "1024",
+    tokens = 20480 if torch.cuda.get_device_properties(0).total_memory >= 100 * 2**30 else 17408
+    report = example.main(["--device", "cuda", "--grad-check", "--tokens", str(tokens), "--min-len", "1024",
                            "--max-len", "2048", "--num-keys", "512", "--query-every", "32", "--num-values", "16", "--topk", "256",
                            "--out", str(tmp_path)])["grad_check"]
     params = {k: v for k, v in report.items() if k != "lm_loss"}

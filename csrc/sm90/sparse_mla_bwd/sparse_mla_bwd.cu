@@ -55,13 +55,13 @@ constexpr int64_t kSortChunkEntries = tuning::kBwdSortChunkEntries;
 // over the key_bits(T_kv) low bits (stable, so the result is the same on every run). Entry j of a row
 // sits at thread j / kItems, item j % kItems (blocked); positions >= K hold the largest key and sort last.
 constexpr int kSortThreads = 256;
-// Digit bits of the block radix sort (cub's default 4; FLASHDSA_BWD_SORT_RADIX_BITS: the thirty-first session's A/B of
-// fewer, wider passes).
-#ifndef FLASHDSA_BWD_SORT_RADIX_BITS
-#define FLASHDSA_BWD_SORT_RADIX_BITS 4
+// cub's default digit of 4 bits: 5 and 6 bits (FLASHDSA_BWD_SORT_RADIX_BITS, thirty-first session, H100) were no
+// faster at 16K (0.178 / 0.200 ms against 0.177) nor in the fast mode at 16K / 32K; removed.
+#ifdef FLASHDSA_BWD_SORT_RADIX_BITS
+#error "FLASHDSA_BWD_SORT_RADIX_BITS was measured and removed on 2026-12-05 (docs/perf-notes.md)"
 #endif
 template <int kItems>
-using RowSort = cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t, FLASHDSA_BWD_SORT_RADIX_BITS>;
+using RowSort = cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t>;
 template <int kItems>
 union SortSmem {
   typename RowSort<kItems>::TempStorage sort;
