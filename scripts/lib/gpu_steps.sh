@@ -149,3 +149,13 @@ call_step() {
   echo "$name rc=$rc $(( $(date +%s) - s )) s"
   return $rc
 }
+#   call_begin NAME DEFAULT_BUDGET       a prepared call's preamble: L=/tmp/NAME (emptied), OUT (default /tmp), the GPU's
+#                                       name and clocks in $L/gpu.txt, s = the start, BUDGET (default DEFAULT_BUDGET), and
+#                                       snap, which archives $L as $OUT/NAME_logs.tgz (after each phase: a cut-off call
+#                                       keeps what it has).
+call_begin() {
+  L=/tmp/$1; rm -rf "$L"; mkdir -p "$L"; OUT=${OUT:-/tmp}
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader > "$L/gpu.txt" 2>&1
+  s=$(date +%s); BUDGET=${BUDGET:-$2}
+  eval "snap() { tar -czf \"\$OUT/${1}_logs.tgz\" -C \"\$L\" . 2>/dev/null; }"
+}

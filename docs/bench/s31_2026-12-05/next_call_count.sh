@@ -13,11 +13,9 @@
 # fix_* kernels (--small, the 20480-key case takes the sorted path). Logs: $OUT/s31count_logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-L=/tmp/s31count; rm -rf "$L"; mkdir -p "$L"; OUT=${OUT:-/tmp}; X=build-x/s31
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader > "$L/gpu.txt" 2>&1
-s=$(date +%s); BUDGET=${BUDGET:-540}
-source scripts/lib/gpu_steps.sh  # bench_col, call_step
-snap() { tar -czf "$OUT/s31count_logs.tgz" -C "$L" . 2>/dev/null; }
+X=build-x/s31
+source scripts/lib/gpu_steps.sh  # call_begin, bench_col, call_step
+call_begin s31count 540  # L, OUT, gpu.txt, s, BUDGET, snap
 V=(c cb); [ -f $X/b/bwd_bin.tar.xz ] && V+=(b)
 for n in "${V[@]}"; do tar -xJf $X/$n/bwd_bin.tar.xz -C $X/$n || echo "unpack $n failed"; done
 bin() { if [ "$1" = main ]; then echo $X/cb/bwd_main; else echo $X/$1/bwd_ab; fi; }

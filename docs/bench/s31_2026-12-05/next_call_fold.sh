@@ -9,11 +9,9 @@
 # the sort at 16K; then `pytest -k cuda`. Logs: $OUT/s31fold_logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-L=/tmp/s31fold; rm -rf "$L"; mkdir -p "$L"; OUT=${OUT:-/tmp}; X=build-x/s31
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader > "$L/gpu.txt" 2>&1
-s=$(date +%s); BUDGET=${BUDGET:-470}
-source scripts/lib/gpu_steps.sh  # bench_col, call_step
-snap() { tar -czf "$OUT/s31fold_logs.tgz" -C "$L" . 2>/dev/null; }
+X=build-x/s31
+source scripts/lib/gpu_steps.sh  # call_begin, bench_col, call_step
+call_begin s31fold 470  # L, OUT, gpu.txt, s, BUDGET, snap
 ( FLASHDSA_BUILD_DIR=/tmp/build_ext MAX_JOBS=8 timeout 300 nice -n 19 python3 -m pip install --no-build-isolation --no-deps -e . \
     > "$L/ext_build.log" 2>&1; echo "ext rc=$? $(( $(date +%s) - s )) s" > "$L/ext.rc" ) &
 ext_pid=$!
