@@ -7,7 +7,8 @@
 //      since O is a convex mix of V rows), and q_tg = A_tg / K_t with K_t the token's valid keys: the bound at the mean
 //      probability 1 / K_t.
 //   2. Per key row j (integer atomics and an unsigned max: order-independent): n_j the addends it receives, Σ q and
-//      max q over them. unit_j = the power of two with unit_j · max(Σ q / 2^5, 256 · max q / 2^4) <= 2^30
+//      max q over them (per slot, fix_count_kernel; in the sorted pass from the sorted rows through shared-memory
+//      histograms, fix_count_sorted_kernel, whose row sort ran in the bound's CTA: fix_bound_sort_kernel). unit_j = the power of two with unit_j · max(Σ q / 2^5, 256 · max q / 2^4) <= 2^30
 //      (fixed_pair::first_unit; the margins from a model of the check program's inputs and of causal softmax rows,
 //      docs/perf-notes.md, twenty-fourth session). Per row, so one token with large gradients coarsens only the rows
 //      it selects.
