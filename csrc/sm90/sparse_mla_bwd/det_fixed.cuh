@@ -142,6 +142,19 @@ __global__ void __launch_bounds__(kBoundThreads) fix_bound_kernel(const BoundPar
   bound_of_token(p, blockIdx.x, term);
 }
 
+// What one slot of token t adds to its key row's guesses (step 2 above): the Σ q terms and the largest |q| bits over the
+// token's head groups.
+__device__ __forceinline__ void token_guess(const float* __restrict__ qg, int64_t t, int groups, float q_max,
+                                            unsigned long long* terms, uint32_t* top) {
+  *terms = 0ull;
+  *top = 0u;
+  for (int g = 0; g < groups; ++g) {
+    const float qv = qg[t * groups + g];
+    *terms += fixed_pair::q_term(qv, q_max);
+    *top = max(*top, __float_as_uint(qv) & 0x7FFFFFFFu);
+  }
+}
+
 // Per valid slot (step 2 above): n_j += G, Σ q (fixed-point terms, integer atomics) and max q (unsigned max of the
 // float bits: NaN and inf above every finite value) of the token's head groups.
 __global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t stride_t, int64_t tokens, int K,
@@ -154,13 +167,9 @@ __global__ void fix_count_kernel(const int32_t* __restrict__ indices, int64_t st
     const int64_t l = i / K;
     const int32_t idx = indices[l * stride_t + (i - l * K)];
     if (idx < 0 || idx >= t_kv) continue;
-    unsigned long long terms = 0ull;
-    uint32_t top = 0u;
-    for (int g = 0; g < groups; ++g) {
-      const float qv = qg[l * groups + g];
-      terms += fixed_pair::q_term(qv, q_max);
-      top = max(top, __float_as_uint(qv) & 0x7FFFFFFFu);
-    }
+    unsigned long long terms;
+    uint32_t top;
+    token_guess(qg, l, groups, q_max, &terms, &top);
     atomicAdd(&count[idx], groups);
     if (terms != 0ull) atomicAdd(&qsum[idx], terms);
     atomicMax(&qrow[idx], top);
@@ -239,13 +248,9 @@ __global__ void __launch_bounds__(kCountThreads, 2) fix_count_sorted_kernel(cons
     __syncthreads();  // also orders the first range's cursors before their reads
     for (int i = warp; i < n_tok; i += kWarps) {
       const int64_t t = t_begin + i;
-      unsigned long long terms = 0ull;
-      uint32_t top = 0u;
-      for (int g = 0; g < p.groups; ++g) {
-        const float qv = p.qg[t * p.groups + g];
-        terms += fixed_pair::q_term(qv, q_max);
-        top = max(top, __float_as_uint(qv) & 0x7FFFFFFFu);
-      }
+      unsigned long long terms;
+      uint32_t top;
+      token_guess(p.qg, t, p.groups, q_max, &terms, &top);
       const int32_t* const row = p.keys + t * p.K;
       int c = __shfl_sync(0xffffffffu, lane == 0 ? s_cur[i] : 0, 0);  // lane 0 owns the token's cursor
       for (;;) {  // the row's keys in [r_lo, r_hi) are the ones from the cursor on below r_hi

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <cub/cub.cuh>
 
@@ -247,39 +248,45 @@ unsigned grid_for(int64_t n, int threads) {
   return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, int64_t(1) << 20));
 }
 
-// sort_rows_kernel over `tokens` rows (one CTA each), with the item count that holds K (<= 8192).
+// Calls launch(std::integral_constant<int, kItems>{}) with the per-thread item count of a kSortThreads-wide row sort
+// that holds K (K <= 8192): sort_rows_kernel's and fix_bound_sort_kernel's instances.
+template <class Launch>
+Status with_sort_items(int K, Launch launch) {
+  if (K <= 8 * kSortThreads) {
+    launch(std::integral_constant<int, 8>{});
+  } else if (K <= 16 * kSortThreads) {
+    launch(std::integral_constant<int, 16>{});
+  } else if (K <= 32 * kSortThreads) {
+    launch(std::integral_constant<int, 32>{});
+  } else {
+    return Status::InvalidArgument("sm90 sparse_mla_bwd: sorted sweep supports K <= 8192, got " + std::to_string(K));
+  }
+  return Status::OK();
+}
+
+// sort_rows_kernel over `tokens` rows (one CTA each).
 Status launch_sort_rows(const int32_t* indices, int64_t stride_t, int64_t tokens, int K, int64_t t_kv,
                         int32_t* keys_out, int32_t* pair_ids, cudaStream_t stream) {
   const int bits = key_bits(t_kv);
   const dim3 grid(static_cast<unsigned>(tokens));
-  if (K <= 8 * kSortThreads) {
-    sort_rows_kernel<8><<<grid, kSortThreads, 0, stream>>>(indices, stride_t, K, t_kv, bits, keys_out, pair_ids);
-  } else if (K <= 16 * kSortThreads) {
-    sort_rows_kernel<16><<<grid, kSortThreads, 0, stream>>>(indices, stride_t, K, t_kv, bits, keys_out, pair_ids);
-  } else if (K <= 32 * kSortThreads) {
-    sort_rows_kernel<32><<<grid, kSortThreads, 0, stream>>>(indices, stride_t, K, t_kv, bits, keys_out, pair_ids);
-  } else {
-    return Status::InvalidArgument("sm90 sparse_mla_bwd: sorted sweep supports K <= 8192, got " + std::to_string(K));
-  }
+  FLASHDSA_RETURN_IF_ERROR(with_sort_items(K, [&](auto items) {
+    sort_rows_kernel<decltype(items)::value>
+        <<<grid, kSortThreads, 0, stream>>>(indices, stride_t, K, t_kv, bits, keys_out, pair_ids);
+  }));
   FLASHDSA_CHECK_LAUNCH("sort_rows_kernel");
   return Status::OK();
 }
 
 // fix_bound_sort_kernel over all `tokens` rows (keys_out and pair_ids hold them all; pair ids relative to each main
-// launch's chunk of chunk_tokens rows), the item count as in launch_sort_rows.
+// launch's chunk of chunk_tokens rows).
 Status launch_bound_sort(const BoundParams& bp, int64_t tokens, int64_t chunk_tokens, int32_t* keys_out,
                          int32_t* pair_ids, cudaStream_t stream) {
   const int bits = key_bits(bp.t_kv);
   const dim3 grid(static_cast<unsigned>(tokens));
-  if (bp.K <= 8 * kSortThreads) {
-    fix_bound_sort_kernel<8><<<grid, kSortThreads, 0, stream>>>(bp, bits, chunk_tokens, keys_out, pair_ids);
-  } else if (bp.K <= 16 * kSortThreads) {
-    fix_bound_sort_kernel<16><<<grid, kSortThreads, 0, stream>>>(bp, bits, chunk_tokens, keys_out, pair_ids);
-  } else if (bp.K <= 32 * kSortThreads) {
-    fix_bound_sort_kernel<32><<<grid, kSortThreads, 0, stream>>>(bp, bits, chunk_tokens, keys_out, pair_ids);
-  } else {
-    return Status::InvalidArgument("sm90 sparse_mla_bwd: sorted sweep supports K <= 8192, got " + std::to_string(bp.K));
-  }
+  FLASHDSA_RETURN_IF_ERROR(with_sort_items(bp.K, [&](auto items) {
+    fix_bound_sort_kernel<decltype(items)::value>
+        <<<grid, kSortThreads, 0, stream>>>(bp, bits, chunk_tokens, keys_out, pair_ids);
+  }));
   FLASHDSA_CHECK_LAUNCH("fix_bound_sort_kernel");
   return Status::OK();
 }
